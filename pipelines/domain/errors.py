@@ -16,6 +16,7 @@
     ├── IndexWriteFailed              INDEX_WRITE_FAILED (transient; database errors land here)
     ├── RunCrashed                    RUN_CRASHED (transient)
     ├── InternalError                 INTERNAL_ERROR (retried a bounded number of times)
+    ├── InvalidRequest                INVALID_REQUEST: bad tenant, document id, profile name... (HTTP 400)
     └── QueueError                    refusals of the task queue, not task failures
         ├── FenceRejected             a fenced write changed nothing
         │   ├── LeaseLost             the lease expired or was taken over
@@ -177,6 +178,13 @@ class InternalError(KbindexError):
     """Something unexpected happened; it is retried a bounded number of times."""
 
     code = "INTERNAL_ERROR"
+
+
+class InvalidRequest(KbindexError):
+    """The request itself is malformed (an identifier, a limit, a name)."""
+
+    code = "INVALID_REQUEST"
+    retryable = False
 
 
 class QueueError(KbindexError):

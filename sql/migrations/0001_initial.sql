@@ -10,6 +10,7 @@ CREATE TABLE index_profile (
     chunk_tokens    integer NOT NULL CHECK (chunk_tokens BETWEEN 16 AND 512),
     chunk_overlap   integer NOT NULL CHECK (chunk_overlap >= 0 AND chunk_overlap < chunk_tokens),
     is_active       boolean NOT NULL DEFAULT false,
+    building        boolean NOT NULL DEFAULT false,   -- a shadow profile being built: publishes index under it too
     activated_at    timestamptz,
     previous_active text REFERENCES index_profile (name),
     created_at      timestamptz NOT NULL DEFAULT now()

@@ -1,0 +1,112 @@
+"""The ``kbindex`` typer app, shared options and the one place errors become exit codes.
+
+Exit codes (DESIGN.md): 0 success, 1 error, 2 usage, 3 conflict (an illegal transition).
+Every listing command takes ``--json``. Command modules register themselves on ``app``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from pipelines.domain.errors import IllegalTransition, InvalidRequest, KbindexError, TaskNotFound
+
+app = typer.Typer(
+    name="kbindex",
+    help="Keep a RAG knowledge base searchable while documents change.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="The embedded PostgreSQL under KBINDEX_HOME.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CONFLICT = 0, 1, 2, 3
+
+JsonOption = typer.Option(False, "--json", help="Print machine-readable JSON.")
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, default=_default, ensure_ascii=False)
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+HINTS = {
+    "INDEX_WRITE_FAILED": "is PostgreSQL running? `kbindex db start`, or check KBINDEX_DATABASE_URL",
+    "TASK_NOT_FOUND": "list tasks with `kbindex tasks`",
+    "ILLEGAL_TRANSITION": "see the task's state with `kbindex task ID`",
+}
+
+
+def fail(exc: KbindexError) -> typer.Exit:
+    """Print a KbindexError as ``error CODE: message`` plus what to do next; return the matching exit."""
+    hint = HINTS.get(exc.code)
+    err_console.print(f"[bold red]error[/] {exc.code}: {exc.message}" + (f"\n  next: {hint}" if hint else ""))
+    if isinstance(exc, IllegalTransition):
+        return typer.Exit(EXIT_CONFLICT)
+    if isinstance(exc, InvalidRequest):
+        return typer.Exit(EXIT_USAGE)
+    return typer.Exit(EXIT_ERROR)
+
+
+@contextmanager
+def errors_to_exit() -> Iterator[None]:
+    try:
+        yield
+    except (KbindexError,) as exc:
+        raise fail(exc) from None
+
+
+@contextmanager
+def open_database(*, start: bool = True) -> Iterator[Any]:
+    """A Database on the configured server (the embedded one is started on demand)."""
+    from resources.database import Database
+    from resources.settings import resolve_database_url
+
+    with errors_to_exit():
+        try:
+            url = resolve_database_url(start=start)
+        except RuntimeError as exc:
+            raise InvalidRequest(str(exc)) from exc
+        db = Database(url, min_size=1, max_size=4)
+        try:
+            yield db
+        finally:
+            db.close()
+
+
+def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        app(standalone_mode=True)
+    except TaskNotFound as exc:  # pragma: no cover - commands use errors_to_exit
+        raise SystemExit(fail(exc).exit_code) from None

@@ -1,0 +1,77 @@
+"""`kbindex publish PATH... --tenant T [--document-id ID]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.progress import Progress
+
+from pipelines.cli.app import EXIT_ERROR, app, console, err_console, errors_to_exit, open_database, print_json, JsonOption
+from pipelines.domain.errors import InvalidRequest, KbindexError
+
+
+def iter_files(paths: list[Path], document_id: str | None) -> list[tuple[Path, str]]:
+    """(file, document id) pairs: directories recurse; the id defaults to the path relative to the argument."""
+    pairs: list[tuple[Path, str]] = []
+    for root in paths:
+        if root.is_dir():
+            files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+            pairs.extend((f, f.relative_to(root).as_posix()) for f in files)
+        elif root.is_file():
+            pairs.append((root, root.name))
+        else:
+            raise InvalidRequest(f"no such file or directory: {root.name}")
+    if document_id is not None:
+        if len(pairs) != 1:
+            raise InvalidRequest("--document-id needs exactly one file")
+        pairs = [(pairs[0][0], document_id)]
+    return pairs
+
+
+@app.command("publish")
+def publish_command(
+    paths: list[Path] = typer.Argument(..., help="Files or directories (recursive)."),
+    tenant: str = typer.Option(..., "--tenant", help="Tenant that owns the documents."),
+    document_id: str | None = typer.Option(None, "--document-id", help="Document id (one file only)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Publish document versions: store bytes, create each version and its PENDING index task."""
+    from resources.blob_store import BlobStore
+    from resources.publisher import Publisher
+    from resources.settings import Settings
+
+    with errors_to_exit():
+        pairs = iter_files(paths, document_id)
+    failures = 0
+    with open_database() as db, errors_to_exit():
+        publisher = Publisher(db, BlobStore(Settings.from_env().blob_url))
+        with Progress(console=err_console, transient=True, disable=as_json or len(pairs) < 5) as progress:
+            bar = progress.add_task("publishing", total=len(pairs))
+            for path, doc_id in pairs:
+                try:
+                    result = publisher.publish(tenant, doc_id, path.read_bytes(), path.name)
+                except KbindexError as exc:
+                    if exc.code == "INDEX_WRITE_FAILED":
+                        raise
+                    failures += 1
+                    row = {"tenant": tenant, "document_id": doc_id, "error_code": exc.code, "message": exc.message}
+                    print_json(row) if as_json else err_console.print(f"[red]{exc.code}[/] {doc_id}: {exc.message}")
+                    continue
+                finally:
+                    progress.advance(bar)
+                row = {
+                    "tenant": result.tenant_id,
+                    "document_id": result.document_id,
+                    "version": result.version,
+                    "task_id": result.task_id,
+                    "status": result.status,
+                    "created": result.created,
+                }
+                if as_json:
+                    print_json(row)
+                else:
+                    verb = "published" if result.created else "unchanged"
+                    console.print(f"{verb} {doc_id} v{result.version} task {result.task_id} {result.status}", highlight=False)
+    if failures:
+        raise typer.Exit(EXIT_ERROR)

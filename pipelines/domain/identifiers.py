@@ -1,0 +1,39 @@
+"""Validation of the names users give us: tenants, document ids, profile names; dynamic partition keys.
+
+Identifiers are data, never SQL or paths: they are passed as query parameters and never used to
+build a file name (blobs are stored by content hash).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from pipelines.domain.errors import InvalidRequest
+
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_PROFILE_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+MAX_DOCUMENT_ID = 1000
+
+
+def validate_tenant(tenant_id: str) -> str:
+    if not isinstance(tenant_id, str) or not _TENANT_RE.match(tenant_id):
+        raise InvalidRequest("tenant must be 1-64 characters: letters, digits, '_', '.', '-', starting with a letter or digit")
+    return tenant_id
+
+
+def validate_profile_name(name: str) -> str:
+    if not isinstance(name, str) or not _PROFILE_RE.match(name):
+        raise InvalidRequest("profile name must be 1-63 characters: lower-case letters, digits, '_', '.', '-'")
+    return name
+
+
+def validate_document_id(document_id: str) -> str:
+    """Any printable text up to 1000 characters; no control characters, not blank."""
+    if not isinstance(document_id, str) or not document_id.strip():
+        raise InvalidRequest("document id must not be empty")
+    if len(document_id) > MAX_DOCUMENT_ID:
+        raise InvalidRequest(f"document id must be at most {MAX_DOCUMENT_ID} characters")
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in document_id):
+        raise InvalidRequest("document id must not contain control characters")
+    return document_id

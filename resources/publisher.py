@@ -1,0 +1,104 @@
+"""Publishing a document version: store the bytes, then record the version and its PENDING task(s).
+
+The version row, the task row(s) and their events commit in one transaction; the event trigger
+NOTIFYs listeners. The same bytes for the same document again create nothing and return the
+existing task; changed bytes make version n+1. Concurrent publishes of one document are
+serialized by a row lock on the document.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import posixpath
+from dataclasses import asdict, dataclass
+
+from pipelines.domain.errors import InvalidRequest
+from pipelines.domain.identifiers import validate_document_id, validate_tenant
+from resources.blob_store import BlobStore, content_hash
+from resources.database import Database
+
+mimetypes.add_type("text/markdown", ".md")
+mimetypes.add_type("text/markdown", ".markdown")
+mimetypes.add_type("text/x-rst", ".rst")
+mimetypes.add_type("application/vnd.openxmlformats-officedocument.wordprocessingml.document", ".docx")
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    tenant_id: str
+    document_id: str
+    version: int
+    task_id: int
+    status: str
+    created: bool
+    profile: str
+    content_hash: str
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def media_type_for(filename: str) -> str:
+    guessed, _ = mimetypes.guess_type(filename, strict=False)
+    return guessed or "application/octet-stream"
+
+
+def safe_filename(filename: str) -> str:
+    """The last path component only, without control characters (it is a label, never a path)."""
+    name = posixpath.basename(filename.replace("\\", "/")).strip()
+    name = "".join(ch for ch in name if ch.isprintable())[:255]
+    return name or "unnamed"
+
+
+class Publisher:
+    def __init__(self, db: Database, blobs: BlobStore, *, max_attempts: int = 5, max_bytes: int = 50 * 1024 * 1024) -> None:
+        self.db = db
+        self.blobs = blobs
+        self.max_attempts = max_attempts
+        self.max_bytes = max_bytes
+
+    def publish(
+        self, tenant_id: str, document_id: str, data: bytes, filename: str, media_type: str | None = None
+    ) -> PublishResult:
+        validate_tenant(tenant_id)
+        validate_document_id(document_id)
+        if len(data) > self.max_bytes:
+            raise InvalidRequest(f"file is larger than the {self.max_bytes // (1024 * 1024)} MB limit")
+        name = safe_filename(filename)
+        digest = self.blobs.put(data)  # bytes first: a failed transaction leaves only an unreferenced blob
+        key = {"tenant_id": tenant_id, "document_id": document_id}
+        with self.db.transaction() as tx:
+            tx.fetch_one("document_lock", key)
+            latest = tx.fetch_one("document_version_latest", key)
+            if latest is not None and latest["content_hash"] == digest:
+                version = latest["version_number"]
+            else:
+                version = (latest["version_number"] if latest else 0) + 1
+                tx.execute(
+                    "document_version_insert",
+                    {
+                        **key,
+                        "version": version,
+                        "content_hash": digest,
+                        "byte_size": len(data),
+                        "filename": name,
+                        "media_type": media_type or media_type_for(name),
+                    },
+                )
+            tasks = tx.fetch_all("index_task_ensure", {**key, "version": version, "max_attempts": self.max_attempts})
+        if not tasks:
+            raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
+        primary = next((t for t in tasks if t["is_active"]), tasks[0])
+        return PublishResult(
+            tenant_id=tenant_id,
+            document_id=document_id,
+            version=version,
+            task_id=primary["task_id"],
+            status=primary["status"],
+            created=bool(primary["created"]),
+            profile=primary["profile"],
+            content_hash=digest,
+        )
+
+
+__all__ = ["PublishResult", "Publisher", "content_hash", "media_type_for", "safe_filename"]

@@ -1,0 +1,60 @@
+-- name: document_lock
+-- Create the document if new and lock its row for this transaction: serializes publishes of one document.
+INSERT INTO document (tenant_id, document_id)
+VALUES (%(tenant_id)s, %(document_id)s)
+ON CONFLICT (tenant_id, document_id) DO UPDATE SET latest_version = document.latest_version
+RETURNING latest_version;
+
+-- name: document_version_latest
+-- The newest version of a document (its bytes decide whether a publish is a duplicate).
+SELECT version_number, content_hash
+FROM document_version
+WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s
+ORDER BY version_number DESC
+LIMIT 1;
+
+-- name: document_version_insert
+-- Record a new immutable version and move the document's latest_version to it.
+WITH v AS (
+    INSERT INTO document_version (tenant_id, document_id, version_number, content_hash, byte_size, filename, media_type)
+    VALUES (%(tenant_id)s, %(document_id)s, %(version)s, %(content_hash)s, %(byte_size)s, %(filename)s, %(media_type)s)
+    RETURNING tenant_id, document_id, version_number
+)
+UPDATE document d SET latest_version = v.version_number
+FROM v
+WHERE d.tenant_id = v.tenant_id AND d.document_id = v.document_id;
+
+-- name: index_task_ensure
+-- One INDEX task per target profile (the active one and any being built) for a version, idempotent on
+-- the business key; new tasks get their PENDING event in the same statement (the event trigger NOTIFYs).
+WITH targets AS (
+    SELECT name FROM index_profile WHERE is_active OR building
+),
+inserted AS (
+    INSERT INTO index_task (tenant_id, document_id, version_number, task_type, profile, max_attempts)
+    SELECT %(tenant_id)s, %(document_id)s, %(version)s, 'INDEX', targets.name, %(max_attempts)s
+    FROM targets
+    ON CONFLICT (tenant_id, document_id, version_number, task_type, profile) DO NOTHING
+    RETURNING task_id, profile, status
+),
+published_event AS (
+    INSERT INTO task_event (task_id, attempt, from_status, to_status, message)
+    SELECT task_id, 0, NULL, 'PENDING', 'published'
+    FROM inserted
+)
+SELECT i.task_id, i.profile, i.status, true AS created, p.is_active
+FROM inserted i JOIN index_profile p ON p.name = i.profile
+UNION ALL
+-- Rows inserted above are invisible to this part of the same statement: these are the existing tasks.
+SELECT t.task_id, t.profile, t.status, false AS created, p.is_active
+FROM index_task t
+JOIN targets ON targets.name = t.profile
+JOIN index_profile p ON p.name = t.profile
+WHERE t.tenant_id = %(tenant_id)s AND t.document_id = %(document_id)s
+  AND t.version_number = %(version)s AND t.task_type = 'INDEX';
+
+-- name: document_version_get
+-- One version's stored facts (where its bytes are, what it is called).
+SELECT tenant_id, document_id, version_number, content_hash, byte_size, filename, media_type, published_at
+FROM document_version
+WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s AND version_number = %(version)s;

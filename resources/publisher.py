@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from pipelines.domain.errors import InvalidRequest
 from pipelines.domain.identifiers import validate_document_id, validate_tenant
+from pipelines.domain.partition_keys import version_partition_key
 from resources.blob_store import BlobStore, content_hash
 from resources.database import Database
 
@@ -83,6 +84,7 @@ class Publisher:
                         "byte_size": len(data),
                         "filename": name,
                         "media_type": media_type or media_type_for(name),
+                        "partition_key": version_partition_key(tenant_id, document_id, version),
                     },
                 )
             tasks = tx.fetch_all("index_task_ensure", {**key, "version": version, "max_attempts": self.max_attempts})

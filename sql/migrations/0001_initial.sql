@@ -38,6 +38,7 @@ CREATE TABLE document_version (
     byte_size      bigint NOT NULL CHECK (byte_size >= 0),
     filename       text NOT NULL,
     media_type     text NOT NULL,
+    partition_key  text NOT NULL UNIQUE,   -- the Dagster dynamic partition key of this version
     published_at   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tenant_id, document_id, version_number),
     FOREIGN KEY (tenant_id, document_id) REFERENCES document (tenant_id, document_id)

@@ -16,8 +16,10 @@ LIMIT 1;
 -- name: document_version_insert
 -- Record a new immutable version and move the document's latest_version to it.
 WITH v AS (
-    INSERT INTO document_version (tenant_id, document_id, version_number, content_hash, byte_size, filename, media_type)
-    VALUES (%(tenant_id)s, %(document_id)s, %(version)s, %(content_hash)s, %(byte_size)s, %(filename)s, %(media_type)s)
+    INSERT INTO document_version
+        (tenant_id, document_id, version_number, content_hash, byte_size, filename, media_type, partition_key)
+    VALUES (%(tenant_id)s, %(document_id)s, %(version)s, %(content_hash)s, %(byte_size)s, %(filename)s,
+            %(media_type)s, %(partition_key)s)
     RETURNING tenant_id, document_id, version_number
 )
 UPDATE document d SET latest_version = v.version_number
@@ -55,6 +57,12 @@ WHERE t.tenant_id = %(tenant_id)s AND t.document_id = %(document_id)s
 
 -- name: document_version_get
 -- One version's stored facts (where its bytes are, what it is called).
-SELECT tenant_id, document_id, version_number, content_hash, byte_size, filename, media_type, published_at
+SELECT tenant_id, document_id, version_number, content_hash, byte_size, filename, media_type, partition_key, published_at
 FROM document_version
 WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s AND version_number = %(version)s;
+
+-- name: document_version_by_partition_key
+-- The version a Dagster partition key names (keys are looked up, never parsed).
+SELECT tenant_id, document_id, version_number, content_hash, byte_size, filename, media_type, partition_key, published_at
+FROM document_version
+WHERE partition_key = %(partition_key)s;

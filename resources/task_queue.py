@@ -1,0 +1,285 @@
+"""The durable index-task queue: domain verbs over the named statements of sql/queries/task.sql.
+
+A claim hands out leases; the lease attempt (the task's ``attempts`` at the claim) is the
+fencing token. Heartbeat, progress, complete and fail change nothing unless the caller still
+holds ``(status RUNNING, owner, attempt, lease_until > now)``; when they change nothing, a read
+explains why and raises ``TaskCancelled`` or ``LeaseLost`` (DESIGN.md invariants 1, 2, 7).
+Every transition writes its ``task_event`` row in the same statement.
+"""
+
+from __future__ import annotations
+
+import builtins
+import random
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pipelines.domain.errors import (
+    IllegalTransition,
+    LeaseLost,
+    TaskCancelled,
+    TaskNotFound,
+    is_retryable,
+    sanitize_message,
+)
+from pipelines.domain.task_states import Stage, TaskStatus, backoff_seconds, why_cannot_cancel, why_cannot_retry
+from resources.database import Database, Session
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A run's right to finish or fail one task: valid while ``attempts == attempt`` and before ``lease_until``."""
+
+    task_id: int
+    attempt: int
+    owner: str
+    lease_until: datetime
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    """A granted lease plus what the run needs to know about the work."""
+
+    lease: Lease
+    tenant_id: str
+    document_id: str
+    version_number: int
+    profile: str
+    task_type: str
+
+
+class TaskQueue:
+    """Claim, heartbeat, progress, complete, fail, cancel and retry index tasks.
+
+    ``clock`` returns the time to use (tests pin it) or None for the database's ``now()``.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        lease_seconds: float = 60.0,
+        clock: Callable[[], datetime | None] = lambda: None,
+        backoff_base: float = 2.0,
+        backoff_cap: float = 300.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if lease_seconds <= 0:
+            raise ValueError("lease_seconds must be positive")
+        self.db = db
+        self.lease_seconds = float(lease_seconds)
+        self.clock = clock
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.rng = rng or random.Random()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _session(self, session: Session | None) -> AbstractContextManager[Session]:
+        return nullcontext(session) if session is not None else self.db.session()
+
+    def _fence(self, lease: Lease) -> dict[str, Any]:
+        return {"task_id": lease.task_id, "owner": lease.owner, "attempt": lease.attempt, "now": self.clock()}
+
+    def _refused(self, session: Session, lease: Lease, verb: str) -> Exception:
+        """Explain a fenced write that changed nothing: TaskCancelled, LeaseLost (with a reason) or TaskNotFound."""
+        row = session.fetch_one("task_fence_state", {"task_id": lease.task_id, "now": self.clock()})
+        data = {"task_id": lease.task_id, "attempt": lease.attempt, "owner": lease.owner}
+        if row is None:
+            return TaskNotFound(f"task {lease.task_id} does not exist", **data)
+        status = row["status"]
+        if status == TaskStatus.CANCELLED:
+            return TaskCancelled(f"task {lease.task_id} was cancelled; {verb} refused", **data)
+        if row["attempts"] != lease.attempt:
+            reason = f"taken over by attempt {row['attempts']}"
+        elif status != TaskStatus.RUNNING:
+            reason = f"finished ({status})"
+        elif row["lease_owner"] != lease.owner:
+            reason = f"held by {row['lease_owner']}"
+        elif row["lease_expired"]:
+            reason = "expired"
+        else:  # pragma: no cover - only reachable for a progress lock race
+            reason = "changed concurrently"
+        return LeaseLost(
+            f"lease of task {lease.task_id} attempt {lease.attempt} lost: {reason}; {verb} refused",
+            reason=reason,
+            status=status,
+            current_attempt=row["attempts"],
+            **data,
+        )
+
+    # -- claiming ----------------------------------------------------------------------------
+
+    def claim(self, owner: str, limit: int = 10) -> list[ClaimedTask]:
+        """Lease up to ``limit`` due or lease-expired tasks in one atomic statement (invariant 1).
+
+        Expired leases with no attempts left end DEAD (LEASE_ATTEMPTS_EXHAUSTED) and are not returned.
+        """
+        if limit < 1:
+            return []
+        rows = self.db.fetch_all(
+            "task_claim",
+            {"owner": owner, "limit": limit, "lease_seconds": self.lease_seconds, "now": self.clock()},
+        )
+        return [
+            ClaimedTask(
+                lease=Lease(r["task_id"], r["attempts"], r["lease_owner"], r["lease_until"]),
+                tenant_id=r["tenant_id"],
+                document_id=r["document_id"],
+                version_number=r["version_number"],
+                profile=r["profile"],
+                task_type=r["task_type"],
+            )
+            for r in rows
+        ]
+
+    # -- fenced verbs --------------------------------------------------------------------------
+
+    def heartbeat(self, lease: Lease, session: Session | None = None) -> Lease:
+        """Extend the lease (fenced); returns the lease with its new ``lease_until``."""
+        with self._session(session) as s:
+            row = s.fetch_one("task_heartbeat", {**self._fence(lease), "lease_seconds": self.lease_seconds})
+            if row is None:
+                raise self._refused(s, lease, "heartbeat")
+        return Lease(lease.task_id, lease.attempt, lease.owner, row["lease_until"])
+
+    def progress(
+        self, lease: Lease, stage: Stage, completed: int, total: int, session: Session | None = None
+    ) -> None:
+        """Record where the run is (fenced). Never moves backwards within an attempt; an advance logs an event."""
+        with self._session(session) as s:
+            row = s.fetch_one(
+                "task_progress",
+                {**self._fence(lease), "stage": Stage(stage).value, "completed": completed, "total": total},
+            )
+            if row is None:
+                raise self._refused(s, lease, "progress")
+
+    def complete(self, lease: Lease, *, chunk_count: int | None = None, session: Session | None = None) -> None:
+        """RUNNING -> SUCCEEDED (fenced). Pass the publish transaction's ``session`` to commit with it."""
+        with self._session(session) as s:
+            row = s.fetch_one("task_complete", {**self._fence(lease), "chunk_count": chunk_count})
+            if row is None:
+                raise self._refused(s, lease, "complete")
+
+    def complete_many(self, leases: Sequence[Lease], session: Session | None = None) -> list[Lease]:
+        """Complete many leases of one owner in one statement (fenced each); returns the leases refused."""
+        if not leases:
+            return []
+        owners = {lease.owner for lease in leases}
+        if len(owners) != 1:
+            raise ValueError("complete_many takes the leases of one owner")
+        with self._session(session) as s:
+            rows = s.fetch_all(
+                "task_complete_many",
+                {
+                    "owner": owners.pop(),
+                    "task_ids": [lease.task_id for lease in leases],
+                    "attempts": [lease.attempt for lease in leases],
+                    "now": self.clock(),
+                },
+            )
+        done = {r["task_id"] for r in rows}
+        return [lease for lease in leases if lease.task_id not in done]
+
+    def fail(self, lease: Lease, code: str, message: str, session: Session | None = None) -> TaskStatus:
+        """RUNNING -> RETRY_WAIT (retryable code, attempts left; full-jitter backoff) or DEAD (fenced)."""
+        delay = backoff_seconds(lease.attempt, base=self.backoff_base, cap=self.backoff_cap, rng=self.rng)
+        with self._session(session) as s:
+            row = s.fetch_one(
+                "task_fail",
+                {
+                    **self._fence(lease),
+                    "code": code,
+                    "message": sanitize_message(message),
+                    "retryable": is_retryable(code),
+                    "delay_seconds": delay,
+                },
+            )
+            if row is None:
+                raise self._refused(s, lease, "fail")
+        return TaskStatus(row["status"])
+
+    def fail_unfenced_crash(
+        self, task_id: int, attempt: int, code: str = "RUN_CRASHED", message: str = ""
+    ) -> TaskStatus | None:
+        """For the run-failure sensor: fail ``attempt`` if the task is still RUNNING on it, whoever holds it.
+
+        Retried at once if attempts are left. None when the task has moved on (nothing changed).
+        """
+        row = self.db.fetch_one(
+            "task_fail_crashed",
+            {
+                "task_id": task_id,
+                "attempt": attempt,
+                "code": code,
+                "message": sanitize_message(message or "the run ended without recording an outcome"),
+                "retryable": is_retryable(code),
+                "now": self.clock(),
+            },
+        )
+        return TaskStatus(row["status"]) if row else None
+
+    def lock_fenced(self, session: Session, lease: Lease) -> dict[str, Any]:
+        """``SELECT ... FOR UPDATE`` of the task row that re-checks the fence (for the publish transaction)."""
+        row = session.fetch_one("task_lock_fenced", self._fence(lease))
+        if row is None:
+            raise self._refused(session, lease, "publish")
+        return row
+
+    # -- operator verbs ---------------------------------------------------------------------
+
+    def cancel(self, task_id: int) -> None:
+        """PENDING/RETRY_WAIT/RUNNING -> CANCELLED; a running run finds out at its next fenced write."""
+        with self.db.session() as s:
+            if s.fetch_one("task_cancel", {"task_id": task_id, "now": self.clock()}):
+                return
+            row = s.fetch_one("task_get", {"task_id": task_id})
+        if row is None:
+            raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+        status = TaskStatus(row["status"])
+        raise IllegalTransition(why_cannot_cancel(status) or "the task changed concurrently", task_id=task_id, status=status)
+
+    def retry(self, task_id: int, extra_attempts: int = 3) -> None:
+        """DEAD -> PENDING on the same row: attempts kept, ``extra_attempts`` more granted."""
+        if extra_attempts < 1:
+            raise ValueError("extra_attempts must be at least 1")
+        with self.db.session() as s:
+            if s.fetch_one("task_retry", {"task_id": task_id, "extra_attempts": extra_attempts, "now": self.clock()}):
+                return
+            row = s.fetch_one("task_get", {"task_id": task_id})
+        if row is None:
+            raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+        status = TaskStatus(row["status"])
+        raise IllegalTransition(why_cannot_retry(status) or "the task changed concurrently", task_id=task_id, status=status)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, task_id: int) -> dict[str, Any]:
+        """The task row; TaskNotFound if there is none."""
+        row = self.db.fetch_one("task_get", {"task_id": task_id})
+        if row is None:
+            raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+        return row
+
+    def events(self, task_id: int, after_event_id: int = 0) -> list[dict[str, Any]]:
+        """The task's event rows after ``after_event_id``, oldest first."""
+        return self.db.fetch_all("task_events", {"task_id": task_id, "after_event_id": after_event_id})
+
+    def stats(self) -> dict[str, Any]:
+        """Queue health: due, running, leases expiring/expired, per-status counts, dead by code."""
+        row = self.db.fetch_one("task_stats", {"now": self.clock()})
+        assert row is not None
+        out = dict(row)
+        out["dead_by_code"] = {k: int(v) for k, v in (out["dead_by_code"] or {}).items()}
+        out["oldest_due_age_seconds"] = float(out["oldest_due_age_seconds"] or 0.0)
+        return out
+
+    def list(self, *, status: str | None = None, tenant: str | None = None, limit: int = 100) -> builtins.list[dict[str, Any]]:
+        """Newest tasks first, optionally filtered by status and tenant."""
+        if status is not None:
+            status = TaskStatus(status.upper()).value
+        return self.db.fetch_all("task_list", {"status": status, "tenant": tenant, "limit": limit})

@@ -1,0 +1,431 @@
+-- The durable index-task queue (resources/task_queue.py). Every statement takes
+-- coalesce(%(now)s::timestamptz, now()) as its one clock so tests can pin time; every
+-- transition writes its task_event row in the same statement (data-modifying CTE).
+-- Fenced statements change nothing unless
+--   status = 'RUNNING' AND lease_owner = me AND attempts = my lease attempt AND lease_until > now
+-- (DESIGN.md invariant 2); zero rows back means the caller lost the right to write.
+
+-- name: task_claim
+-- Lease up to %(limit)s due or lease-expired tasks to %(owner)s in one atomic statement (invariant 1).
+WITH
+-- One clock for the whole statement (pinned by tests, now() otherwise).
+clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+-- Path 1, due work: walk index_task_due_idx (partial on exactly this status list) in
+-- next_attempt_at order and stop after %(limit)s rows, so the cost does not grow with the queue.
+-- SKIP LOCKED: rows another claimer is taking are passed over instead of waited for.
+due AS (
+    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.next_attempt_at AS since
+    FROM index_task t
+    WHERE t.status IN ('PENDING', 'RETRY_WAIT')
+      AND t.next_attempt_at <= (SELECT now FROM clock)
+    ORDER BY t.next_attempt_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+-- Path 2, abandoned work: RUNNING tasks whose lease ran out, oldest first, via index_task_lease_idx.
+-- A separate walk because one OR-ed predicate over both would not match either partial index
+-- and would scan and sort every due row.
+expired AS (
+    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_until AS since
+    FROM index_task t
+    WHERE t.status = 'RUNNING'
+      AND t.lease_until <= (SELECT now FROM clock)
+    ORDER BY t.lease_until
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+-- At most 2 x limit locked candidates; keep the longest-waiting %(limit)s of them. The rest are
+-- unlocked when this statement's transaction ends, a moment later.
+picked AS (
+    SELECT c.task_id, c.status, c.attempts, c.max_attempts
+    FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) c
+    ORDER BY c.since, c.task_id
+    LIMIT %(limit)s
+),
+-- The transition itself. An expired lease with no attempts left ends DEAD (LEASE_ATTEMPTS_EXHAUSTED)
+-- instead of being granted; everything else becomes RUNNING with attempts + 1, the new fencing token.
+moved AS (
+    UPDATE index_task t
+    SET status          = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
+                               THEN 'DEAD' ELSE 'RUNNING' END,
+        attempts        = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
+                               THEN t.attempts ELSE t.attempts + 1 END,
+        lease_owner     = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
+                               THEN NULL ELSE %(owner)s END,
+        lease_until     = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
+                               THEN NULL
+                               ELSE (SELECT now FROM clock) + make_interval(secs => %(lease_seconds)s) END,
+        error_code      = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
+                               THEN 'LEASE_ATTEMPTS_EXHAUSTED' ELSE t.error_code END,
+        error_message   = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
+                               THEN 'the lease expired and no attempts are left' ELSE t.error_message END,
+        finished_at     = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
+                               THEN (SELECT now FROM clock) ELSE NULL END,
+        started_at      = (SELECT now FROM clock),
+        stage           = NULL,
+        completed       = 0,
+        total           = 0,
+        updated_at      = (SELECT now FROM clock)
+    FROM picked p
+    WHERE t.task_id = p.task_id
+    RETURNING t.task_id, p.status AS from_status, t.status, t.attempts, t.lease_owner, t.lease_until,
+              t.error_code, t.tenant_id, t.document_id, t.version_number, t.profile, t.task_type
+),
+-- The history row of every task moved, in the same statement (one NOTIFY per statement).
+logged AS (
+    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, lease_owner, error_code, created_at)
+    SELECT m.task_id, 'transition', m.attempts, m.from_status, m.status, %(owner)s, m.error_code,
+           (SELECT now FROM clock)
+    FROM moved m
+)
+-- Only granted leases go back to the caller; the DEAD ones were bookkeeping.
+SELECT m.task_id, m.attempts, m.lease_owner, m.lease_until, m.tenant_id, m.document_id,
+       m.version_number, m.profile, m.task_type
+FROM moved m
+WHERE m.status = 'RUNNING'
+ORDER BY m.task_id;
+
+-- name: task_heartbeat
+-- Fenced: extend the lease of the caller's attempt; no row back means the lease is lost.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+)
+UPDATE index_task t
+SET lease_until = (SELECT now FROM clock) + make_interval(secs => %(lease_seconds)s),
+    updated_at  = (SELECT now FROM clock)
+WHERE t.task_id = %(task_id)s
+  AND t.status = 'RUNNING'
+  AND t.lease_owner = %(owner)s
+  AND t.attempts = %(attempt)s
+  AND t.lease_until > (SELECT now FROM clock)
+RETURNING t.task_id, t.attempts, t.lease_owner, t.lease_until;
+
+-- name: task_progress
+-- Fenced: move stage/completed forward only (stage order, then completed) and log a progress event.
+WITH
+clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+-- Lock the caller's row only if the fence holds; the old stage decides whether this is progress.
+cur AS (
+    SELECT t.task_id, t.stage, t.completed, t.total,
+           coalesce(array_position(ARRAY['parse', 'chunk', 'embed', 'publish'], t.stage), 0) AS old_rank,
+           array_position(ARRAY['parse', 'chunk', 'embed', 'publish'], %(stage)s::text) AS new_rank
+    FROM index_task t
+    WHERE t.task_id = %(task_id)s
+      AND t.status = 'RUNNING'
+      AND t.lease_owner = %(owner)s
+      AND t.attempts = %(attempt)s
+      AND t.lease_until > (SELECT now FROM clock)
+    FOR UPDATE
+),
+-- Never backwards within an attempt: a later stage replaces, the same stage keeps the larger count.
+moved AS (
+    UPDATE index_task t
+    SET stage      = CASE WHEN c.new_rank >= c.old_rank THEN %(stage)s::text ELSE c.stage END,
+        completed  = CASE WHEN c.new_rank > c.old_rank THEN %(completed)s
+                          WHEN c.new_rank = c.old_rank THEN greatest(c.completed, %(completed)s)
+                          ELSE c.completed END,
+        total      = CASE WHEN c.new_rank >= c.old_rank THEN %(total)s ELSE c.total END,
+        updated_at = (SELECT now FROM clock)
+    FROM cur c
+    WHERE t.task_id = c.task_id
+    RETURNING t.task_id, t.attempts, t.stage, t.completed, t.total, t.lease_owner,
+              (c.new_rank > c.old_rank OR (c.new_rank = c.old_rank AND %(completed)s > c.completed)
+               OR (c.new_rank = c.old_rank AND %(completed)s = c.completed AND %(total)s <> c.total)) AS advanced
+),
+logged AS (
+    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, stage, completed, total,
+                            lease_owner, created_at)
+    SELECT m.task_id, 'progress', m.attempts, 'RUNNING', 'RUNNING', m.stage, m.completed, m.total,
+           m.lease_owner, (SELECT now FROM clock)
+    FROM moved m
+    WHERE m.advanced
+)
+SELECT m.task_id, m.advanced FROM moved m;
+
+-- name: task_complete
+-- Fenced RUNNING -> SUCCEEDED with its event; no row back means the lease is lost.
+WITH
+clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+moved AS (
+    UPDATE index_task t
+    SET status        = 'SUCCEEDED',
+        lease_owner   = NULL,
+        lease_until   = NULL,
+        chunk_count   = %(chunk_count)s,
+        error_code    = NULL,
+        error_message = NULL,
+        finished_at   = (SELECT now FROM clock),
+        updated_at    = (SELECT now FROM clock)
+    WHERE t.task_id = %(task_id)s
+      AND t.status = 'RUNNING'
+      AND t.lease_owner = %(owner)s
+      AND t.attempts = %(attempt)s
+      AND t.lease_until > (SELECT now FROM clock)
+    RETURNING t.task_id, t.attempts, t.stage
+),
+logged AS (
+    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, stage, lease_owner, created_at)
+    SELECT m.task_id, 'transition', m.attempts, 'RUNNING', 'SUCCEEDED', m.stage, %(owner)s,
+           (SELECT now FROM clock)
+    FROM moved m
+)
+SELECT m.task_id FROM moved m;
+
+-- name: task_complete_many
+-- Fenced RUNNING -> SUCCEEDED for many leases of one owner at once (one statement, one NOTIFY).
+WITH
+clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+leases AS (
+    SELECT l.task_id, l.attempt
+    FROM unnest(%(task_ids)s::bigint[], %(attempts)s::integer[]) AS l (task_id, attempt)
+),
+moved AS (
+    UPDATE index_task t
+    SET status        = 'SUCCEEDED',
+        lease_owner   = NULL,
+        lease_until   = NULL,
+        error_code    = NULL,
+        error_message = NULL,
+        finished_at   = (SELECT now FROM clock),
+        updated_at    = (SELECT now FROM clock)
+    FROM leases l
+    WHERE t.task_id = l.task_id
+      AND t.status = 'RUNNING'
+      AND t.lease_owner = %(owner)s
+      AND t.attempts = l.attempt
+      AND t.lease_until > (SELECT now FROM clock)
+    RETURNING t.task_id, t.attempts, t.stage
+),
+logged AS (
+    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, stage, lease_owner, created_at)
+    SELECT m.task_id, 'transition', m.attempts, 'RUNNING', 'SUCCEEDED', m.stage, %(owner)s,
+           (SELECT now FROM clock)
+    FROM moved m
+)
+SELECT m.task_id FROM moved m;
+
+-- name: task_fail
+-- Fenced RUNNING -> RETRY_WAIT (retryable, attempts left; due after %(delay_seconds)s) or DEAD.
+WITH
+clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+moved AS (
+    UPDATE index_task t
+    SET status          = CASE WHEN %(retryable)s AND t.attempts < t.max_attempts
+                               THEN 'RETRY_WAIT' ELSE 'DEAD' END,
+        next_attempt_at = CASE WHEN %(retryable)s AND t.attempts < t.max_attempts
+                               THEN (SELECT now FROM clock) + make_interval(secs => %(delay_seconds)s)
+                               ELSE t.next_attempt_at END,
+        finished_at     = CASE WHEN %(retryable)s AND t.attempts < t.max_attempts
+                               THEN NULL ELSE (SELECT now FROM clock) END,
+        lease_owner     = NULL,
+        lease_until     = NULL,
+        error_code      = %(code)s,
+        error_message   = %(message)s,
+        updated_at      = (SELECT now FROM clock)
+    WHERE t.task_id = %(task_id)s
+      AND t.status = 'RUNNING'
+      AND t.lease_owner = %(owner)s
+      AND t.attempts = %(attempt)s
+      AND t.lease_until > (SELECT now FROM clock)
+    RETURNING t.task_id, t.status, t.attempts, t.stage, t.next_attempt_at
+),
+logged AS (
+    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, stage, lease_owner,
+                            error_code, message, created_at)
+    SELECT m.task_id, 'transition', m.attempts, 'RUNNING', m.status, m.stage, %(owner)s,
+           %(code)s, %(message)s, (SELECT now FROM clock)
+    FROM moved m
+)
+SELECT m.task_id, m.status, m.next_attempt_at FROM moved m;
+
+-- name: task_fail_crashed
+-- Run-failure sensor: fail the crashed run's attempt if still RUNNING on it, whoever holds the lease.
+WITH
+clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+moved AS (
+    UPDATE index_task t
+    SET status          = CASE WHEN %(retryable)s AND t.attempts < t.max_attempts
+                               THEN 'RETRY_WAIT' ELSE 'DEAD' END,
+        next_attempt_at = CASE WHEN %(retryable)s AND t.attempts < t.max_attempts
+                               THEN (SELECT now FROM clock) ELSE t.next_attempt_at END,
+        finished_at     = CASE WHEN %(retryable)s AND t.attempts < t.max_attempts
+                               THEN NULL ELSE (SELECT now FROM clock) END,
+        lease_owner     = NULL,
+        lease_until     = NULL,
+        error_code      = %(code)s,
+        error_message   = %(message)s,
+        updated_at      = (SELECT now FROM clock)
+    WHERE t.task_id = %(task_id)s
+      AND t.status = 'RUNNING'
+      AND t.attempts = %(attempt)s
+    RETURNING t.task_id, t.status, t.attempts, t.stage
+),
+logged AS (
+    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, stage, error_code, message, created_at)
+    SELECT m.task_id, 'transition', m.attempts, 'RUNNING', m.status, m.stage, %(code)s, %(message)s,
+           (SELECT now FROM clock)
+    FROM moved m
+)
+SELECT m.task_id, m.status FROM moved m;
+
+-- name: task_lock_fenced
+-- Lock the caller's task row for its publish transaction, only while the fence holds.
+SELECT t.*
+FROM index_task t
+WHERE t.task_id = %(task_id)s
+  AND t.status = 'RUNNING'
+  AND t.lease_owner = %(owner)s
+  AND t.attempts = %(attempt)s
+  AND t.lease_until > coalesce(%(now)s::timestamptz, now())
+FOR UPDATE;
+
+-- name: task_fence_state
+-- Why a fenced write changed nothing: the task's status, attempt, owner and lease versus the clock.
+SELECT t.task_id, t.status, t.attempts, t.lease_owner, t.lease_until,
+       t.lease_until <= coalesce(%(now)s::timestamptz, now()) AS lease_expired
+FROM index_task t
+WHERE t.task_id = %(task_id)s;
+
+-- name: task_cancel
+-- PENDING, RETRY_WAIT or RUNNING -> CANCELLED with its event; no row back means refused or not found.
+WITH
+clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+-- Lock first so the event records the status it really left (another statement may be moving it).
+cur AS (
+    SELECT t.task_id, t.status, t.attempts, t.lease_owner, t.stage
+    FROM index_task t
+    WHERE t.task_id = %(task_id)s
+      AND t.status IN ('PENDING', 'RETRY_WAIT', 'RUNNING')
+    FOR UPDATE
+),
+moved AS (
+    UPDATE index_task t
+    SET status      = 'CANCELLED',
+        lease_owner = NULL,
+        lease_until = NULL,
+        finished_at = (SELECT now FROM clock),
+        updated_at  = (SELECT now FROM clock)
+    FROM cur c
+    WHERE t.task_id = c.task_id
+    RETURNING t.task_id, c.status AS from_status, c.attempts, c.lease_owner, c.stage
+),
+logged AS (
+    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, stage, lease_owner, created_at)
+    SELECT m.task_id, 'transition', m.attempts, m.from_status, 'CANCELLED', m.stage, m.lease_owner,
+           (SELECT now FROM clock)
+    FROM moved m
+)
+SELECT m.task_id, m.from_status FROM moved m;
+
+-- name: task_retry
+-- Manual retry: DEAD -> PENDING on the same row, attempts kept, %(extra_attempts)s more granted.
+WITH
+clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+moved AS (
+    UPDATE index_task t
+    SET status          = 'PENDING',
+        max_attempts    = t.attempts + %(extra_attempts)s,
+        next_attempt_at = (SELECT now FROM clock),
+        finished_at     = NULL,
+        updated_at      = (SELECT now FROM clock)
+    WHERE t.task_id = %(task_id)s
+      AND t.status = 'DEAD'
+    RETURNING t.task_id, t.attempts, t.error_code
+),
+logged AS (
+    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, error_code, message, created_at)
+    SELECT m.task_id, 'transition', m.attempts, 'DEAD', 'PENDING', m.error_code, 'manual retry',
+           (SELECT now FROM clock)
+    FROM moved m
+)
+SELECT m.task_id FROM moved m;
+
+-- name: task_get
+-- One task by id.
+SELECT t.* FROM index_task t WHERE t.task_id = %(task_id)s;
+
+-- name: task_list
+-- Newest tasks first, optionally of one status and/or tenant.
+SELECT t.*
+FROM index_task t
+WHERE (%(status)s::text IS NULL OR t.status = %(status)s::text)
+  AND (%(tenant)s::text IS NULL OR t.tenant_id = %(tenant)s::text)
+ORDER BY t.task_id DESC
+LIMIT %(limit)s;
+
+-- name: task_events
+-- A task's history after a given event id (SSE resume), oldest first.
+SELECT e.*
+FROM task_event e
+WHERE e.task_id = %(task_id)s
+  AND e.event_id > %(after_event_id)s
+ORDER BY e.event_id;
+
+-- name: task_stats
+-- Queue health in one round trip; each part reads an index, not the whole table.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+)
+SELECT
+    (SELECT count(*) FROM index_task t
+      WHERE t.status IN ('PENDING', 'RETRY_WAIT') AND t.next_attempt_at <= (SELECT now FROM clock)) AS due_now,
+    (SELECT extract(epoch FROM (SELECT now FROM clock) - min(t.next_attempt_at))::float8 FROM index_task t
+      WHERE t.status IN ('PENDING', 'RETRY_WAIT') AND t.next_attempt_at <= (SELECT now FROM clock))
+        AS oldest_due_age_seconds,
+    (SELECT count(*) FROM index_task t WHERE t.status = 'RUNNING') AS running,
+    (SELECT count(*) FROM index_task t
+      WHERE t.status = 'RUNNING' AND t.lease_until > (SELECT now FROM clock)
+        AND t.lease_until <= (SELECT now FROM clock) + interval '1 minute') AS expiring_within_minute,
+    (SELECT count(*) FROM index_task t
+      WHERE t.status = 'RUNNING' AND t.lease_until <= (SELECT now FROM clock)) AS expired_leases,
+    (SELECT count(*) FROM index_task t WHERE t.status = 'RETRY_WAIT') AS retry_waiting,
+    (SELECT count(*) FROM index_task t WHERE t.status = 'PENDING') AS pending,
+    (SELECT count(*) FROM index_task t WHERE t.status = 'SUCCEEDED') AS succeeded,
+    (SELECT count(*) FROM index_task t WHERE t.status = 'CANCELLED') AS cancelled,
+    (SELECT count(*) FROM index_task t WHERE t.status = 'DEAD') AS dead,
+    (SELECT coalesce(jsonb_object_agg(d.code, d.n), '{}'::jsonb)
+       FROM (SELECT coalesce(t.error_code, 'UNKNOWN') AS code, count(*) AS n
+               FROM index_task t WHERE t.status = 'DEAD' GROUP BY 1) d) AS dead_by_code;
+
+-- name: task_bench_load
+-- Benchmark/test only: %(count)s PENDING tasks (one document, versions from %(first)s) in one go.
+WITH
+doc AS (
+    INSERT INTO document (tenant_id, document_id, latest_version)
+    VALUES (%(tenant)s, %(document)s, %(first)s + %(count)s - 1)
+    ON CONFLICT (tenant_id, document_id) DO UPDATE SET latest_version = excluded.latest_version
+    RETURNING tenant_id, document_id
+),
+versions AS (
+    INSERT INTO document_version (tenant_id, document_id, version_number, content_hash, byte_size,
+                                  filename, media_type)
+    SELECT d.tenant_id, d.document_id, g, 'bench-' || g, 0, 'bench.txt', 'text/plain'
+    FROM doc d, generate_series(%(first)s, %(first)s + %(count)s - 1) AS g
+    RETURNING tenant_id, document_id, version_number
+)
+INSERT INTO index_task (tenant_id, document_id, version_number, profile, next_attempt_at)
+SELECT v.tenant_id, v.document_id, v.version_number, %(profile)s, coalesce(%(now)s::timestamptz, now())
+FROM versions v;
+
+-- name: task_bench_requeue
+-- Benchmark only: put finished tasks back as PENDING so the queue keeps its depth (a steady publish rate).
+UPDATE index_task t
+SET status = 'PENDING', next_attempt_at = now(), finished_at = NULL, updated_at = now()
+WHERE t.task_id = ANY(%(task_ids)s::bigint[])
+  AND t.status = 'SUCCEEDED';

@@ -1,0 +1,67 @@
+"""Integration fixtures: a publisher, a task factory, a pinnable clock and task-queue factories."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from resources.blob_store import BlobStore
+from resources.publisher import Publisher, PublishResult
+from resources.task_queue import TaskQueue
+
+
+class PinnedClock:
+    """A clock tests move by hand; the queue's statements use it instead of the database's now()."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        # A second ahead of the database so freshly published tasks are already due.
+        self.now = start or datetime.now(UTC) + timedelta(seconds=1)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
+
+
+@pytest.fixture
+def clock() -> PinnedClock:
+    return PinnedClock()
+
+
+@pytest.fixture
+def publisher(db, tmp_path) -> Publisher:
+    return Publisher(db, BlobStore(str(tmp_path / "blobs")))
+
+
+@pytest.fixture
+def publish_task(publisher: Publisher) -> Callable[..., PublishResult]:
+    """Factory: publish a fresh document version (new bytes every call) and return its PublishResult."""
+    counter = itertools.count(1)
+
+    def make(tenant: str = "acme", document: str | None = None, data: bytes | None = None) -> PublishResult:
+        n = next(counter)
+        return publisher.publish(tenant, document or f"doc-{n}", data or f"body {n}".encode(), f"doc-{n}.txt")
+
+    return make
+
+
+@pytest.fixture
+def make_queue(db, clock: PinnedClock) -> Callable[..., TaskQueue]:
+    """Factory: a TaskQueue on the test database with the pinned clock (override any option)."""
+
+    def make(**options) -> TaskQueue:
+        options.setdefault("clock", clock)
+        options.setdefault("lease_seconds", 30.0)
+        return TaskQueue(db, **options)
+
+    return make
+
+
+@pytest.fixture
+def queue(make_queue) -> TaskQueue:
+    return make_queue()

@@ -66,3 +66,19 @@ WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s AND version_nu
 SELECT tenant_id, document_id, version_number, content_hash, byte_size, filename, media_type, partition_key, published_at
 FROM document_version
 WHERE partition_key = %(partition_key)s;
+
+-- name: document_version_partition_keys
+-- Partition keys of the task ids given, in the order given (the claiming sensor batches runs by key).
+SELECT t.task_id, v.partition_key
+FROM unnest(%(task_ids)s::bigint[]) WITH ORDINALITY AS ids(task_id, ord)
+JOIN index_task t ON t.task_id = ids.task_id
+JOIN document_version v
+  ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number
+ORDER BY ids.ord;
+
+-- name: index_task_tenant_summary
+-- Task counts by status for one tenant (kbindex dev reports when the sample corpus is indexed).
+SELECT status, count(*)::int AS n
+FROM index_task
+WHERE tenant_id = %(tenant_id)s
+GROUP BY status;

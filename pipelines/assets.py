@@ -1,0 +1,185 @@
+"""The four indexing assets, partitioned by document version: parse -> chunk -> embed -> publish.
+
+Each asset covers every partition of its run (several versions share a run; ``single_run``
+backfill policy) and returns ``{partition_key: value}``; a version whose work stopped carries a
+``Skipped``. Intermediate outputs persist through the artifact IO manager, so re-execution from
+failure does not redo finished steps. Only ``search_index`` writes to the index, through the
+fenced publish transaction (invariant 3).
+"""
+
+
+import time
+from typing import Any
+
+import dagster as dg
+
+from pipelines.domain.task_states import Stage
+from pipelines.partitions import document_versions
+from pipelines.steps import ProgressThrottle, Skipped, StepReport, run_guarded
+from resources.dagster_resources import BlobStoreResource, DatabaseResource, EmbedderResource, LeaseResource
+
+COMMON = dict(
+    partitions_def=document_versions,
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    group_name="indexing",
+)
+
+
+def _report(context: dg.AssetExecutionContext, key: str, value: Any, report: StepReport, extra: dict[str, Any]) -> None:
+    meta: dict[str, Any] = {"outcome": report.outcome, "seconds": round(report.seconds, 3), **extra}
+    if isinstance(value, Skipped):
+        meta["skipped_reason"] = value.reason
+        if value.error_code:
+            meta["error_code"] = value.error_code
+    context.add_asset_metadata(meta, partition_key=key)
+
+
+def _lease_meta(leases: LeaseResource, key: str) -> dict[str, Any]:
+    work = leases.acquire([key]).get(key)
+    if work is None:
+        return {}
+    return {"task_id": work.lease.task_id, "lease_attempt": work.lease.attempt, "profile": work.profile}
+
+
+@dg.asset(**COMMON, kinds={"python"}, description="Document bytes parsed into text blocks with heading paths and pages.")
+def parsed_document(
+    context: dg.AssetExecutionContext, leases: LeaseResource, blobs: BlobStoreResource
+) -> dict[str, Any]:
+    from pipelines.domain.parsing import parse_document
+
+    store = blobs.get_store()
+    keys = list(context.partition_keys)
+    leases.acquire(keys)
+    out: dict[str, Any] = {}
+    for key in keys:
+
+        def parse(work: Any, _: Any) -> Any:
+            data = store.get(work.content_hash)
+            return parse_document(data, filename=work.filename, media_type=work.media_type)
+
+        value, report = run_guarded(key, None, leases, Stage.PARSE, parse, context.log)
+        extra = _lease_meta(leases, key)
+        if not isinstance(value, Skipped):
+            extra.update(blocks=len(value.blocks), pages=value.page_count or 0, media_type=value.media_type)
+        _report(context, key, value, report, extra)
+        out[key] = value
+    return out
+
+
+@dg.asset(**COMMON, kinds={"python"}, description="Token-bounded, deterministic chunks with stable ids.")
+def document_chunks(
+    context: dg.AssetExecutionContext, leases: LeaseResource, parsed_document: dict[str, Any]
+) -> dict[str, Any]:
+    from pipelines.domain.chunking import VersionIdentity, chunk_document
+    from resources.tokenizer import ModelTokenizer
+
+    out: dict[str, Any] = {}
+    for key in context.partition_keys:
+
+        def chunk(work: Any, parsed: Any) -> Any:
+            if parsed is None:
+                raise KeyError("parsed_document was never materialized for this version")
+            tokenizer = ModelTokenizer.for_model(work.model)
+            return chunk_document(
+                parsed,
+                tokenizer=tokenizer,
+                chunk_tokens=work.chunk_tokens,
+                overlap=work.chunk_overlap,
+                identity=VersionIdentity(work.tenant_id, work.document_id, work.version_number, work.profile),
+            )
+
+        value, report = run_guarded(key, parsed_document.get(key), leases, Stage.CHUNK, chunk, context.log)
+        extra = _lease_meta(leases, key)
+        if not isinstance(value, Skipped):
+            extra.update(chunks=len(value), tokens=sum(c.token_count for c in value))
+        _report(context, key, value, report, extra)
+        out[key] = value
+    return out
+
+
+@dg.asset(**COMMON, kinds={"python"}, description="One normalized vector per chunk, every batch validated.")
+def chunk_embeddings(
+    context: dg.AssetExecutionContext,
+    leases: LeaseResource,
+    embedder: EmbedderResource,
+    document_chunks: dict[str, Any],
+) -> dict[str, Any]:
+    from resources.embedder import checked_embed
+
+    throttle = ProgressThrottle()
+    out: dict[str, Any] = {}
+    for key in context.partition_keys:
+        batches = {"n": 0}
+
+        def embed(work: Any, chunks: Any) -> Any:
+            if chunks is None:
+                raise KeyError("document_chunks was never materialized for this version")
+            model = embedder.for_model(work.model)
+
+            def on_batch(done: int, total: int) -> None:
+                batches["n"] += 1
+                lease = leases.check(key)  # stop promptly if the lease was lost or the task cancelled
+                if throttle.due(lease.task_id, done, total):
+                    leases.queue.progress(lease, Stage.EMBED, done, total)
+
+            texts = [c.embed_text for c in chunks]
+            return checked_embed(
+                model,
+                texts,
+                expected_model=work.model,
+                expected_dim=work.dimension,
+                batch_size=embedder.batch_size,
+                on_batch=on_batch,
+            )
+
+        value, report = run_guarded(key, document_chunks.get(key), leases, Stage.EMBED, embed, context.log)
+        extra = _lease_meta(leases, key)
+        if not isinstance(value, Skipped):
+            work = leases.acquire([key])[key]
+            extra.update(vectors=int(value.shape[0]), batches=batches["n"], model=work.model, dimension=work.dimension)
+        _report(context, key, value, report, extra)
+        out[key] = value
+    return out
+
+
+@dg.asset(
+    **COMMON,
+    kinds={"postgres"},
+    description="The fenced publish: chunks written and the search pointer moved in one transaction.",
+)
+def search_index(
+    context: dg.AssetExecutionContext,
+    leases: LeaseResource,
+    database: DatabaseResource,
+    document_chunks: dict[str, Any],
+    chunk_embeddings: dict[str, Any],
+) -> dict[str, Any]:
+    from resources.index_sink import IndexSink
+
+    sink = IndexSink(database.db, leases.queue)
+    out: dict[str, Any] = {}
+    for key in context.partition_keys:
+        chunks = document_chunks.get(key)
+        upstream = chunk_embeddings.get(key)
+        if isinstance(chunks, Skipped):
+            upstream = chunks
+
+        def publish(work: Any, vectors: Any) -> Any:
+            if vectors is None or chunks is None:
+                raise KeyError("upstream outputs are missing for this version")
+            lease = leases.check(key)
+            started = time.perf_counter()
+            outcome = sink.publish(lease, work=work, chunks=chunks, vectors=vectors)
+            leases.release(key)
+            return {"outcome": outcome, "publish_seconds": round(time.perf_counter() - started, 3)}
+
+        value, report = run_guarded(key, upstream, leases, Stage.PUBLISH, publish, context.log)
+        extra = _lease_meta(leases, key)
+        if not isinstance(value, Skipped):
+            extra.update({k: v for k, v in value["outcome"].to_dict().items() if isinstance(v, (int, str, float, bool))})
+        _report(context, key, value, report, extra)
+        out[key] = value if isinstance(value, Skipped) else {"published": True}
+    return out
+
+
+indexing_assets = [parsed_document, document_chunks, chunk_embeddings, search_index]

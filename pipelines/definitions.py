@@ -1,0 +1,15 @@
+"""The kbindex code location: one Definitions object (``dagster dev -m pipelines.definitions``)."""
+
+import dagster as dg
+
+from pipelines.assets import indexing_assets
+from pipelines.jobs import index_versions_job
+from pipelines.sensors import claim_index_tasks, record_crashed_runs
+from resources.dagster_resources import default_resources
+
+defs = dg.Definitions(
+    assets=indexing_assets,
+    jobs=[index_versions_job],
+    sensors=[claim_index_tasks, record_crashed_runs],
+    resources=default_resources(),
+)

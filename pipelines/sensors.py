@@ -1,0 +1,112 @@
+"""Sensors: the claiming sensor that turns due index tasks into runs, and the crashed-run recorder.
+
+The claim commits inside the sensor evaluation; if the tick then dies before its runs are stored,
+nothing is lost: the leases expire and a later claim takes the tasks over (invariant 7). Runs are
+requested only while Dagster's run queue has room, so leases are not granted to work that would
+sit queued until they expire.
+"""
+
+
+import os
+import uuid
+from collections import defaultdict
+
+import dagster as dg
+from dagster import DagsterRunStatus, RunsFilter
+
+from pipelines.jobs import index_versions_job
+from pipelines.partitions import VERSIONS_PARTITIONS_NAME, document_versions
+from resources.dagster_resources import (
+    LEASES_TAG,
+    OWNER_TAG,
+    TENANT_TAG,
+    DatabaseResource,
+    decode_leases,
+    encode_leases,
+)
+from resources.task_queue import ClaimedTask, TaskQueue
+
+BATCH_MAX = int(os.environ.get("KBINDEX_RUN_BATCH", "48"))  # versions per run
+MAX_WAITING_RUNS = int(os.environ.get("KBINDEX_MAX_WAITING_RUNS", "1"))
+LEASE_SECONDS = float(os.environ.get("KBINDEX_LEASE_SECONDS", "60"))
+WAITING = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING]
+
+
+def plan_runs(
+    claimed: list[ClaimedTask], keys: dict[int, str], existing: set[str], owner: str, batch_max: int
+) -> tuple[list[dg.RunRequest], list[str]]:
+    """Group claimed tasks into run requests; returns (requests, partition keys to add, in order).
+
+    New keys of one tenant are added together and so form a contiguous range: one run covers many
+    versions. A key that already exists (a retry or a taken-over lease) sits elsewhere in the key
+    order, so it gets a run of its own.
+    """
+    by_tenant: dict[str, list[ClaimedTask]] = defaultdict(list)
+    for task in claimed:
+        by_tenant[task.tenant_id].append(task)
+    requests: list[dg.RunRequest] = []
+    to_add: list[str] = []
+    for tenant, tasks in by_tenant.items():
+        fresh = [t for t in tasks if keys[t.lease.task_id] not in existing]
+        again = [t for t in tasks if keys[t.lease.task_id] in existing]
+        for start in range(0, len(fresh), batch_max):
+            group = fresh[start : start + batch_max]
+            group_keys = [keys[t.lease.task_id] for t in group]
+            to_add.extend(group_keys)
+            requests.append(_request(group, group_keys, owner, tenant))
+        for task in again:
+            requests.append(_request([task], [keys[task.lease.task_id]], owner, tenant))
+    return requests, to_add
+
+
+def _request(group: list[ClaimedTask], group_keys: list[str], owner: str, tenant: str) -> dg.RunRequest:
+    pairs = [(t.lease.task_id, t.lease.attempt) for t in group]
+    tags = {LEASES_TAG: encode_leases(pairs), OWNER_TAG: owner, TENANT_TAG: tenant}
+    run_key = ",".join(f"{task_id}:{attempt}" for task_id, attempt in pairs)
+    if len(group_keys) == 1:
+        return dg.RunRequest(run_key=run_key, partition_key=group_keys[0], tags=tags)
+    tags["dagster/asset_partition_range_start"] = group_keys[0]
+    tags["dagster/asset_partition_range_end"] = group_keys[-1]
+    return dg.RunRequest(run_key=run_key, tags=tags)
+
+
+@dg.sensor(
+    job=index_versions_job,
+    minimum_interval_seconds=1,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Claims due index tasks (SKIP LOCKED lease) and starts runs for them, many versions per run.",
+)
+def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SensorResult | dg.SkipReason:
+    waiting = context.instance.get_runs_count(RunsFilter(job_name=index_versions_job.name, statuses=WAITING))
+    if waiting >= MAX_WAITING_RUNS:
+        return dg.SkipReason(f"{waiting} run(s) still waiting to start; not claiming more yet")
+    queue = TaskQueue(database.db, lease_seconds=LEASE_SECONDS)
+    owner = f"batch-{uuid.uuid4().hex[:12]}"
+    claimed = queue.claim(owner, limit=BATCH_MAX)
+    if not claimed:
+        return dg.SkipReason("no due index tasks")
+    rows = database.db.fetch_all("document_version_partition_keys", {"task_ids": [t.lease.task_id for t in claimed]})
+    keys = {r["task_id"]: r["partition_key"] for r in rows}
+    existing = {k for k in keys.values() if context.instance.has_dynamic_partition(VERSIONS_PARTITIONS_NAME, k)}
+    requests, to_add = plan_runs(claimed, keys, existing, owner, BATCH_MAX)
+    context.log.info(f"claimed {len(claimed)} task(s) as {owner}: {len(requests)} run(s)")
+    return dg.SensorResult(
+        run_requests=requests,
+        dynamic_partitions_requests=[document_versions.build_add_request(to_add)] if to_add else [],
+    )
+
+
+@dg.run_failure_sensor(
+    monitored_jobs=[index_versions_job],
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=1,
+    description="Records RUN_CRASHED for tasks of runs that died without recording an outcome (retried at once).",
+)
+def record_crashed_runs(context: dg.RunFailureSensorContext, database: DatabaseResource) -> None:
+    queue = TaskQueue(database.db, lease_seconds=LEASE_SECONDS)
+    run = context.dagster_run
+    pairs = decode_leases(run.tags.get(LEASES_TAG))
+    for task_id, attempt in pairs:
+        status = queue.fail_unfenced_crash(task_id, attempt, "RUN_CRASHED", "the run process died before recording an outcome")
+        if status is not None:
+            context.log.info(f"task {task_id} attempt {attempt}: RUN_CRASHED -> {status}")

@@ -1,0 +1,299 @@
+"""The Dagster face of resources/: ``ConfigurableResource`` wrappers around the plain clients.
+
+Clients and pools are built in ``setup_for_execution`` into private attributes, so a run (in-process
+executor) builds each once and tears it down after its last step. ``LeaseResource`` is the run's
+hold on its tasks: it adopts the leases the claiming sensor granted (run tags), claims the task of
+any partition it was launched for without one (UI backfills, ``dagster asset materialize``), and
+heartbeats all of them on one thread for the whole run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from pipelines.domain.errors import FenceRejected, KbindexError
+from resources.artifact_store import ArtifactStore
+from resources.blob_store import BlobStore
+from resources.database import Database
+from resources.lease_keeper import LeaseKeeper
+from resources.settings import Settings, resolve_database_url
+from resources.task_queue import Lease, TaskQueue
+
+# Run tags written by the claiming sensor and read by LeaseResource.
+LEASES_TAG = "kbindex/leases"  # JSON [[task_id, attempt], ...]
+OWNER_TAG = "kbindex/owner"
+TENANT_TAG = "kbindex/tenant"
+PROFILE_TAG = "kbindex/profile"
+
+
+def encode_leases(pairs: list[tuple[int, int]]) -> str:
+    return json.dumps([[int(t), int(a)] for t, a in pairs], separators=(",", ":"))
+
+
+def decode_leases(value: str | None) -> list[tuple[int, int]]:
+    if not value:
+        return []
+    return [(int(t), int(a)) for t, a in json.loads(value)]
+
+
+class DatabaseResource(dg.ConfigurableResource):
+    """PostgreSQL for kbindex data (KBINDEX_DATABASE_URL, or the embedded server when empty)."""
+
+    url: str = ""
+    pool_size: int = 4
+
+    _db: Database | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self._db = Database(self.url or resolve_database_url(), min_size=1, max_size=self.pool_size)
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._db is not None:
+            self._db.close()
+
+    @property
+    def db(self) -> Database:
+        if self._db is None:  # used outside a run (e.g. a sensor built per evaluation)
+            self._db = Database(self.url or resolve_database_url(), min_size=1, max_size=self.pool_size)
+        return self._db
+
+
+class BlobStoreResource(dg.ConfigurableResource):
+    """Document bytes by content hash: a folder or any fsspec URL (KBINDEX_BLOB_URL)."""
+
+    url: str = ""
+
+    def get_store(self) -> BlobStore:
+        return BlobStore(self.url or Settings.from_env().blob_url)
+
+
+class EmbedderResource(dg.ConfigurableResource):
+    """sentence-transformers models by profile (loaded once per process).
+
+    A profile whose model is ``fake-384`` gets the deterministic FakeEmbedder (tests and fault
+    injection only; faults from KBINDEX_FAKE_FAULTS, e.g. ``timeout=0.1,wrong_dimension=0.05``).
+    """
+
+    batch_size: int = 64
+
+    def for_model(self, model: str) -> Any:
+        from resources.embedder import PACKAGED_MODEL_NAME, FakeEmbedder, SentenceTransformerEmbedder
+
+        if model.startswith("fake-"):
+            rates = {}
+            for part in filter(None, os.environ.get("KBINDEX_FAKE_FAULTS", "").split(",")):
+                name, _, rate = part.partition("=")
+                rates[name.strip()] = float(rate)
+            seed = int(os.environ.get("KBINDEX_FAKE_SEED", "0")) + os.getpid()
+            return FakeEmbedder(model_name=model, rates=rates, seed=seed)
+        if model == PACKAGED_MODEL_NAME:
+            return SentenceTransformerEmbedder(batch_size=self.batch_size)
+        return SentenceTransformerEmbedder(model, model_name=model, batch_size=self.batch_size)
+
+
+class ArtifactIOManager(dg.ConfigurableIOManager):
+    """Stores ``{partition_key: value}`` outputs one file per key (KBINDEX_HOME/artifacts by default)."""
+
+    root: str = ""
+
+    def _store(self) -> ArtifactStore:
+        return ArtifactStore(self.root or (Settings.from_env().home / "artifacts"))
+
+    @staticmethod
+    def _asset(context: dg.OutputContext | dg.InputContext) -> str:
+        return "/".join(context.asset_key.path)
+
+    def handle_output(self, context: dg.OutputContext, obj: dict[str, Any]) -> None:
+        store = self._store()
+        for key, value in obj.items():
+            store.put(self._asset(context), key, value)
+
+    def load_input(self, context: dg.InputContext) -> dict[str, Any]:
+        store = self._store()
+        out: dict[str, Any] = {}
+        for key in context.asset_partition_keys:
+            try:
+                out[key] = store.get(self._asset(context), key)
+            except KeyError:
+                out[key] = None  # never materialized for this key: the step treats it as missing
+        return out
+
+
+@dataclass(frozen=True)
+class VersionWork:
+    """Everything a step needs about one leased version."""
+
+    key: str
+    lease: Lease
+    tenant_id: str
+    document_id: str
+    version_number: int
+    profile: str
+    model: str
+    dimension: int
+    chunk_tokens: int
+    chunk_overlap: int
+    content_hash: str
+    filename: str
+    media_type: str
+
+
+class LeaseResource(dg.ConfigurableResource):
+    """The run's leases: adopt (sensor runs) or claim (UI runs), heartbeat, check, release."""
+
+    database: DatabaseResource
+    lease_seconds: float = 60.0
+    heartbeat_seconds: float = 0.0  # 0: a third of the lease
+
+    _queue: TaskQueue | None = PrivateAttr(default=None)
+    _keeper: LeaseKeeper | None = PrivateAttr(default=None)
+    _owner: str = PrivateAttr(default="")
+    _tagged: list[tuple[int, int]] = PrivateAttr(default_factory=list)
+    _profile_tag: str | None = PrivateAttr(default=None)
+    _work: dict[str, VersionWork | None] = PrivateAttr(default_factory=dict)
+    _why: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        run = context.dagster_run
+        tags = dict(run.tags) if run else {}
+        self._queue = TaskQueue(self.database.db, lease_seconds=self.lease_seconds)
+        self._owner = tags.get(OWNER_TAG) or f"run-{run.run_id if run else os.getpid()}"
+        self._tagged = decode_leases(tags.get(LEASES_TAG))
+        self._profile_tag = tags.get(PROFILE_TAG)
+        self._keeper = LeaseKeeper(self._queue, interval=self.heartbeat_seconds or None)
+        self._keeper.start()
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._keeper is not None:
+            self._keeper.stop()
+
+    @property
+    def queue(self) -> TaskQueue:
+        assert self._queue is not None, "LeaseResource used outside a run"
+        return self._queue
+
+    @property
+    def keeper(self) -> LeaseKeeper:
+        assert self._keeper is not None, "LeaseResource used outside a run"
+        return self._keeper
+
+    @property
+    def owner(self) -> str:
+        return self._owner
+
+    def why_skipped(self, key: str) -> str:
+        return self._why.get(key, "")
+
+    def acquire(self, keys: list[str]) -> dict[str, VersionWork | None]:
+        """Leased work for each partition key (None where this run may not touch the version).
+
+        Idempotent: every asset calls it, so a re-execution that starts at a later step acquires too.
+        """
+        for key in keys:
+            if key not in self._work:
+                self._work[key] = self._acquire_one(key)
+        return {key: self._work[key] for key in keys}
+
+    def _skip(self, key: str, why: str) -> None:
+        self._why[key] = why
+        return None
+
+    def _acquire_one(self, key: str) -> VersionWork | None:
+        db = self.database.db
+        version = db.fetch_one("document_version_by_partition_key", {"partition_key": key})
+        if version is None:
+            return self._skip(key, "no document version has this partition key")
+        lease = self._adopt_tagged(version)
+        if lease is None:
+            lease = self._claim_for(version)
+        if lease is None:
+            return None
+        task = self.queue.get(lease.task_id)
+        profile = db.fetch_one("index_profile_get", {"name": task["profile"]})
+        return VersionWork(
+            key=key,
+            lease=lease,
+            tenant_id=version["tenant_id"],
+            document_id=version["document_id"],
+            version_number=version["version_number"],
+            profile=profile["name"],
+            model=profile["model"],
+            dimension=profile["dimension"],
+            chunk_tokens=profile["chunk_tokens"],
+            chunk_overlap=profile["chunk_overlap"],
+            content_hash=version["content_hash"],
+            filename=version["filename"],
+            media_type=version["media_type"],
+        )
+
+    def _adopt_tagged(self, version: dict[str, Any]) -> Lease | None:
+        """The sensor's lease for this version, if the run was tagged with one and it still holds."""
+        for task_id, attempt in self._tagged:
+            task = self.queue.get(task_id)
+            if (task["tenant_id"], task["document_id"], task["version_number"]) != (
+                version["tenant_id"],
+                version["document_id"],
+                version["version_number"],
+            ):
+                continue
+            lease = Lease(task_id=task_id, attempt=attempt, owner=self.owner, lease_until=task["lease_until"])
+            if self.keeper.adopt(version["partition_key"], lease):
+                return self.keeper.lease(version["partition_key"])
+            # Lost already (taken over, expired, cancelled, or a re-execution of an old run):
+            # fall through to a fresh claim, which succeeds only if the task is claimable now.
+        return None
+
+    def _claim_for(self, version: dict[str, Any]) -> Lease | None:
+        """Create-or-claim the task of this version (UI backfills, manual materializations)."""
+        key = version["partition_key"]
+        profile = self._profile_tag or self._default_profile()
+        try:
+            task_id = self.queue.ensure_task(
+                version["tenant_id"], version["document_id"], version["version_number"], profile
+            )
+            claimed = self.queue.claim_task(task_id, self.owner)
+        except KbindexError as exc:
+            return self._skip(key, f"{exc.code}: {exc.message}")
+        if claimed is None:
+            status = self.queue.get(task_id)["status"]
+            return self._skip(key, f"task {task_id} is {status} and not claimable now")
+        self.keeper.hold(key, claimed.lease)
+        return claimed.lease
+
+    def _default_profile(self) -> str:
+        building = self.database.db.fetch_all("index_profile_building")
+        if len(building) == 1:
+            return building[0]["name"]
+        active = self.database.db.fetch_one("index_profile_active")
+        return active["name"] if active else "minilm-v1"
+
+    def check(self, key: str) -> Lease:
+        return self.keeper.check(key)
+
+    def lost(self, key: str, exc: FenceRejected) -> None:
+        self.keeper.mark_lost(key, exc)
+
+    def release(self, key: str) -> None:
+        self.keeper.release(key)
+
+
+def default_resources() -> dict[str, Any]:
+    """The resources of the code location, configured from the environment."""
+    database = DatabaseResource(url=os.environ.get("KBINDEX_DATABASE_URL", ""))
+    return {
+        "database": database,
+        "leases": LeaseResource(
+            database=database,
+            lease_seconds=float(os.environ.get("KBINDEX_LEASE_SECONDS", "60")),
+        ),
+        "blobs": BlobStoreResource(url=os.environ.get("KBINDEX_BLOB_URL", "")),
+        "embedder": EmbedderResource(batch_size=int(os.environ.get("KBINDEX_EMBED_BATCH", "64"))),
+        "io_manager": ArtifactIOManager(root=str(Path(os.environ["KBINDEX_ARTIFACTS"])) if os.environ.get("KBINDEX_ARTIFACTS") else ""),
+    }

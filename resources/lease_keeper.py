@@ -1,0 +1,125 @@
+"""A run's leases, kept alive by one heartbeat thread for the whole run.
+
+The keeper heartbeats every lease it holds every ``interval`` seconds (a third of the lease by
+default). A heartbeat that is fenced out (lease expired, taken over, or task cancelled) marks
+that lease lost; the run's steps call ``check(key)`` between units of work and stop that
+version's work promptly, writing nothing more. Other versions in the same run carry on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from pipelines.domain.errors import FenceRejected, KbindexError, LeaseLost
+from resources.task_queue import Lease, TaskQueue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Held:
+    lease: Lease
+    lost: FenceRejected | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class LeaseKeeper:
+    def __init__(self, queue: TaskQueue, *, interval: float | None = None) -> None:
+        self.queue = queue
+        self.interval = interval if interval is not None else max(0.5, queue.lease_seconds / 3.0)
+        self._held: dict[str, _Held] = {}
+        self._guard = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.heartbeats = 0
+
+    # -- holding ------------------------------------------------------------------------------
+    def hold(self, key: str, lease: Lease) -> None:
+        """Start keeping ``lease`` alive under ``key`` (a partition key)."""
+        with self._guard:
+            self._held[key] = _Held(lease)
+
+    def adopt(self, key: str, lease: Lease) -> bool:
+        """Take over a lease granted to this run's owner by the sensor: one fenced heartbeat proves it.
+
+        Returns False (and holds nothing) if the lease was already lost: the run must not touch that task.
+        """
+        try:
+            renewed = self.queue.heartbeat(lease)
+        except FenceRejected as exc:
+            log.warning("task %s attempt %s: lease not adopted (%s)", lease.task_id, lease.attempt, exc.code)
+            return False
+        self.hold(key, renewed)
+        return True
+
+    def release(self, key: str) -> None:
+        """Stop heartbeating ``key`` (after its task completed or failed)."""
+        with self._guard:
+            self._held.pop(key, None)
+
+    def keys(self) -> list[str]:
+        with self._guard:
+            return list(self._held)
+
+    def lease(self, key: str) -> Lease | None:
+        with self._guard:
+            held = self._held.get(key)
+        return held.lease if held and held.lost is None else None
+
+    def check(self, key: str) -> Lease:
+        """The live lease for ``key``, or raise the fence rejection that ended it."""
+        with self._guard:
+            held = self._held.get(key)
+        if held is None:
+            raise LeaseLost("this run holds no lease for that version")
+        if held.lost is not None:
+            raise held.lost
+        return held.lease
+
+    def mark_lost(self, key: str, exc: FenceRejected) -> None:
+        with self._guard:
+            held = self._held.get(key)
+        if held is not None:
+            held.lost = exc
+
+    # -- heartbeating -------------------------------------------------------------------------
+    def beat_once(self) -> None:
+        """Heartbeat every live lease once (the thread calls this; tests may too)."""
+        with self._guard:
+            items = list(self._held.items())
+        for key, held in items:
+            if held.lost is not None:
+                continue
+            with held.lock:
+                try:
+                    held.lease = self.queue.heartbeat(held.lease)
+                    self.heartbeats += 1
+                except FenceRejected as exc:
+                    held.lost = exc
+                    log.warning("task %s: lease lost (%s): stopping its work", held.lease.task_id, exc.code)
+                except KbindexError as exc:  # database hiccup: try again next beat; fencing keeps us safe
+                    log.warning("task %s: heartbeat failed (%s), will retry", held.lease.task_id, exc.code)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.beat_once()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kbindex-lease-heartbeat", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + 5)
+            self._thread = None
+
+    def __enter__(self) -> LeaseKeeper:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,18 @@
+-- name: index_profile_get
+-- One profile's recipe (model, dimension, chunker parameters).
+SELECT name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, activated_at, created_at
+FROM index_profile
+WHERE name = %(name)s;
+
+-- name: index_profile_active
+-- The profile search reads.
+SELECT name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, activated_at, created_at
+FROM index_profile
+WHERE is_active;
+
+-- name: index_profile_building
+-- Shadow profiles being built beside the active one.
+SELECT name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, activated_at, created_at
+FROM index_profile
+WHERE building
+ORDER BY created_at;

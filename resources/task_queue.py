@@ -256,6 +256,41 @@ class TaskQueue:
         status = TaskStatus(row["status"])
         raise IllegalTransition(why_cannot_retry(status) or "the task changed concurrently", task_id=task_id, status=status)
 
+    # -- operator-launched runs (UI backfills, `dagster asset materialize`) ----------------------
+
+    def ensure_task(self, tenant_id: str, document_id: str, version_number: int, profile: str, *, max_attempts: int = 5) -> int:
+        """The task of a version under ``profile``: the existing one, else a new PENDING REINDEX task."""
+        row = self.db.fetch_one(
+            "task_ensure_for_version",
+            {
+                "tenant_id": tenant_id,
+                "document_id": document_id,
+                "version": version_number,
+                "profile": profile,
+                "max_attempts": max_attempts,
+            },
+        )
+        if row is None:
+            raise TaskNotFound("no task could be created for that version", profile=profile)
+        return int(row["task_id"])
+
+    def claim_task(self, task_id: int, owner: str) -> ClaimedTask | None:
+        """Lease one named task now if it is claimable (PENDING, RETRY_WAIT, or an expired lease); else None."""
+        row = self.db.fetch_one(
+            "task_claim_one",
+            {"task_id": task_id, "owner": owner, "lease_seconds": self.lease_seconds, "now": self.clock()},
+        )
+        if row is None:
+            return None
+        return ClaimedTask(
+            lease=Lease(row["task_id"], row["attempts"], row["lease_owner"], row["lease_until"]),
+            tenant_id=row["tenant_id"],
+            document_id=row["document_id"],
+            version_number=row["version_number"],
+            profile=row["profile"],
+            task_type=row["task_type"],
+        )
+
     # -- reads -------------------------------------------------------------------------------
 
     def get(self, task_id: int) -> dict[str, Any]:

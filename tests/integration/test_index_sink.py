@@ -1,0 +1,263 @@
+"""The fenced publish transaction: all of a version or nothing, forward-only pointer, stable rows (invariants 3-6)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import psycopg
+import pytest
+
+from pipelines.domain.errors import EmbeddingInvalidResponse, IndexWriteFailed, LeaseLost, TaskCancelled
+from resources.embedder import FakeEmbedder, Fault, checked_embed
+from resources.index_sink import IndexSink
+
+PROFILE = "minilm-v1"
+
+
+@dataclass(frozen=True)
+class FakeChunk:
+    """Shaped like pipelines.domain.chunking.Chunk; ids derived from version + profile + ordinal + content."""
+
+    chunk_id: str
+    ordinal: int
+    heading_path: tuple[str, ...]
+    page: int | None
+    text: str
+    token_count: int
+    content_digest: str
+
+
+def make_chunks(tenant: str, document: str, version: int, texts: list[str], profile: str = PROFILE) -> list[FakeChunk]:
+    out = []
+    for i, text in enumerate(texts):
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        cid = hashlib.sha256(f"{tenant}\0{document}\0{version}\0{profile}\0{i}\0{digest}".encode()).hexdigest()[:32]
+        out.append(FakeChunk(cid, i, ("Policy", f"Section {i}"), None, text, len(text.split()), digest))
+    return out
+
+
+def embed(chunks, embedder=None) -> np.ndarray:
+    """Embed with the fake under the profile's name (the fake answering as the profile's model)."""
+    embedder = embedder or FakeEmbedder(model_name="all-MiniLM-L6-v2")
+    return checked_embed(
+        embedder, [c.text for c in chunks], expected_model="all-MiniLM-L6-v2", expected_dim=384, batch_size=8
+    )
+
+
+def rows(db_url: str, tenant: str = "acme") -> list[tuple]:
+    with psycopg.connect(db_url) as conn:
+        return conn.execute(
+            "SELECT chunk_id, document_id, version_number, ordinal, heading_path, text, content_digest, "
+            "embedding::text, xmin::text FROM chunk WHERE tenant_id = %s ORDER BY document_id, version_number, ordinal",
+            (tenant,),
+        ).fetchall()
+
+
+def pointer(db_url: str, document: str, tenant: str = "acme"):
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT version_number, task_id, chunk_count FROM search_pointer WHERE tenant_id = %s AND document_id = %s",
+            (tenant, document),
+        ).fetchone()
+    return row
+
+
+TEXTS = [f"Refunds for order type {i} are paid within {i + 3} days." for i in range(23)]
+
+
+@pytest.fixture
+def sink(db, queue) -> IndexSink:
+    return IndexSink(db, queue, write_batch=10)
+
+
+def claim_one(queue, owner: str = "w1"):
+    (claimed,) = queue.claim(owner, limit=1)
+    return claimed
+
+
+def test_publish_writes_all_chunks_moves_pointer_and_succeeds(db_url, sink, queue, publish_task):
+    published = publish_task(document="policy")
+    task = claim_one(queue)
+    chunks = make_chunks("acme", "policy", task.version_number, TEXTS)
+    outcome = sink.publish(task.lease, chunks, embed(chunks))
+    assert outcome.chunk_count == 23 and not outcome.superseded and outcome.pointer_version == 1
+    stored = rows(db_url)
+    assert [r[0] for r in stored] == [c.chunk_id for c in chunks]
+    assert stored[0][4] == ["Policy", "Section 0"]
+    assert pointer(db_url, "policy") == (1, published.task_id, 23)
+    row = queue.get(published.task_id)
+    assert row["status"] == "SUCCEEDED" and row["chunk_count"] == 23
+
+
+def test_expired_lease_writes_nothing(db_url, sink, queue, publish_task, clock):
+    publish_task(document="policy")
+    task = claim_one(queue)
+    chunks = make_chunks("acme", "policy", 1, TEXTS)
+    vectors = embed(chunks)
+    clock.advance(31)
+    with pytest.raises(LeaseLost):
+        sink.publish(task.lease, chunks, vectors)
+    assert rows(db_url) == [] and pointer(db_url, "policy") is None
+    assert queue.get(task.lease.task_id)["status"] == "RUNNING"
+
+
+def test_lease_taken_over_by_a_new_attempt_of_the_same_owner_writes_nothing(db_url, sink, queue, publish_task, clock):
+    publish_task(document="policy")
+    old = claim_one(queue, "worker")
+    clock.advance(31)
+    new = claim_one(queue, "worker")
+    assert new.lease.task_id == old.lease.task_id and new.lease.attempt == old.lease.attempt + 1
+    chunks = make_chunks("acme", "policy", 1, TEXTS)
+    vectors = embed(chunks)
+    with pytest.raises(LeaseLost):
+        sink.publish(old.lease, chunks, vectors)
+    assert rows(db_url) == [] and pointer(db_url, "policy") is None
+    assert sink.publish(new.lease, chunks, vectors).chunk_count == 23
+    assert len(rows(db_url)) == 23
+
+
+def test_cancelled_task_writes_nothing(db_url, sink, queue, publish_task):
+    publish_task(document="policy")
+    task = claim_one(queue)
+    queue.cancel(task.lease.task_id)
+    chunks = make_chunks("acme", "policy", 1, TEXTS)
+    with pytest.raises(TaskCancelled):
+        sink.publish(task.lease, chunks, embed(chunks))
+    assert rows(db_url) == [] and pointer(db_url, "policy") is None
+
+
+def test_failure_inside_the_transaction_rolls_everything_back(db_url, sink, queue, publish_task, monkeypatch):
+    publish_task(document="policy")
+    task = claim_one(queue)
+    chunks = make_chunks("acme", "policy", 1, TEXTS)
+    vectors = embed(chunks)
+
+    def broken_complete(*args, **kwargs):
+        raise IndexWriteFailed("connection lost during commit")
+
+    monkeypatch.setattr(queue, "complete", broken_complete)
+    with pytest.raises(IndexWriteFailed):
+        sink.publish(task.lease, chunks, vectors)
+    assert rows(db_url) == [] and pointer(db_url, "policy") is None
+    monkeypatch.undo()
+    assert sink.publish(task.lease, chunks, vectors).chunk_count == 23
+
+
+def test_rerun_of_the_same_version_writes_the_same_rows_and_rewrites_nothing(db_url, sink, queue, publish_task):
+    publish_task(document="policy")
+    first = claim_one(queue)
+    chunks = make_chunks("acme", "policy", 1, TEXTS)
+    sink.publish(first.lease, chunks, embed(chunks))
+    before = rows(db_url)
+    with psycopg.connect(db_url) as conn:  # a REINDEX of the same version under the same profile
+        conn.execute(
+            "INSERT INTO index_task (tenant_id, document_id, version_number, task_type, profile) "
+            "VALUES ('acme', 'policy', 1, 'REINDEX', %s)",
+            (PROFILE,),
+        )
+    again = claim_one(queue)
+    assert again.task_type == "REINDEX"
+    rechunked = make_chunks("acme", "policy", 1, TEXTS)
+    assert [c.chunk_id for c in rechunked] == [c.chunk_id for c in chunks]
+    outcome = sink.publish(again.lease, rechunked, embed(rechunked))
+    assert outcome.chunk_count == 23 and not outcome.superseded
+    assert rows(db_url) == before, "same ids, same content, same row versions (xmin): nothing rewritten"
+    assert pointer(db_url, "policy") == (1, again.lease.task_id, 23)
+
+
+def test_rerun_with_a_changed_chunk_set_replaces_the_version_exactly(db_url, sink, queue, publish_task):
+    publish_task(document="policy")
+    first = claim_one(queue)
+    chunks = make_chunks("acme", "policy", 1, TEXTS)
+    sink.publish(first.lease, chunks, embed(chunks))
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            "INSERT INTO index_task (tenant_id, document_id, version_number, task_type, profile) "
+            "VALUES ('acme', 'policy', 1, 'REINDEX', %s)",
+            (PROFILE,),
+        )
+    again = claim_one(queue)
+    fewer = make_chunks("acme", "policy", 1, TEXTS[:5] + ["A brand new closing paragraph."])
+    sink.publish(again.lease, fewer, embed(fewer))
+    assert [r[0] for r in rows(db_url)] == [c.chunk_id for c in fewer]
+
+
+def test_older_version_after_a_newer_one_is_superseded_and_not_written(db_url, sink, queue, publish_task):
+    publish_task(document="policy", data=b"version one")
+    publish_task(document="policy", data=b"version two")
+    claimed = {t.version_number: t for t in queue.claim("w1", limit=2)}
+    v2 = make_chunks("acme", "policy", 2, ["Version two text."])
+    sink.publish(claimed[2].lease, v2, embed(v2))
+    v1 = make_chunks("acme", "policy", 1, ["Version one text.", "More of it."])
+    outcome = sink.publish(claimed[1].lease, v1, embed(v1))
+    assert outcome.superseded and outcome.chunk_count == 0 and outcome.pointer_version == 2
+    assert {r[2] for r in rows(db_url)} == {2}
+    assert pointer(db_url, "policy")[0] == 2
+    task = queue.get(claimed[1].lease.task_id)
+    assert task["status"] == "SUCCEEDED" and task["chunk_count"] == 0
+    assert any("superseded" in (e["message"] or "") for e in queue.events(claimed[1].lease.task_id))
+
+
+def test_newer_version_moves_the_pointer_and_keeps_old_rows_out_of_the_way(db_url, sink, queue, publish_task):
+    publish_task(document="policy", data=b"version one")
+    t1 = claim_one(queue)
+    c1 = make_chunks("acme", "policy", 1, TEXTS[:3])
+    sink.publish(t1.lease, c1, embed(c1))
+    publish_task(document="policy", data=b"version two")
+    t2 = claim_one(queue)
+    c2 = make_chunks("acme", "policy", 2, TEXTS[3:5])
+    sink.publish(t2.lease, c2, embed(c2))
+    assert pointer(db_url, "policy")[0] == 2
+    assert sorted({r[2] for r in rows(db_url)}) == [1, 2]
+
+
+@pytest.mark.parametrize("fault", [Fault.WRONG_COUNT, Fault.WRONG_ORDER, Fault.WRONG_DIMENSION, Fault.WRONG_MODEL])
+def test_invalid_embedding_never_reaches_the_index(db_url, sink, queue, publish_task, fault):
+    publish_task(document="policy")
+    task = claim_one(queue)
+    chunks = make_chunks("acme", "policy", 1, TEXTS)
+    with pytest.raises(EmbeddingInvalidResponse) as info:
+        embed(chunks, FakeEmbedder(model_name="all-MiniLM-L6-v2", schedule={2: fault}))
+    queue.fail(task.lease, info.value.code, info.value.message)
+    assert rows(db_url) == [] and pointer(db_url, "policy") is None
+    assert queue.get(task.lease.task_id)["status"] == "DEAD"
+
+
+def test_sink_refuses_vectors_that_do_not_fit(db_url, sink, queue, publish_task):
+    publish_task(document="policy")
+    task = claim_one(queue)
+    chunks = make_chunks("acme", "policy", 1, TEXTS)
+    vectors = embed(chunks)
+    with pytest.raises(EmbeddingInvalidResponse):
+        sink.publish(task.lease, chunks, vectors[:-1])
+    bad = vectors.copy()
+    bad[3, 7] = np.inf
+    with pytest.raises(EmbeddingInvalidResponse):
+        sink.publish(task.lease, chunks, bad)
+    assert rows(db_url) == [] and queue.get(task.lease.task_id)["status"] == "RUNNING"
+
+
+def test_empty_version_publishes_zero_chunks(db_url, sink, queue, publish_task):
+    publish_task(document="policy")
+    task = claim_one(queue)
+    outcome = sink.publish(task.lease, [], np.zeros((0, 384), dtype=np.float32))
+    assert outcome.chunk_count == 0 and pointer(db_url, "policy")[0] == 1
+
+
+def test_run_state_that_disagrees_with_the_task_row_is_refused(db_url, sink, queue, publish_task):
+    from types import SimpleNamespace
+
+    publish_task(document="policy")
+    task = claim_one(queue)
+    chunks = make_chunks("acme", "policy", 1, TEXTS)
+    vectors = embed(chunks)
+    base = dict(tenant_id="acme", document_id="policy", version_number=1, profile=PROFILE, dimension=384)
+    with pytest.raises(EmbeddingInvalidResponse):
+        sink.publish(task.lease, chunks, vectors, work=SimpleNamespace(**base, model="other-model"))
+    with pytest.raises(Exception, match="version_number"):
+        sink.publish(task.lease, chunks, vectors, work=SimpleNamespace(**{**base, "version_number": 2}, model="all-MiniLM-L6-v2"))
+    assert rows(db_url) == []
+    ok = sink.publish(task.lease, chunks=chunks, vectors=vectors, work=SimpleNamespace(**base, model="all-MiniLM-L6-v2"))
+    assert ok.chunk_count == 23

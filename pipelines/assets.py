@@ -8,6 +8,7 @@ fenced publish transaction (invariant 3).
 """
 
 
+import functools
 import time
 from typing import Any
 
@@ -23,6 +24,17 @@ COMMON = dict(
     backfill_policy=dg.BackfillPolicy.single_run(),
     group_name="indexing",
 )
+
+
+@functools.lru_cache(maxsize=8)
+def tokenizer_for(model: str) -> Any:
+    """The model's own tokenizer, so no chunk is truncated by the model (fake models chunk like MiniLM)."""
+    from resources.embedder import PACKAGED_MODEL_NAME
+    from resources.tokenizer import ModelTokenizer
+
+    if model == PACKAGED_MODEL_NAME or model.startswith("fake-"):
+        return ModelTokenizer()
+    return ModelTokenizer(model)
 
 
 def _report(context: dg.AssetExecutionContext, key: str, value: Any, report: StepReport, extra: dict[str, Any]) -> None:
@@ -71,7 +83,6 @@ def document_chunks(
     context: dg.AssetExecutionContext, leases: LeaseResource, parsed_document: dict[str, Any]
 ) -> dict[str, Any]:
     from pipelines.domain.chunking import VersionIdentity, chunk_document
-    from resources.tokenizer import ModelTokenizer
 
     out: dict[str, Any] = {}
     for key in context.partition_keys:
@@ -79,7 +90,7 @@ def document_chunks(
         def chunk(work: Any, parsed: Any) -> Any:
             if parsed is None:
                 raise KeyError("parsed_document was never materialized for this version")
-            tokenizer = ModelTokenizer.for_model(work.model)
+            tokenizer = tokenizer_for(work.model)
             return chunk_document(
                 parsed,
                 tokenizer=tokenizer,

@@ -85,6 +85,7 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
     claimed = queue.claim(owner, limit=BATCH_MAX)
     if not claimed:
         return dg.SkipReason("no due index tasks")
+    _inject_fault_after_claim()
     rows = database.db.fetch_all("document_version_partition_keys", {"task_ids": [t.lease.task_id for t in claimed]})
     keys = {r["task_id"]: r["partition_key"] for r in rows}
     existing = {k for k in keys.values() if context.instance.has_dynamic_partition(VERSIONS_PARTITIONS_NAME, k)}
@@ -94,6 +95,14 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
         run_requests=requests,
         dynamic_partitions_requests=[document_versions.build_add_request(to_add)] if to_add else [],
     )
+
+
+def _inject_fault_after_claim() -> None:
+    """Fault injection for tests: die once after the claim committed (KBINDEX_FAULT_SENSOR_AFTER_CLAIM=marker file)."""
+    marker = os.environ.get("KBINDEX_FAULT_SENSOR_AFTER_CLAIM")
+    if marker and os.path.exists(marker):
+        os.remove(marker)
+        raise RuntimeError("injected fault: the sensor dies after its claim committed")
 
 
 @dg.run_failure_sensor(

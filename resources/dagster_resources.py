@@ -92,10 +92,29 @@ class EmbedderResource(dg.ConfigurableResource):
                 name, _, rate = part.partition("=")
                 rates[name.strip()] = float(rate)
             seed = int(os.environ.get("KBINDEX_FAKE_SEED", "0")) + os.getpid()
-            return FakeEmbedder(model_name=model, rates=rates, seed=seed)
+            fake = FakeEmbedder(model_name=model, rates=rates, seed=seed)
+            delay = float(os.environ.get("KBINDEX_FAKE_DELAY", "0") or 0)
+            return _Slowed(fake, delay) if delay > 0 else fake
         if model == PACKAGED_MODEL_NAME:
             return SentenceTransformerEmbedder(batch_size=self.batch_size)
         return SentenceTransformerEmbedder(model, model_name=model, batch_size=self.batch_size)
+
+
+class _Slowed:
+    """Fault injection: a fake embedder that takes ``delay`` seconds per batch (to kill runs mid-embed)."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self.inner, self.delay = inner, delay
+        self.model_name, self.dimension = inner.model_name, inner.dimension
+
+    def respond(self, texts: list[str]) -> Any:
+        import time
+
+        time.sleep(self.delay)
+        return self.inner.respond(texts)
+
+    def embed(self, texts: list[str]) -> Any:
+        return self.respond(texts).vectors
 
 
 class ArtifactIOManager(dg.ConfigurableIOManager):

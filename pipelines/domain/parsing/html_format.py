@@ -1,0 +1,90 @@
+"""HTML via BeautifulSoup + lxml: page chrome (script, style, nav, header, footer, aside, ...) is
+dropped, h1-h6 build the heading path, block elements become blocks and table rows become
+"cell | cell" lines. The walk is iterative, so nesting depth cannot exhaust the Python stack."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+from bs4 import (
+    BeautifulSoup,
+    Comment,
+    Declaration,
+    Doctype,
+    NavigableString,
+    ProcessingInstruction,
+    Tag,
+    XMLParsedAsHTMLWarning,
+)
+
+from pipelines.domain.errors import ParseError
+from pipelines.domain.parsing.model import BlockCollector, HeadingStack, ParsedDocument
+
+_DROP = frozenset(
+    {"script", "style", "nav", "header", "footer", "aside", "noscript", "template", "iframe", "svg",
+     "canvas", "form", "button", "select", "head", "object", "embed"}
+)
+_BLOCK = frozenset(
+    {"p", "div", "section", "article", "main", "li", "ul", "ol", "dl", "dt", "dd", "blockquote",
+     "figure", "figcaption", "caption", "table", "thead", "tbody", "tfoot", "address", "hr", "body",
+     "details", "summary", "fieldset", "legend", "center"}
+)
+_HEADING = re.compile(r"^h([1-6])$")
+_SKIP_STRINGS = (Comment, Declaration, Doctype, ProcessingInstruction)
+
+
+def parse_html(data: bytes, collector: BlockCollector, media_type: str = "text/html") -> ParsedDocument:
+    try:
+        with warnings.catch_warnings():  # XHTML is common and parses fine as HTML
+            warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
+            soup = BeautifulSoup(data, "lxml")
+    except Exception as exc:  # lxml/bs4 raise assorted errors on broken input
+        raise ParseError(f"{collector.label}: unreadable HTML ({type(exc).__name__})") from exc
+    headings = HeadingStack()
+    buffer: list[str] = []
+
+    def flush() -> None:
+        if buffer:
+            collector.add("".join(buffer), headings.path)
+            buffer.clear()
+
+    # Explicit stack of (node, leaving) pairs: a pre-order walk with an exit event for blocks.
+    stack: list[tuple[object, bool]] = [(soup, False)]
+    while stack:
+        node, leaving = stack.pop()
+        if leaving:
+            flush()
+            continue
+        if isinstance(node, NavigableString):
+            if not isinstance(node, _SKIP_STRINGS):
+                buffer.append(re.sub(r"\s+", " ", str(node)))
+            continue
+        if not isinstance(node, Tag):
+            continue
+        collector.check_time()
+        name = (node.name or "").lower()
+        if name in _DROP:
+            continue
+        if heading := _HEADING.match(name):
+            flush()
+            headings.push(int(heading.group(1)), node.get_text(" "))
+            continue
+        if name == "tr":
+            flush()
+            cells = (" ".join(cell.get_text(" ").split()) for cell in node.find_all(["td", "th"], recursive=False))
+            collector.add(" | ".join(cell for cell in cells if cell), headings.path)
+            continue
+        if name == "pre":
+            flush()
+            collector.add(node.get_text(), headings.path)
+            continue
+        if name == "br":
+            buffer.append("\n")
+            continue
+        if name in _BLOCK:
+            flush()
+            stack.append((node, True))
+        stack.extend((child, False) for child in reversed(node.contents))
+    flush()
+    return collector.finish(media_type)

@@ -1,0 +1,361 @@
+"""`kbindex verify`: a clean state built through the real Publisher and TaskQueue reports nothing; each
+corruption, made with raw SQL the product never runs, is caught by exactly the check meant for it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+from pipelines.domain.errors import InvalidRequest
+from resources.publisher import Publisher, PublishResult
+from resources.task_queue import Lease, TaskQueue
+from resources.verifier import CHECKS, VerifyReport, all_check_names, verify
+
+PROFILE = "minilm-v1"
+VECTOR = "[" + ",".join(["0.01"] * 384) + "]"
+
+
+def sql(db_url: str, statement: str, params: tuple | dict | None = None) -> list[tuple]:
+    """Raw SQL for building and corrupting state (tests only; product code runs named queries)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        cur = conn.execute(statement, params)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
+
+
+def insert_chunk(db_url: str, tenant: str, document: str, version: int, ordinal: int, text: str,
+                 chunk_id: str | None = None, profile: str = PROFILE) -> str:
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    cid = chunk_id or hashlib.sha256(f"{tenant}/{document}/{version}/{profile}/{ordinal}/{digest}".encode()).hexdigest()[:32]
+    sql(
+        db_url,
+        "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, heading_path, "
+        "text, token_count, content_digest, embedding) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::vector)",
+        (cid, tenant, document, version, profile, ordinal, ["Policy"], text, len(text.split()), digest, VECTOR),
+    )
+    return cid
+
+
+def publish_version(db_url: str, queue: TaskQueue, lease: Lease, result: PublishResult, texts: list[str]) -> None:
+    """What the index sink does, by hand: chunks, pointer, then the fenced complete."""
+    for i, text in enumerate(texts):
+        insert_chunk(db_url, result.tenant_id, result.document_id, result.version, i, text)
+    sql(
+        db_url,
+        "INSERT INTO search_pointer (tenant_id, document_id, profile, version_number, task_id, chunk_count) "
+        "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (tenant_id, document_id, profile) DO UPDATE "
+        "SET version_number = EXCLUDED.version_number, task_id = EXCLUDED.task_id, chunk_count = EXCLUDED.chunk_count",
+        (result.tenant_id, result.document_id, PROFILE, result.version, result.task_id, len(texts)),
+    )
+    queue.complete(lease, chunk_count=len(texts))
+
+
+@dataclass
+class State:
+    """Task ids of a clean state holding every status."""
+
+    policy_v1: int
+    policy_v2: int
+    policy_v3: int  # PENDING: published, not claimed yet
+    running: int
+    dead: int
+    cancelled: int
+    retry_wait: int
+
+
+def claim_only(queue: TaskQueue, task_id: int) -> Lease:
+    (claimed,) = queue.claim("w1", limit=1)
+    assert claimed.lease.task_id == task_id
+    return claimed.lease
+
+
+@pytest.fixture
+def state(db_url: str, publisher: Publisher, queue: TaskQueue) -> State:
+    """policy v1 and v2 indexed (pointer on v2, v1's chunks retained), v3 PENDING; one task RUNNING,
+    DEAD, CANCELLED and RETRY_WAIT each. Each claim takes the one task that is due."""
+    v1 = publisher.publish("acme", "refund-policy", b"Refunds within 30 days.", "refund-policy.md")
+    publish_version(db_url, queue, claim_only(queue, v1.task_id), v1,
+                    ["Refunds within 30 days.", "Keep the receipt.", "Ask the shop."])
+    v2 = publisher.publish("acme", "refund-policy", b"Refunds within 60 days.", "refund-policy.md")
+    publish_version(db_url, queue, claim_only(queue, v2.task_id), v2,
+                    ["Refunds within 60 days.", "Keep the receipt.", "Ask the shop or write."])
+    running = publisher.publish("acme", "handbook", b"Leave is 25 days.", "handbook.txt")
+    claim_only(queue, running.task_id)
+    dead = publisher.publish("acme", "scan", b"%PDF-1.4 no text", "scan.pdf")
+    queue.fail(claim_only(queue, dead.task_id), "PARSE_ERROR", "damaged PDF")
+    cancelled = publisher.publish("acme", "draft", b"Draft.", "draft.txt")
+    queue.cancel(cancelled.task_id)
+    retry = publisher.publish("globex", "faq", b"Questions.", "faq.md")
+    assert queue.fail(claim_only(queue, retry.task_id), "EMBEDDING_TIMEOUT", "timed out") == "RETRY_WAIT"
+    v3 = publisher.publish("acme", "refund-policy", b"Refunds within 90 days.", "refund-policy.md")
+    return State(v1.task_id, v2.task_id, v3.task_id, running.task_id, dead.task_id, cancelled.task_id, retry.task_id)
+
+
+def violated(report: VerifyReport) -> set[str]:
+    return {v.check for v in report.violations}
+
+
+def warned(report: VerifyReport) -> set[str]:
+    return {w.check for w in report.warnings}
+
+
+# --- clean states ---------------------------------------------------------------------------------
+
+
+def test_empty_database_is_clean(db) -> None:
+    report = verify(db)
+    assert report.ok and report.violations == [] and report.warnings == []
+    assert report.checked == all_check_names(with_retention=False)
+
+
+def test_clean_state_reports_no_violation_only_the_retained_old_version(db, state: State) -> None:
+    report = verify(db)
+    assert report.violations == [], report.to_dict()
+    assert report.checked == [c.name for c in CHECKS]
+    (retained,) = report.warnings
+    assert retained.check == "chunk_retained" and retained.count == 1
+    assert retained.examples[0]["version_number"] == 1 and retained.examples[0]["pointer_version"] == 2
+
+
+# --- one corruption each, caught by exactly its check -----------------------------------------------
+
+
+def _constraint(db_url: str, table: str, kind: str, like: str) -> str:
+    (name,) = sql(
+        db_url,
+        "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = %s "
+        "AND pg_get_constraintdef(oid) LIKE %s",
+        (table, kind, like),
+    )[0]
+    return name
+
+
+def dup_ordinal(db_url: str, s: State) -> None:
+    name = _constraint(db_url, "chunk", "u", "%ordinal%")
+    sql(db_url, f'ALTER TABLE chunk DROP CONSTRAINT "{name}"')
+    insert_chunk(db_url, "acme", "refund-policy", 1, 0, "A second text at ordinal 0.")
+
+
+def dup_content(db_url: str, s: State) -> None:
+    insert_chunk(db_url, "acme", "refund-policy", 1, 7, "Keep the receipt.")
+
+
+def delete_pointed_chunk(db_url: str, s: State) -> None:
+    sql(db_url, "DELETE FROM chunk WHERE version_number = 2 AND ordinal = 1")
+
+
+def extra_pointed_chunk(db_url: str, s: State) -> None:
+    insert_chunk(db_url, "acme", "refund-policy", 2, 3, "An extra chunk nobody published.")
+
+
+def pointer_count_lies(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE search_pointer SET chunk_count = 99")
+
+
+def task_count_lies(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE index_task SET chunk_count = 2 WHERE task_id = %s", (s.policy_v2,))
+
+
+def pointer_to_pending_version(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE search_pointer SET version_number = 3, task_id = %s, chunk_count = 0", (s.policy_v3,))
+
+
+def pointer_moved_by_other_task(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE search_pointer SET task_id = %s", (s.policy_v1,))
+
+
+def chunks_of_pending_version(db_url: str, s: State) -> None:
+    insert_chunk(db_url, "acme", "refund-policy", 3, 0, "Refunds within 90 days.")
+
+
+def chunks_without_pointer(db_url: str, s: State) -> None:
+    insert_chunk(db_url, "acme", "handbook", 1, 0, "Leave is 25 days.")
+
+
+def backdate_lease(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE index_task SET lease_until = now() - interval '2 minutes' WHERE task_id = %s", (s.running,))
+
+
+def drop_lease(db_url: str, s: State) -> None:
+    name = _constraint(db_url, "index_task", "c", "%lease_owner IS NOT NULL%")
+    sql(db_url, f'ALTER TABLE index_task DROP CONSTRAINT "{name}"')
+    sql(db_url, "UPDATE index_task SET lease_owner = NULL WHERE task_id = %s", (s.running,))
+
+
+def retry_wait_without_attempts(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE index_task SET max_attempts = 1 WHERE task_id = %s", (s.retry_wait,))
+
+
+def attempts_above_max(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE index_task SET attempts = 9 WHERE task_id = %s", (s.policy_v2,))
+
+
+def dead_without_code(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE index_task SET error_code = NULL WHERE task_id = %s", (s.dead,))
+
+
+def dead_with_made_up_code(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE index_task SET error_code = 'SOMETHING_WENT_WRONG' WHERE task_id = %s", (s.dead,))
+
+
+def forged_cancel_event(db_url: str, s: State) -> None:
+    sql(db_url, "INSERT INTO task_event (task_id, attempt, from_status, to_status) VALUES (%s, 0, 'PENDING', 'CANCELLED')",
+        (s.policy_v3,))
+
+
+def status_changed_behind_events(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE index_task SET status = 'PENDING' WHERE task_id = %s", (s.cancelled,))
+
+
+def event_attempt_ahead(db_url: str, s: State) -> None:
+    sql(db_url, "INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, stage) "
+                "VALUES (%s, 'progress', 99, 'RUNNING', 'RUNNING', 'embed')", (s.running,))
+
+
+def illegal_event_pair(db_url: str, s: State) -> None:
+    sql(db_url, "INSERT INTO task_event (task_id, attempt, from_status, to_status) VALUES (%s, 0, 'PENDING', 'PENDING')",
+        (s.policy_v3,))
+
+
+def broken_event_chain(db_url: str, s: State) -> None:
+    sql(db_url, "INSERT INTO task_event (task_id, attempt, from_status, to_status) VALUES (%s, 1, 'RUNNING', 'SUCCEEDED')",
+        (s.policy_v2,))
+
+
+def version_without_task(db_url: str, s: State) -> None:
+    sql(db_url, "INSERT INTO document (tenant_id, document_id, latest_version) VALUES ('acme', 'lost', 1)")
+    sql(db_url, "INSERT INTO document_version (tenant_id, document_id, version_number, content_hash, byte_size, "
+                "filename, media_type, partition_key) VALUES ('acme', 'lost', 1, 'x', 1, 'lost.txt', 'text/plain', 'lost')")
+
+
+def two_active_profiles(db_url: str, s: State) -> None:
+    sql(db_url, "DROP INDEX index_profile_one_active")
+    sql(db_url, "INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, is_active) "
+                "VALUES ('shadow', 'other-model', 384, 128, 16, true)")
+
+
+def no_active_profile(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE index_profile SET is_active = false")
+
+
+CORRUPTIONS: list[tuple[Callable[[str, State], None], str]] = [
+    (dup_ordinal, "chunk_duplicate_ordinal"),
+    (delete_pointed_chunk, "search_pointer_chunk_count"),
+    (extra_pointed_chunk, "search_pointer_chunk_count"),
+    (pointer_count_lies, "search_pointer_chunk_count"),
+    (task_count_lies, "search_pointer_chunk_count"),
+    (pointer_to_pending_version, "search_pointer_unsucceeded"),
+    (pointer_moved_by_other_task, "search_pointer_unsucceeded"),
+    (chunks_of_pending_version, "chunk_unpointed"),
+    (chunks_without_pointer, "chunk_unpointed"),
+    (backdate_lease, "index_task_lease_stale"),
+    (drop_lease, "index_task_running_without_lease"),
+    (retry_wait_without_attempts, "index_task_attempts_exhausted"),
+    (attempts_above_max, "index_task_attempts_exhausted"),
+    (dead_without_code, "index_task_dead_without_code"),
+    (dead_with_made_up_code, "index_task_dead_without_code"),
+    (forged_cancel_event, "task_event_status_mismatch"),
+    (status_changed_behind_events, "task_event_status_mismatch"),
+    (event_attempt_ahead, "task_event_attempt_ahead"),
+    (illegal_event_pair, "task_event_illegal_transition"),
+    (broken_event_chain, "task_event_chain_broken"),
+    (version_without_task, "document_version_without_task"),
+    (two_active_profiles, "index_profile_active_count"),
+    (no_active_profile, "index_profile_active_count"),
+]
+
+
+def test_every_violation_check_has_a_corruption() -> None:
+    covered = {check for _, check in CORRUPTIONS}
+    assert covered == {c.name for c in CHECKS if c.severity == "violation"}
+
+
+@pytest.mark.parametrize(("corrupt", "check"), CORRUPTIONS, ids=[f.__name__ for f, _ in CORRUPTIONS])
+def test_corruption_is_caught_by_exactly_its_check(db, db_url: str, state: State, corrupt, check: str) -> None:
+    corrupt(db_url, state)
+    report = verify(db)
+    assert violated(report) == {check}, report.to_dict()
+    (found,) = report.violations
+    assert found.count >= 1 and 1 <= len(found.examples) <= found.count
+
+
+def test_repeated_content_in_one_version_is_a_warning(db, db_url: str, state: State) -> None:
+    dup_content(db_url, state)
+    report = verify(db)
+    assert report.ok, report.to_dict()
+    assert warned(report) == {"chunk_duplicate_content", "chunk_retained"}
+    (dup,) = [w for w in report.warnings if w.check == "chunk_duplicate_content"]
+    assert dup.examples[0]["ordinals"] == [1, 7]
+
+
+def test_lease_expired_within_one_claim_interval_is_not_stuck(db, db_url: str, state: State) -> None:
+    sql(db_url, "UPDATE index_task SET lease_until = now() - interval '10 seconds' WHERE task_id = %s", (state.running,))
+    assert verify(db).ok
+    assert violated(verify(db, claim_interval=5)) == {"index_task_lease_stale"}
+
+
+def test_retention_window_turns_old_retained_chunks_into_a_violation(db, db_url: str, state: State) -> None:
+    assert verify(db, retention_seconds=7 * 86400).ok  # the pointer moved just now
+    sql(db_url, "UPDATE search_pointer SET updated_at = now() - interval '10 days'")
+    assert verify(db).ok  # no window: retained chunks only warn
+    report = verify(db, retention_seconds=7 * 86400)
+    assert violated(report) == {"chunk_retained_past_window"}
+    assert report.checked[-1] == "chunk_retained_past_window"
+
+
+def test_count_covers_all_rows_examples_are_limited(db, db_url: str, state: State) -> None:
+    for i in range(6):
+        insert_chunk(db_url, "acme", f"stray-{i}", 1, 0, f"stray {i}")
+    report = verify(db, examples=2)
+    (stray,) = [v for v in report.violations if v.check == "chunk_unpointed"]
+    assert stray.count == 6 and len(stray.examples) == 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="resources/publisher.py raises 'no active index profile' after its transaction has committed the "
+    "version row, leaving a version with no task (document_version_without_task)",
+)
+def test_publish_refused_for_no_active_profile_leaves_no_version(db, db_url: str, publisher: Publisher) -> None:
+    sql(db_url, "UPDATE index_profile SET is_active = false")
+    with pytest.raises(InvalidRequest):
+        publisher.publish("acme", "orphan", b"text", "orphan.txt")
+    assert "document_version_without_task" not in violated(verify(db))
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def test_cli_exits_0_on_a_clean_database(db_url: str, state: State) -> None:
+    result = runner.invoke(app, ["verify"], env={"KBINDEX_DATABASE_URL": db_url})
+    assert result.exit_code == 0, result.output
+    assert "no violations" in result.output and "chunk_retained" in result.output
+
+
+def test_cli_exits_1_and_reports_each_violation(db_url: str, state: State) -> None:
+    backdate_lease(db_url, state)
+    delete_pointed_chunk(db_url, state)
+    result = runner.invoke(app, ["verify", "--json"], env={"KBINDEX_DATABASE_URL": db_url})
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["ok"] is False
+    assert {v["check"] for v in report["violations"]} == {"index_task_lease_stale", "search_pointer_chunk_count"}
+    (stale,) = [v for v in report["violations"] if v["check"] == "index_task_lease_stale"]
+    assert stale["examples"][0]["task_id"] == state.running
+
+
+def test_cli_claim_interval_option(db_url: str, state: State) -> None:
+    sql(db_url, "UPDATE index_task SET lease_until = now() - interval '10 seconds' WHERE task_id = %s", (state.running,))
+    env = {"KBINDEX_DATABASE_URL": db_url}
+    assert runner.invoke(app, ["verify"], env=env).exit_code == 0
+    result = runner.invoke(app, ["verify", "--claim-interval", "2"], env=env)
+    assert result.exit_code == 1 and "index_task_lease_stale" in result.output
+    assert runner.invoke(app, ["verify", "--claim-interval", "-1"], env=env).exit_code == 2

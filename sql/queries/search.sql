@@ -1,0 +1,45 @@
+-- Statements of resources/search.py: filtered nearest-neighbour search over current versions only.
+
+-- name: search_settings
+-- Per-transaction HNSW settings: iterative scans keep walking the graph until k rows pass the filters
+-- (tenant, active profile, current version), bounded by max_scan_tuples (pgvector >= 0.8).
+SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true) AS iterative_scan,
+       set_config('hnsw.ef_search', %(ef_search)s::text, true) AS ef_search,
+       set_config('hnsw.max_scan_tuples', %(max_scan_tuples)s::text, true) AS max_scan_tuples;
+
+-- name: search_hits
+-- The tenant's k nearest chunks of the versions its search pointers name (HNSW, iterative, relaxed order),
+-- re-ordered exactly by distance outside the materialized scan.
+WITH relaxed AS MATERIALIZED (
+    SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text,
+           c.embedding <=> %(query)s::vector AS distance
+    FROM chunk c
+    JOIN search_pointer p
+      ON p.tenant_id = c.tenant_id
+     AND p.document_id = c.document_id
+     AND p.profile = c.profile
+     AND p.version_number = c.version_number
+    WHERE c.tenant_id = %(tenant_id)s
+      AND c.profile = %(profile)s
+    ORDER BY c.embedding <=> %(query)s::vector
+    LIMIT %(k)s
+)
+SELECT chunk_id, document_id, version_number, heading_path, page, text, distance
+FROM relaxed
+ORDER BY distance + 0, chunk_id;
+
+-- name: search_hits_exact
+-- The same answer by exhaustive distance over the tenant's current chunks (no index order: "+ 0"):
+-- used when the graph walk ran out of max_scan_tuples before finding k rows (a small tenant among big ones).
+SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text,
+       c.embedding <=> %(query)s::vector AS distance
+FROM chunk c
+JOIN search_pointer p
+  ON p.tenant_id = c.tenant_id
+ AND p.document_id = c.document_id
+ AND p.profile = c.profile
+ AND p.version_number = c.version_number
+WHERE c.tenant_id = %(tenant_id)s
+  AND c.profile = %(profile)s
+ORDER BY (c.embedding <=> %(query)s::vector) + 0, c.chunk_id
+LIMIT %(k)s;

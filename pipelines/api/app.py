@@ -1,0 +1,440 @@
+"""The kbindex HTTP API: publish, follow and control index tasks, see document status, search, metrics.
+
+``create_app(db_url=None, ...)`` builds the FastAPI app (OpenAPI at ``/docs`` and ``/openapi.json``):
+
+    GET    /                                  status page (upload, live progress, documents, search)
+    POST   /documents/{document_id}/versions  multipart 'file' -> 202 + task (new) | 200 + same task (same bytes)
+    GET    /documents                         the tenant's documents with their status
+    GET    /documents/{document_id}           latest vs searchable version: INDEXING | SEARCHABLE | FAILED | STALE
+    GET    /tasks                             the tenant's tasks, newest first
+    GET    /tasks/{task_id}                   status, stage, completed/total, percent, attempts, error, can_cancel/retry
+    GET    /tasks/{task_id}/events            Server-Sent Events, resumable with Last-Event-ID
+    DELETE /tasks/{task_id}                   cancel (409 with the reason when not allowed)
+    POST   /tasks/{task_id}/retry             manual retry of a DEAD task (409 otherwise)
+    GET    /search?q=&k=                      tenant-scoped search over the active profile
+    GET    /metrics                           Prometheus text, computed from the database at scrape time
+    GET    /healthz                           liveness + database reachability
+
+Document ids may contain '/': the routes use ``{document_id:path}``. Every route but ``/``,
+``/healthz`` and ``/metrics`` needs ``Authorization: Bearer <token>`` (pipelines.api.auth) and
+sees only its tenant's data: another tenant's task or document answers 404. Errors are
+``{"error": {"code": CODE, "message": sanitized}}`` (pipelines.api.errors).
+
+Environment: ``KBINDEX_DATABASE_URL`` (else the embedded PostgreSQL), ``KBINDEX_API_TOKENS`` (token
+file), ``KBINDEX_API_MAX_UPLOAD_BYTES`` (default 50 MiB), ``KBINDEX_METRICS_TOKEN`` (if set,
+/metrics needs it as a bearer token), ``KBINDEX_BLOB_URL``, ``KBINDEX_MODEL``.
+"""
+
+
+import logging  # no `from __future__ import annotations`: FastAPI resolves the local Annotated aliases at runtime
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import asdict, is_dataclass
+from importlib import resources as importlib_resources
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pipelines.api.auth import TokenAuth
+from pipelines.api.errors import NotFound, ServiceUnavailable, Unauthorized, error_body, status_for
+from pipelines.api.metrics import build_registry
+from pipelines.api.sse import task_event_stream
+from pipelines.api.uploads import read_upload
+from pipelines.api.views import document_json, task_json
+from pipelines.domain.errors import InvalidRequest, KbindexError, TaskNotFound
+from pipelines.domain.identifiers import validate_document_id
+from pipelines.domain.task_states import TERMINAL, TaskStatus
+from resources.blob_store import BlobStore
+from resources.database import Database
+from resources.publisher import Publisher
+from resources.task_queue import TaskQueue
+
+log = logging.getLogger("kbindex.api")
+
+DEFAULT_MAX_UPLOAD_BYTES = 50 * 1024 * 1024
+HTTP_CODES = {400: "INVALID_REQUEST", 401: "UNAUTHORIZED", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED",
+              413: "DOCUMENT_TOO_LARGE", 415: "INVALID_REQUEST"}
+SearchFn = Callable[..., Any]
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+            "required": ["code", "message"],
+        }
+    },
+}
+
+
+def _err(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+
+
+COMMON_ERRORS: dict[int | str, dict[str, Any]] = {401: _err("Missing or invalid bearer token (UNAUTHORIZED)")}
+TASK_ERRORS: dict[int | str, dict[str, Any]] = {**COMMON_ERRORS, 404: _err("No such task for this tenant (TASK_NOT_FOUND)")}
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return _jsonable(value.to_dict())
+    if is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(asdict(value))
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return value.tolist()
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _default_search() -> SearchFn:
+    try:
+        from resources.search import search
+    except ImportError as exc:
+        raise ServiceUnavailable("search is not available in this installation") from exc
+    return search
+
+
+def _default_embedder() -> Any:
+    from resources.embedder import SentenceTransformerEmbedder
+    from resources.settings import Settings
+
+    model = Settings.from_env().model
+    return SentenceTransformerEmbedder(model) if model else SentenceTransformerEmbedder()
+
+
+def _status_page() -> str:
+    return importlib_resources.files("pipelines.api").joinpath("templates/index.html").read_text(encoding="utf-8")
+
+
+def create_app(
+    db_url: str | None = None,
+    *,
+    db: Database | None = None,
+    tokens: Mapping[str, str] | None = None,
+    tokens_file: str | None = None,
+    blob_url: str | None = None,
+    embedder: Any | None = None,
+    search_fn: SearchFn | None = None,
+    max_upload_bytes: int | None = None,
+    metrics_token: str | None = None,
+    ping_seconds: float = 15.0,
+    poll_seconds: float = 5.0,
+    max_streams: int = 200,
+) -> FastAPI:
+    """The API on ``db`` or ``db_url`` (default: KBINDEX_DATABASE_URL or the embedded server)."""
+    from resources.settings import Settings, resolve_database_url
+
+    settings = Settings.from_env()
+    owns_db = db is None
+    if db is None:
+        db = Database(db_url or resolve_database_url(settings), min_size=1, max_size=10)
+    if max_upload_bytes is None:
+        max_upload_bytes = int(os.environ.get("KBINDEX_API_MAX_UPLOAD_BYTES") or DEFAULT_MAX_UPLOAD_BYTES)
+    if metrics_token is None:
+        metrics_token = os.environ.get("KBINDEX_METRICS_TOKEN") or None
+    auth = TokenAuth.from_sources(db, tokens, tokens_file)
+    queue = TaskQueue(db)
+    publisher = Publisher(db, BlobStore(blob_url or settings.blob_url), max_bytes=max_upload_bytes)
+    registry = build_registry(db)
+    page = _status_page()
+    state: dict[str, Any] = {"embedder": embedder, "streams": 0}
+
+    def close() -> None:
+        if owns_db:
+            db.close()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        close()
+
+    app = FastAPI(
+        title="kbindex",
+        version="0.1.0",
+        summary="Publish document versions, follow their index tasks live, search what is searchable.",
+        description=(
+            "Authenticate with `Authorization: Bearer <token>`; each token belongs to one tenant and sees only "
+            "that tenant's documents and tasks. Errors are `{\"error\": {\"code\", \"message\"}}` with stable codes."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.db = db
+    app.state.queue = queue
+    app.state.close = close
+
+    # -- errors ------------------------------------------------------------------------------
+
+    @app.exception_handler(KbindexError)
+    async def kbindex_error(_: Request, exc: KbindexError) -> JSONResponse:
+        status = status_for(exc)
+        if status >= 500:
+            log.warning("request failed: %s", exc.code, exc_info=exc)
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+        return JSONResponse(error_body(exc.code, exc.message), status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in exc.errors()[:3]:
+            where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("query", "path", "header", "body"))
+            parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
+        return JSONResponse(error_body("INVALID_REQUEST", "; ".join(parts) or "invalid request"), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = HTTP_CODES.get(exc.status_code, "INTERNAL_ERROR" if exc.status_code >= 500 else "INVALID_REQUEST")
+        message = exc.detail if isinstance(exc.detail, str) else code
+        return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error", exc_info=exc)  # the trace stays in the server log
+        return JSONResponse(error_body("INTERNAL_ERROR", "an internal error occurred"), status_code=500)
+
+    # -- auth --------------------------------------------------------------------------------
+
+    bearer = HTTPBearer(auto_error=False, description="A token from KBINDEX_API_TOKENS or the api_token table.")
+
+    def tenant(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+        return auth.tenant_for(creds.credentials if creds else None)
+
+    Tenant = Annotated[str, Depends(tenant)]
+    TaskId = Annotated[int, Path(ge=1, le=2**63 - 1, description="The task's id.")]
+    DocumentId = Annotated[str, Path(description="The document id; may contain '/'.")]
+
+    def owned_task(task_id: int, tenant_id: str) -> dict[str, Any]:
+        row = queue.get(task_id)
+        if row["tenant_id"] != tenant_id:  # the same answer as a missing task: nothing leaks
+            raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+        return row
+
+    # -- page --------------------------------------------------------------------------------
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def status_page() -> HTMLResponse:
+        return HTMLResponse(page.replace("{{max_upload_bytes}}", str(max_upload_bytes)))
+
+    @app.get("/healthz", tags=["operations"], summary="Liveness and database reachability")
+    def healthz() -> dict[str, str]:
+        db.fetch_one("index_profile_active")
+        return {"status": "ok"}
+
+    # -- documents ---------------------------------------------------------------------------
+
+    @app.post(
+        "/documents/{document_id:path}/versions",
+        status_code=202,
+        tags=["documents"],
+        summary="Publish a new version of a document",
+        description=(
+            "Upload the document's bytes as the multipart part `file`. A new version and its index task answer "
+            "**202**; the same bytes as the latest version answer **200** with the existing task (never a duplicate). "
+            "Bodies over the size limit answer 413 DOCUMENT_TOO_LARGE, checked while streaming."
+        ),
+        responses={
+            200: {"description": "Same bytes as the latest version: the existing task"},
+            202: {"description": "A new version was recorded; its PENDING task"},
+            400: _err("Malformed form or document id (INVALID_REQUEST)"),
+            413: _err("Upload over the size limit (DOCUMENT_TOO_LARGE)"),
+            **COMMON_ERRORS,
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "multipart/form-data": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {"file": {"type": "string", "format": "binary"}},
+                            "required": ["file"],
+                        }
+                    }
+                },
+            }
+        },
+    )
+    async def publish_version(document_id: DocumentId, request: Request, tenant_id: Tenant) -> JSONResponse:
+        validate_document_id(document_id)
+        upload = await read_upload(
+            request.headers.get("content-type"),
+            request.headers.get("content-length"),
+            request.stream(),
+            max_bytes=max_upload_bytes,
+        )
+        media_type = upload.content_type if upload.content_type not in (None, "application/octet-stream") else None
+        result = await run_in_threadpool(
+            publisher.publish, tenant_id, document_id, upload.data, upload.filename, media_type
+        )
+        task = await run_in_threadpool(queue.get, result.task_id)
+        return JSONResponse(
+            _jsonable(task_json(task)),
+            status_code=202 if result.created else 200,
+            headers={"Location": f"/tasks/{result.task_id}"},
+        )
+
+    @app.get("/documents", tags=["documents"], summary="The tenant's documents and their status", responses=COMMON_ERRORS)
+    def list_documents(tenant_id: Tenant, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[dict[str, Any]]:
+        rows = db.fetch_all("api_document_status", {"tenant_id": tenant_id, "document_id": None, "limit": limit})
+        return [_jsonable(document_json(r)) for r in rows]
+
+    @app.get(
+        "/documents/{document_id:path}",
+        tags=["documents"],
+        summary="A document's latest version versus the version search serves",
+        description=(
+            "`status`: SEARCHABLE (search serves the latest version), INDEXING (its task is on the way; an older "
+            "version may be served meanwhile), FAILED (the latest version failed and nothing is served; see "
+            "`failure.code`/`failure.message`), STALE (the latest version failed; an older one is still served)."
+        ),
+        responses={**COMMON_ERRORS, 404: _err("No such document for this tenant (NOT_FOUND)")},
+    )
+    def get_document(document_id: DocumentId, tenant_id: Tenant) -> dict[str, Any]:
+        validate_document_id(document_id)
+        row = db.fetch_one("api_document_status", {"tenant_id": tenant_id, "document_id": document_id, "limit": 1})
+        if row is None:
+            raise NotFound("no such document")
+        return _jsonable(document_json(row))
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    @app.get("/tasks", tags=["tasks"], summary="The tenant's tasks, newest first", responses=COMMON_ERRORS)
+    def list_tasks(
+        tenant_id: Tenant,
+        status: Annotated[TaskStatus | None, Query()] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[dict[str, Any]]:
+        rows = queue.list(status=status.value if status else None, tenant=tenant_id, limit=limit)
+        return [_jsonable(task_json(r)) for r in rows]
+
+    @app.get(
+        "/tasks/{task_id}",
+        tags=["tasks"],
+        summary="One task: status, stage, completed/total, percent, attempts, error, can_cancel, can_retry",
+        responses=TASK_ERRORS,
+    )
+    def get_task(task_id: TaskId, tenant_id: Tenant) -> dict[str, Any]:
+        return _jsonable(task_json(owned_task(task_id, tenant_id)))
+
+    @app.delete(
+        "/tasks/{task_id}",
+        tags=["tasks"],
+        summary="Cancel a PENDING, RETRY_WAIT or RUNNING task",
+        responses={**TASK_ERRORS, 409: _err("The task's state does not allow it (ILLEGAL_TRANSITION), with the reason")},
+    )
+    def cancel_task(task_id: TaskId, tenant_id: Tenant) -> dict[str, Any]:
+        owned_task(task_id, tenant_id)
+        queue.cancel(task_id)
+        return _jsonable(task_json(queue.get(task_id)))
+
+    @app.post(
+        "/tasks/{task_id}/retry",
+        tags=["tasks"],
+        summary="Send a DEAD task back to PENDING (same row, more attempts)",
+        responses={**TASK_ERRORS, 409: _err("Only DEAD tasks can be retried (ILLEGAL_TRANSITION), with the reason")},
+    )
+    def retry_task(
+        task_id: TaskId, tenant_id: Tenant, attempts: Annotated[int, Query(ge=1, le=100)] = 3
+    ) -> dict[str, Any]:
+        owned_task(task_id, tenant_id)
+        queue.retry(task_id, extra_attempts=attempts)
+        return _jsonable(task_json(queue.get(task_id)))
+
+    @app.get(
+        "/tasks/{task_id}/events",
+        tags=["tasks"],
+        summary="The task's events as Server-Sent Events (resumable with Last-Event-ID)",
+        description=(
+            "Each event carries `id: <event_id>` and JSON data (status, stage, completed/total, percent, error). "
+            "Reconnect with `Last-Event-ID` (or `?after=`) to receive exactly the events after it. Keep-alive "
+            "comments are sent while idle; the stream ends after a terminal transition. A task that is already "
+            "terminal with nothing newer to send answers 204 (EventSource stops reconnecting)."
+        ),
+        responses={
+            200: {"description": "text/event-stream", "content": {"text/event-stream": {}}},
+            204: {"description": "Terminal, nothing after Last-Event-ID"},
+            **TASK_ERRORS,
+        },
+    )
+    async def task_events(
+        task_id: TaskId,
+        tenant_id: Tenant,
+        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+        after: Annotated[int | None, Query(ge=0, description="Resume after this event id")] = None,
+    ) -> Response:
+        try:
+            last = int(last_event_id) if last_event_id not in (None, "") else (after or 0)
+        except ValueError as exc:
+            raise InvalidRequest("Last-Event-ID must be an event id") from exc
+        row = await run_in_threadpool(owned_task, task_id, tenant_id)
+        if TaskStatus(row["status"]) in TERMINAL and not await run_in_threadpool(queue.events, task_id, last):
+            return Response(status_code=204)
+        if state["streams"] >= max_streams:
+            raise ServiceUnavailable("too many open event streams; try again shortly")
+
+        async def counted() -> AsyncIterator[dict[str, Any]]:
+            state["streams"] += 1
+            try:
+                async for message in task_event_stream(db.url, task_id, last, poll_seconds=poll_seconds):
+                    yield message
+            finally:
+                state["streams"] -= 1
+
+        return EventSourceResponse(
+            counted(), ping=ping_seconds, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        )
+
+    # -- search ------------------------------------------------------------------------------
+
+    @app.get(
+        "/search",
+        tags=["search"],
+        summary="Search the tenant's searchable versions (active profile)",
+        responses={**COMMON_ERRORS, 400: _err("Empty query or bad k (INVALID_REQUEST)")},
+    )
+    def search(
+        tenant_id: Tenant,
+        q: Annotated[str, Query(min_length=1, max_length=2000, description="The question or keywords")],
+        k: Annotated[int, Query(ge=1, le=100)] = 10,
+    ) -> dict[str, Any]:
+        if not q.strip():
+            raise InvalidRequest("the query must not be blank")
+        fn = search_fn or _default_search()
+        if state["embedder"] is None:
+            state["embedder"] = _default_embedder()
+        hits = fn(db, state["embedder"], q, tenant_id=tenant_id, k=k)
+        return {"query": q, "k": k, "hits": _jsonable(list(hits))}
+
+    # -- metrics -----------------------------------------------------------------------------
+
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        summary="Prometheus metrics (queue depth, oldest due age, leases, failures by code, latency)",
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+    )
+    def metrics(authorization: Annotated[str | None, Header()] = None) -> Response:
+        if metrics_token is not None:
+            from hmac import compare_digest
+
+            if not compare_digest((authorization or "").encode(), f"Bearer {metrics_token}".encode()):
+                raise Unauthorized("the metrics token is not valid")
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,150 @@
+"""What the API shows of tasks, events and documents: rows in, JSON-ready dicts out.
+
+Progress is the stage plus completed/total with the weighted ``overall_percent`` of
+pipelines.domain.task_states: it reads 100 only once the task is SUCCEEDED.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pipelines.domain.errors import sanitize_message
+from pipelines.domain.task_states import (
+    TERMINAL,
+    Stage,
+    TaskStatus,
+    overall_percent,
+    why_cannot_cancel,
+    why_cannot_retry,
+)
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _percent(status: str, stage: str | None, completed: int | None, total: int | None) -> float:
+    return overall_percent(TaskStatus(status), Stage(stage) if stage else None, completed or 0, total or 0)
+
+
+def task_json(row: dict[str, Any]) -> dict[str, Any]:
+    """One index task for people and scripts."""
+    status = TaskStatus(row["status"])
+    cancel_reason = why_cannot_cancel(status)
+    retry_reason = why_cannot_retry(status)
+    code = row.get("error_code")
+    return {
+        "task_id": row["task_id"],
+        "tenant_id": row["tenant_id"],
+        "document_id": row["document_id"],
+        "version_number": row["version_number"],
+        "profile": row["profile"],
+        "task_type": row.get("task_type", "INDEX"),
+        "status": status.value,
+        "terminal": status in TERMINAL,
+        "stage": row.get("stage"),
+        "completed": row.get("completed") or 0,
+        "total": row.get("total") or 0,
+        "percent": _percent(status, row.get("stage"), row.get("completed"), row.get("total")),
+        "attempts": row["attempts"],
+        "max_attempts": row["max_attempts"],
+        "error": (
+            {"code": code, "message": sanitize_message(row.get("error_message") or "")} if code else None
+        ),
+        "chunk_count": row.get("chunk_count"),
+        "created_at": _iso(row.get("created_at")),
+        "updated_at": _iso(row.get("updated_at")),
+        "started_at": _iso(row.get("started_at")),
+        "finished_at": _iso(row.get("finished_at")),
+        "next_attempt_at": _iso(row.get("next_attempt_at")) if status in (TaskStatus.PENDING, TaskStatus.RETRY_WAIT) else None,
+        "can_cancel": cancel_reason is None,
+        "cannot_cancel_reason": cancel_reason,
+        "can_retry": retry_reason is None,
+        "cannot_retry_reason": retry_reason,
+    }
+
+
+def event_json(row: dict[str, Any]) -> dict[str, Any]:
+    """One task_event row as an SSE payload: exactly what the table holds (replays are identical)."""
+    return {
+        "event_id": row["event_id"],
+        "task_id": row["task_id"],
+        "kind": row["kind"],
+        "attempt": row["attempt"],
+        "from_status": row["from_status"],
+        "to_status": row["to_status"],
+        "stage": row["stage"],
+        "completed": row["completed"],
+        "total": row["total"],
+        "percent": _percent(row["to_status"], row["stage"], row["completed"], row["total"]),
+        "error_code": row["error_code"],
+        "message": sanitize_message(row["message"]) if row["message"] else None,
+        "created_at": _iso(row["created_at"]),
+        "terminal": is_terminal_event(row),
+    }
+
+
+def is_terminal_event(row: dict[str, Any]) -> bool:
+    return row["kind"] == "transition" and TaskStatus(row["to_status"]) in TERMINAL
+
+
+class DocumentStatus:
+    INDEXING = "INDEXING"
+    SEARCHABLE = "SEARCHABLE"
+    FAILED = "FAILED"
+    STALE = "STALE"
+
+
+def document_json(row: dict[str, Any]) -> dict[str, Any]:
+    """Latest business version versus the version search serves, and one status word.
+
+    SEARCHABLE: search serves the latest version. INDEXING: the latest version's task is still on its way
+    (an older version may be served meanwhile). FAILED: the latest version failed (DEAD or CANCELLED) and
+    nothing is served. STALE: the latest version failed while an older one is still served.
+    """
+    latest = row["latest_version"]
+    served = row.get("searchable_version")
+    task_status = row.get("task_status")
+    failure = None
+    if served is not None and served >= latest:
+        status = DocumentStatus.SEARCHABLE
+    elif task_status in (TaskStatus.DEAD, TaskStatus.CANCELLED):
+        status = DocumentStatus.STALE if served is not None else DocumentStatus.FAILED
+        if task_status == TaskStatus.CANCELLED:
+            failure = {"code": "TASK_CANCELLED", "message": "indexing of this version was cancelled; publish it again"}
+        else:
+            failure = {
+                "code": row.get("error_code") or "INTERNAL_ERROR",
+                "message": sanitize_message(row.get("error_message") or "indexing failed"),
+            }
+    else:
+        status = DocumentStatus.INDEXING
+    task = None
+    if row.get("task_id") is not None:
+        task = {
+            "task_id": row["task_id"],
+            "status": task_status,
+            "stage": row.get("stage"),
+            "completed": row.get("completed") or 0,
+            "total": row.get("total") or 0,
+            "percent": _percent(task_status, row.get("stage"), row.get("completed"), row.get("total")),
+            "attempts": row.get("attempts"),
+            "error_code": row.get("error_code"),
+        }
+    return {
+        "tenant_id": row["tenant_id"],
+        "document_id": row["document_id"],
+        "status": status,
+        "latest_version": latest,
+        "searchable_version": served,
+        "profile": row.get("profile"),
+        "filename": row.get("filename"),
+        "media_type": row.get("media_type"),
+        "byte_size": row.get("byte_size"),
+        "published_at": _iso(row.get("published_at")),
+        "searchable_since": _iso(row.get("searchable_since")),
+        "searchable_chunks": row.get("searchable_chunks"),
+        "failure": failure,
+        "task": task,
+    }

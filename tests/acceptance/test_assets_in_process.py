@@ -1,0 +1,117 @@
+"""The four assets through Dagster's in-process `materialize`: many versions per run, each fenced.
+
+These exercise the wiring (partitions, IO manager, lease resource, per-version failure boundary)
+on the real database with the fake embedder; tests/acceptance/test_daemon_e2e.py runs the real
+daemon, code server and model.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+import psycopg
+import pytest
+
+from pipelines.assets import indexing_assets
+from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+from resources.blob_store import BlobStore
+from resources.dagster_resources import LEASES_TAG, OWNER_TAG, default_resources, encode_leases
+from resources.database import Database
+from resources.publisher import Publisher
+from resources.task_queue import TaskQueue
+
+GOOD = b"# Refunds\n\nCustomers may ask for a refund within 30 days of purchase.\n\n## Exceptions\n\nGift cards are final."
+
+
+@pytest.fixture
+def setup(db_url, kb_env, fake_profile):
+    db = Database(db_url)
+    publisher = Publisher(db, BlobStore(kb_env["KBINDEX_BLOB_URL"]))
+    yield db, publisher, TaskQueue(db, lease_seconds=60)
+    db.close()
+
+
+def _keys(db, task_ids):
+    return [r["partition_key"] for r in db.fetch_all("document_version_partition_keys", {"task_ids": task_ids})]
+
+
+def _materialize(instance, keys, tags):
+    return dg.materialize(
+        indexing_assets,
+        resources=default_resources(),
+        instance=instance,
+        tags={**tags, "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]},
+        raise_on_error=False,
+    )
+
+
+def test_a_batch_run_indexes_every_version_and_one_bad_file_fails_alone(setup, db_url):
+    db, publisher, queue = setup
+    published = [
+        publisher.publish("acme", "refund.md", GOOD, "refund.md"),
+        publisher.publish("acme", "broken.pdf", b"%PDF-1.7\nthis is not really a pdf", "broken.pdf"),
+        publisher.publish("acme", "notes.txt", "Die Rückgabe ist 30 Tage möglich.".encode("utf-8"), "notes.txt"),
+    ]
+    claimed = queue.claim("batch-test", limit=10)
+    assert len(claimed) == 3
+    keys = _keys(db, [t.lease.task_id for t in claimed])
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
+    pairs = [(t.lease.task_id, t.lease.attempt) for t in claimed]
+    result = _materialize(instance, keys, {LEASES_TAG: encode_leases(pairs), OWNER_TAG: "batch-test"})
+    assert result.success
+    status = {r.task_id: queue.get(r.task_id) for r in published}
+    assert status[published[0].task_id]["status"] == "SUCCEEDED"
+    assert status[published[2].task_id]["status"] == "SUCCEEDED"
+    assert status[published[1].task_id]["status"] == "DEAD"
+    assert status[published[1].task_id]["error_code"] == "PARSE_ERROR"
+    with psycopg.connect(db_url) as conn:
+        pointers = conn.execute("SELECT document_id, version_number, chunk_count FROM search_pointer ORDER BY 1").fetchall()
+        chunks = conn.execute("SELECT count(*) FROM chunk").fetchone()[0]
+    assert [p[0] for p in pointers] == ["notes.txt", "refund.md"]
+    assert chunks == sum(p[2] for p in pointers) > 0
+    mats = instance.fetch_materializations(dg.AssetKey("search_index"), limit=10).records
+    assert {m.partition_key for m in mats} == set(keys)
+
+
+def test_a_run_whose_lease_was_taken_over_writes_nothing(setup, db_url):
+    db, publisher, queue = setup
+    r = publisher.publish("acme", "refund.md", GOOD, "refund.md")
+    (first,) = queue.claim("batch-old", limit=1)
+    # The lease is taken over (a later claim after expiry): simulate by expiring it in the database clock.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE index_task SET lease_until = now() - interval '1 second' WHERE task_id = %s", [r.task_id])
+    (second,) = queue.claim("batch-new", limit=1)
+    assert second.lease.attempt == first.lease.attempt + 1
+    keys = _keys(db, [r.task_id])
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
+    result = _materialize(
+        instance, keys, {LEASES_TAG: encode_leases([(r.task_id, first.lease.attempt)]), OWNER_TAG: "batch-old"}
+    )
+    assert result.success
+    task = queue.get(r.task_id)
+    assert (task["status"], task["lease_owner"], task["attempts"]) == ("RUNNING", "batch-new", second.lease.attempt)
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM chunk").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM search_pointer").fetchone()[0] == 0
+
+
+def test_an_operator_run_without_leases_claims_the_task_first(setup, db_url):
+    db, publisher, queue = setup
+    r = publisher.publish("acme", "refund.md", GOOD, "refund.md")
+    keys = _keys(db, [r.task_id])
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
+    result = dg.materialize(indexing_assets, resources=default_resources(), instance=instance, partition_key=keys[0])
+    assert result.success
+    task = queue.get(r.task_id)
+    assert task["status"] == "SUCCEEDED" and task["attempts"] == 1
+    assert task["lease_owner"] is None or task["lease_owner"].startswith("run-")
+    # A second manual run finds nothing to do: the task is SUCCEEDED, and nothing is written twice.
+    with psycopg.connect(db_url) as conn:
+        before = conn.execute("SELECT count(*) FROM chunk").fetchone()[0]
+    again = dg.materialize(indexing_assets, resources=default_resources(), instance=instance, partition_key=keys[0])
+    assert again.success
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM chunk").fetchone()[0] == before
+    assert queue.get(r.task_id)["attempts"] == 1

@@ -1,0 +1,254 @@
+"""End to end with the real Dagster daemon, code server and run processes (`dagster dev`).
+
+One `dagster dev` serves the module: the claiming sensor ticks, runs start as separate
+processes, and the tests hurt them: SIGKILL mid-embed, SIGSTOP past the lease, a sensor that
+dies right after its claim committed. Each ends with the document searchable exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+from psycopg import sql as pgsql
+
+from resources.blob_store import BlobStore
+from resources.database import Database
+from resources.publisher import Publisher
+from resources.task_queue import TaskQueue
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+LEASE_SECONDS = 8
+pytestmark = pytest.mark.slow
+
+
+def _with_database(url: str, database: str) -> str:
+    base, _, query = url.partition("?")
+    return base.rpartition("/")[0] + f"/{database}" + (f"?{query}" if query else "")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class E2E:
+    def __init__(self, url: str, root: Path, proc: subprocess.Popen, marker: Path) -> None:
+        self.url, self.root, self.proc, self.marker = url, root, proc, marker
+        self.db = Database(url, max_size=4)
+        self.queue = TaskQueue(self.db)
+        self.publisher = Publisher(self.db, BlobStore(str(root / "blobs")))
+
+    def sql(self, statement: str, params=None):
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else None
+
+    def wait_for(self, predicate, timeout: float, what: str, interval: float = 0.3):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            if self.proc.poll() is not None:
+                pytest.fail(f"dagster dev exited with {self.proc.returncode} while waiting for {what}")
+            time.sleep(interval)
+        log = (self.root / "dagster.log").read_text(errors="replace")[-4000:]
+        pytest.fail(f"timed out after {timeout}s waiting for {what}\n--- dagster log tail ---\n{log}")
+
+    def wait_terminal(self, task_id: int, timeout: float = 180) -> dict:
+        return self.wait_for(
+            lambda: (t := self.queue.get(task_id))["status"] in ("SUCCEEDED", "DEAD", "CANCELLED") and t,
+            timeout,
+            f"task {task_id} to finish",
+        )
+
+    def wait_stage(self, task_id: int, stage: str, timeout: float = 120) -> dict:
+        def reached():
+            task = self.queue.get(task_id)
+            if task["status"] in ("SUCCEEDED", "DEAD", "CANCELLED"):
+                pytest.fail(f"task {task_id} ended {task['status']} {task['error_code']} before reaching {stage}")
+            return task if task["stage"] == stage else None
+
+        return self.wait_for(reached, timeout, f"task {task_id} to reach {stage}", interval=0.1)
+
+    def run_processes(self) -> list[psutil.Process]:
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        out = []
+        for p in kids:
+            try:
+                if "spawn_main" in " ".join(p.cmdline()):  # runs are multiprocessing children of the code server
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+
+    def assert_searchable_once(self, task_id: int) -> None:
+        task = self.queue.get(task_id)
+        assert task["status"] == "SUCCEEDED", task
+        rows = self.sql(
+            "SELECT p.version_number, p.chunk_count, (SELECT count(*) FROM chunk c WHERE c.tenant_id = p.tenant_id"
+            " AND c.document_id = p.document_id AND c.profile = p.profile AND c.version_number = p.version_number),"
+            " (SELECT count(DISTINCT c.ordinal) FROM chunk c WHERE c.tenant_id = p.tenant_id"
+            " AND c.document_id = p.document_id AND c.profile = p.profile AND c.version_number = p.version_number)"
+            " FROM search_pointer p WHERE p.tenant_id = %s AND p.document_id = %s",
+            [task["tenant_id"], task["document_id"]],
+        )
+        assert len(rows) == 1
+        version, recorded, stored, distinct = rows[0]
+        assert version == task["version_number"]
+        assert recorded == stored == distinct == task["chunk_count"] > 0
+
+
+@pytest.fixture(scope="module")
+def e2e(pg_server_url, template_url, tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    template = template_url.partition("?")[0].rpartition("/")[2]
+    names = {"kb": f"e2e_kb_{os.getpid()}", "dg": f"e2e_dg_{os.getpid()}"}
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        for name in names.values():
+            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+        conn.execute(pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(pgsql.Identifier(names["kb"]), pgsql.Identifier(template)))
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(names["dg"])))
+    url = _with_database(pg_server_url, names["kb"])
+    from pipelines.cli.dev_command import psycopg2_url
+
+    home = root / "dagster_home"
+    home.mkdir()
+    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    marker = root / "sensor-fault-marker"
+    env = dict(os.environ)
+    env.update(
+        DAGSTER_HOME=str(home),
+        DAGSTER_PG_URL=psycopg2_url(_with_database(pg_server_url, names["dg"])),
+        KBINDEX_DATABASE_URL=url,
+        KBINDEX_HOME=str(root / "kbhome"),
+        KBINDEX_BLOB_URL=str(root / "blobs"),
+        KBINDEX_ARTIFACTS=str(root / "artifacts"),
+        KBINDEX_LEASE_SECONDS=str(LEASE_SECONDS),
+        KBINDEX_FAKE_DELAY="0.7",
+        KBINDEX_EMBED_BATCH="4",
+        KBINDEX_FAULT_SENSOR_AFTER_CLAIM=str(marker),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    log = open(root / "dagster.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-h", "127.0.0.1", "-p", str(_free_port())],
+        env=env,
+        cwd=str(PROJECT_ROOT),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    harness = E2E(url, root, proc, marker)
+    try:
+        yield harness
+    finally:
+        harness.db.close()
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+        with psycopg.connect(pg_server_url, autocommit=True) as conn:
+            for name in names.values():
+                conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+
+
+POLICY = (
+    b"# Travel policy\n\nEmployees book economy class for flights under six hours.\n\n"
+    b"## Hotels\n\nHotel nights are reimbursed up to the city rate published by finance.\n"
+)
+
+
+def test_publish_is_indexed_by_the_daemon_with_the_real_model_and_found(e2e):
+    r = e2e.publisher.publish("acme", "travel-policy.md", POLICY, "travel-policy.md")
+    task = e2e.wait_terminal(r.task_id)
+    assert task["status"] == "SUCCEEDED", task
+    e2e.assert_searchable_once(r.task_id)
+    from resources.embedder import SentenceTransformerEmbedder
+    from resources.search import search
+
+    hits = search(e2e.db, SentenceTransformerEmbedder(), "how much can I spend on a hotel", tenant_id="acme", k=3)
+    assert hits and hits[0].document_id == "travel-policy.md"
+    assert search(e2e.db, SentenceTransformerEmbedder(), "hotel", tenant_id="globex", k=3) == []
+
+
+def _long_document(n: int) -> bytes:
+    return "\n\n".join(f"Paragraph {i}: the retention schedule keeps record class {i} for {i % 7 + 1} years." for i in range(n)).encode()
+
+
+def _use_fake_model(e2e):
+    e2e.sql("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+
+
+def test_run_killed_mid_embed_is_retried_and_searchable_exactly_once(e2e):
+    _use_fake_model(e2e)
+    r = e2e.publisher.publish("acme", "retention.txt", _long_document(400), "retention.txt")
+    e2e.wait_stage(r.task_id, "embed")
+    victims = e2e.wait_for(e2e.run_processes, 30, "the run process")
+    for p in victims:
+        p.send_signal(signal.SIGKILL)
+    task = e2e.wait_terminal(r.task_id)
+    assert task["status"] == "SUCCEEDED" and task["attempts"] >= 2, task
+    codes = [e["error_code"] for e in e2e.queue.events(r.task_id)]
+    assert "RUN_CRASHED" in codes or task["attempts"] >= 2
+    e2e.assert_searchable_once(r.task_id)
+
+
+def test_run_paused_past_its_lease_is_taken_over_and_cannot_commit_after_resuming(e2e):
+    _use_fake_model(e2e)
+    r = e2e.publisher.publish("acme", "paused.txt", _long_document(400), "paused.txt")
+    e2e.wait_stage(r.task_id, "embed")
+    first = e2e.queue.get(r.task_id)
+    victims = e2e.wait_for(e2e.run_processes, 30, "the run process")
+    for p in victims:
+        p.send_signal(signal.SIGSTOP)
+    try:
+        e2e.wait_for(lambda: e2e.queue.get(r.task_id)["attempts"] > first["attempts"], LEASE_SECONDS * 6, "a takeover")
+        task = e2e.wait_terminal(r.task_id)
+    finally:
+        for p in victims:
+            try:
+                p.send_signal(signal.SIGCONT)
+            except psutil.Error:
+                pass
+    assert task["status"] == "SUCCEEDED" and task["attempts"] > first["attempts"]
+    # Let the resumed run notice its lost lease and finish; it must write nothing more.
+    for p in victims:
+        try:
+            p.wait(60)
+        except psutil.Error:
+            pass
+    after = [e for e in e2e.queue.events(r.task_id) if e["lease_owner"] == first["lease_owner"] and e["attempt"] == first["attempts"] and e["to_status"] != "RUNNING"]
+    assert all(e["kind"] == "progress" and e["created_at"] <= task["finished_at"] for e in after)
+    final = e2e.queue.get(r.task_id)
+    assert (final["status"], final["attempts"], final["finished_at"]) == ("SUCCEEDED", task["attempts"], task["finished_at"])
+    e2e.assert_searchable_once(r.task_id)
+
+
+def test_sensor_dying_after_its_claim_loses_nothing(e2e):
+    _use_fake_model(e2e)
+    e2e.marker.write_text("die once")
+    r = e2e.publisher.publish("acme", "orphaned-claim.txt", b"A claim whose sensor tick died.", "orphaned-claim.txt")
+    e2e.wait_for(lambda: not e2e.marker.exists(), 60, "the sensor fault to fire")
+    claimed = e2e.queue.get(r.task_id)
+    assert claimed["status"] == "RUNNING" and claimed["attempts"] == 1
+    task = e2e.wait_terminal(r.task_id)
+    assert task["status"] == "SUCCEEDED" and task["attempts"] == 2, task
+    e2e.assert_searchable_once(r.task_id)

@@ -1,6 +1,11 @@
 """The kbindex code location: one Definitions object (``dagster dev -m pipelines.definitions``)."""
 
+import warnings
+
 import dagster as dg
+
+# backfill_policy is marked beta; it is what lets one run cover many versions. Don't warn on every load.
+warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
 from pipelines.assets import indexing_assets
 from pipelines.jobs import index_versions_job

@@ -106,6 +106,8 @@ def open_database(*, start: bool = True) -> Iterator[Any]:
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         app(standalone_mode=True)
     except TaskNotFound as exc:  # pragma: no cover - commands use errors_to_exit

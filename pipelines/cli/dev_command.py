@@ -45,6 +45,8 @@ def dagster_environment(home: Path, url: str) -> dict[str, str]:
         KBINDEX_DATABASE_URL=url,
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        TRANSFORMERS_VERBOSITY="error",
     )
     return env
 
@@ -101,7 +103,8 @@ def dev_command(
     if sample:
         threading.Thread(target=_report_sample_progress, args=(url, stop), daemon=True).start()
     cmd = [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-h", host, "-p", str(port)]
-    proc = subprocess.Popen(cmd, env=env, cwd=str(PROJECT_ROOT))
+    # cwd = DAGSTER_HOME: dagster dev warns about (and ignores) a dagster.yaml in the working folder.
+    proc = subprocess.Popen(cmd, env=env, cwd=env["DAGSTER_HOME"])
     try:
         code = proc.wait()
     except KeyboardInterrupt:

@@ -1,0 +1,1 @@
+"""Benchmarks (not installed; run from the checkout with python -m bench.<name>)."""

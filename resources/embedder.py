@@ -446,3 +446,17 @@ def checked_embed(
             on_batch(start + len(batch), total)
     return out
 
+
+
+def embedder_for_model(model: str, *, batch_size: int = DEFAULT_BATCH_SIZE) -> Embedder:
+    """The embedder a profile's ``model`` names, the same way for indexing and for search.
+
+    ``fake-*``: the deterministic FakeEmbedder (tests, demos); the packaged name: the bundled
+    all-MiniLM-L6-v2; anything else: a local sentence-transformers folder (or cached name) reporting
+    itself under that model name.
+    """
+    if model.startswith("fake-"):
+        return FakeEmbedder(model_name=model)
+    if model == PACKAGED_MODEL_NAME:
+        return SentenceTransformerEmbedder(batch_size=batch_size)
+    return SentenceTransformerEmbedder(model, model_name=model, batch_size=batch_size)

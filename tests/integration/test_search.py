@@ -219,3 +219,22 @@ def test_real_model_finds_english_by_meaning_and_chinese_text(db, index, real_mo
     assert hits[0].document_id == "zh-policy" and hits[0].text.startswith("退款") and hits[0].score > 0.95
     hits = search(db, real_model, "退款退回原支付方式", tenant_id="acme", k=5)
     assert hits[0].text.startswith("退款"), [h.text for h in hits]
+
+
+def test_cli_search_prints_hits_and_json(db_url, index, real_model):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    index("acme", "handbook", ["Expense reports must be filed within thirty days.", "Parking is free."], embedder=real_model)
+    runner = CliRunner()
+    env = {"KBINDEX_DATABASE_URL": db_url}
+    result = runner.invoke(app, ["search", "when are expense reports due", "--tenant", "acme", "-k", "1", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    (hit,) = json.loads(result.stdout)
+    assert hit["document_id"] == "handbook" and hit["text"].startswith("Expense") and hit["version_number"] == 1
+    assert set(hit) == {"document_id", "version_number", "heading_path", "text", "score", "chunk_id", "page"}
+    result = runner.invoke(app, ["search", "parking", "--tenant", "acme"], env=env)
+    assert result.exit_code == 0 and "handbook" in result.stdout
+    assert runner.invoke(app, ["search", "x", "--tenant", "bad tenant!"], env=env).exit_code == 2
+    assert runner.invoke(app, ["search", "x"], env=env).exit_code == 2

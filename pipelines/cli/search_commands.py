@@ -1,0 +1,40 @@
+"""`kbindex search QUERY --tenant T [-k N] [--json]`: the tenant's nearest chunks of current versions."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from pipelines.cli.app import JsonOption, app, console, errors_to_exit, open_database, print_json
+from pipelines.domain.errors import InvalidRequest
+
+
+@app.command("search")
+def search_command(
+    query: str = typer.Argument(..., help="What to look for (any language the model reads)."),
+    tenant: str = typer.Option(..., "--tenant", help="Tenant whose documents are searched."),
+    k: int = typer.Option(10, "-k", "--k", min=1, max=1000, help="How many chunks to return."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Search the active profile's index: only the versions the search pointers name, best first."""
+    from resources.embedder import embedder_for_model
+    from resources.search import search
+
+    with open_database() as db, errors_to_exit():
+        profile = db.fetch_one("index_profile_active")
+        if profile is None:
+            raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
+        hits = search(db, embedder_for_model(profile["model"]), query, tenant_id=tenant, k=k)
+    if as_json:
+        print_json([hit.to_dict() for hit in hits])
+        return
+    if not hits:
+        console.print(f"no results for tenant {tenant}", highlight=False)
+        return
+    table = Table("#", "score", "document", "version", "section", "text")
+    for rank, hit in enumerate(hits, 1):
+        snippet = " ".join(hit.text.split())
+        snippet = snippet[:157] + "…" if len(snippet) > 160 else snippet
+        section = " > ".join(hit.heading_path) + (f" (p. {hit.page})" if hit.page else "")
+        table.add_row(str(rank), f"{hit.score:.3f}", hit.document_id, str(hit.version_number), section, snippet)
+    console.print(table)

@@ -11,7 +11,8 @@ In ONE transaction:
      binary ~20k rows/s, COPY into a temp table + INSERT SELECT ~15-30k, executemany ~16k; with the
      HNSW index every method runs at the index's ~500-800 rows/s. unnest keeps one named statement
      and no temp-table DDL in the transaction; the vectors MUST go binary (``%(embeddings)b``):
-     text-formatted vector[] costs 30x.)
+     text-formatted vector[] costs 30x.) Each row also records ``embed_digest`` (sha256 of the chunk's
+     ``embed_text``) so a later version can reuse its vector (resources/embedding_reuse.py).
   4. ``queue.complete(..., session=tx)``: RUNNING -> SUCCEEDED with its event.
 Readers never see the pointer without all its chunks: both become visible at commit (invariant 4).
 """
@@ -27,6 +28,7 @@ import numpy as np
 
 from pipelines.domain.errors import EmbeddingInvalidResponse, IndexWriteFailed, InternalError, InvalidRequest
 from resources.database import Database, Session
+from resources.embedding_reuse import embed_digest
 from resources.task_queue import Lease, TaskQueue
 
 WRITE_BATCH = 500
@@ -162,9 +164,19 @@ class IndexSink:
                 "texts": [c.text for c in chunks],
                 "token_counts": [c.token_count for c in chunks],
                 "content_digests": [c.content_digest for c in chunks],
+                "embed_digests": [_embed_digest_of(c) for c in chunks],
                 "embeddings": list(np.ascontiguousarray(vectors, dtype=np.float32)),
             },
         )
+
+
+def _embed_digest_of(chunk: ChunkLike) -> str | None:
+    """sha256 of the text the chunk's vector was computed from, if the chunk says (``embed_text``); else NULL.
+
+    Only a known embed text makes a stored vector reusable by a later version (resources.embedding_reuse).
+    """
+    text = getattr(chunk, "embed_text", None)
+    return embed_digest(text) if isinstance(text, str) else None
 
 
 def _check_work(work: Any, key: dict[str, Any], profile: dict[str, Any]) -> None:

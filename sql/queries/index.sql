@@ -31,16 +31,18 @@ WHERE tenant_id = %(tenant_id)s
 
 -- name: chunk_upsert
 -- Write a batch of chunks in one statement (parallel arrays, unnested). Stable ids make a re-run
--- rewrite nothing: an existing row is updated only if something in it differs.
+-- rewrite nothing: an existing row is updated only if something in it differs. embed_digest is the
+-- sha256 of the text the vector was computed from (NULL if the caller did not say): embedding reuse.
 -- heading_paths are JSON arrays of strings, one per chunk (text[] cannot be ragged).
 INSERT INTO chunk AS c (chunk_id, tenant_id, document_id, version_number, profile, ordinal,
-                        heading_path, page, text, token_count, content_digest, embedding)
+                        heading_path, page, text, token_count, content_digest, embed_digest, embedding)
 SELECT r.chunk_id, %(tenant_id)s, %(document_id)s, %(version_number)s, %(profile)s, r.ordinal,
        ARRAY(SELECT jsonb_array_elements_text(r.heading_path)), r.page, r.text, r.token_count,
-       r.content_digest, r.embedding
+       r.content_digest, r.embed_digest, r.embedding
 FROM unnest(%(chunk_ids)s::text[], %(ordinals)s::integer[], %(heading_paths)s::jsonb[], %(pages)s::integer[],
-            %(texts)s::text[], %(token_counts)s::integer[], %(content_digests)s::text[], %(embeddings)b::vector[])
-     AS r (chunk_id, ordinal, heading_path, page, text, token_count, content_digest, embedding)
+            %(texts)s::text[], %(token_counts)s::integer[], %(content_digests)s::text[], %(embed_digests)s::text[],
+            %(embeddings)b::vector[])
+     AS r (chunk_id, ordinal, heading_path, page, text, token_count, content_digest, embed_digest, embedding)
 ON CONFLICT (chunk_id) DO UPDATE
 SET ordinal        = EXCLUDED.ordinal,
     heading_path   = EXCLUDED.heading_path,
@@ -48,13 +50,14 @@ SET ordinal        = EXCLUDED.ordinal,
     text           = EXCLUDED.text,
     token_count    = EXCLUDED.token_count,
     content_digest = EXCLUDED.content_digest,
+    embed_digest   = EXCLUDED.embed_digest,
     embedding      = EXCLUDED.embedding
 WHERE (c.tenant_id, c.document_id, c.version_number, c.profile) =
       (EXCLUDED.tenant_id, EXCLUDED.document_id, EXCLUDED.version_number, EXCLUDED.profile)
-  AND (c.ordinal, c.heading_path, c.page, c.text, c.token_count, c.content_digest, c.embedding)
+  AND (c.ordinal, c.heading_path, c.page, c.text, c.token_count, c.content_digest, c.embed_digest, c.embedding)
       IS DISTINCT FROM
       (EXCLUDED.ordinal, EXCLUDED.heading_path, EXCLUDED.page, EXCLUDED.text, EXCLUDED.token_count,
-       EXCLUDED.content_digest, EXCLUDED.embedding);
+       EXCLUDED.content_digest, EXCLUDED.embed_digest, EXCLUDED.embedding);
 
 -- name: chunk_count_version
 -- How many chunk rows one version has under one profile.

@@ -1,0 +1,128 @@
+"""Retention: delete the chunks of versions search stopped reading more than a window ago.
+
+    apply_retention(db, window_seconds=) -> RetentionReport(removed_versions, chunks_deleted, partition_keys_to_delete)
+    confirm_partition_keys_deleted(db, keys)   after the Dagster job deleted them from the dynamic partitions
+
+What "superseded" means, and why nothing searchable is ever touched:
+
+- A trigger on ``search_pointer`` (migration 0006) records in ``superseded_version`` when a pointer moved
+  away from a version (or was deleted), in the transaction that moved it, and forgets the record when a
+  pointer comes back to that version. Retention only considers recorded versions older than the window.
+- Chunk rows are per (document, profile, version); search reads a profile's chunks only through that
+  profile's pointer (invariant 4). A version a pointer names is never deleted under that profile, so a
+  ``profile rollback`` finds the previous active profile's pointed versions intact, and any version left
+  behind within the window is still there for a rollback of the pointer itself.
+- Each batch is one transaction: it share-locks every task of the due versions (any profile) and then
+  their documents' pointers (the publish transaction's own order: task row, then pointer, so the two
+  cannot deadlock), then deletes in one statement that re-checks everything under those locks: still
+  superseded past the window, named by no pointer, no RUNNING task. While the batch holds the locks no
+  claim can make such a task RUNNING and no publish or pointer move can touch those versions.
+- Partition keys are returned for versions with nothing left (no chunk under any profile, no pointer, no
+  open task, no task change within the window) so the Dagster job can delete them from the
+  ``document_versions`` dynamic partitions and keep their number bounded by live documents. The job then
+  calls ``confirm_partition_keys_deleted``; until it does, the same keys are reported again (deleting a
+  missing key is harmless). A retried task changes its row, which makes its key a candidate again once it
+  ends; the claiming sensor re-adds a key before it runs a version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from resources.database import Database
+
+DEFAULT_WINDOW_SECONDS = 7 * 24 * 3600
+BATCH_VERSIONS = 200
+PARTITION_KEYS_LIMIT = 10_000
+LOCK_TIMEOUT = "5s"
+
+
+@dataclass(frozen=True)
+class RetentionReport:
+    """What one retention pass removed, and which Dagster partition keys may now be deleted."""
+
+    removed_versions: list[tuple[str, str, str, int]] = field(default_factory=list)
+    """(tenant, document, profile, version) whose chunks were deleted."""
+    chunks_deleted: int = 0
+    partition_keys_to_delete: list[str] = field(default_factory=list)
+    skipped_busy: int = 0
+    """Due versions left alone this pass: a task on them is RUNNING (or a pointer came back to them)."""
+
+    def to_metadata(self) -> dict[str, Any]:
+        return {
+            "versions_removed": len(self.removed_versions),
+            "chunks_deleted": self.chunks_deleted,
+            "partition_keys_to_delete": len(self.partition_keys_to_delete),
+            "skipped_busy": self.skipped_busy,
+        }
+
+
+def apply_retention(
+    db: Database,
+    *,
+    window_seconds: float,
+    now: datetime | None = None,
+    batch_versions: int = BATCH_VERSIONS,
+    max_batches: int | None = None,
+    partition_keys_limit: int = PARTITION_KEYS_LIMIT,
+) -> RetentionReport:
+    """Delete chunks of versions superseded more than ``window_seconds`` ago; name the partition keys to drop.
+
+    ``now`` pins the clock (tests); None uses the database's. Runs batches of ``batch_versions`` versions,
+    each in its own transaction, until none is due (or ``max_batches``).
+    """
+    if window_seconds < 0:
+        raise ValueError("window_seconds must be >= 0")
+    if batch_versions < 1:
+        raise ValueError("batch_versions must be >= 1")
+    clock = {"now": now, "window_seconds": float(window_seconds)}
+    removed: list[tuple[str, str, str, int]] = []
+    chunks_deleted = 0
+    skipped: set[tuple[str, str, str, int]] = set()
+    batches = 0
+    while max_batches is None or batches < max_batches:
+        batches += 1
+        with db.transaction() as tx:
+            tx.fetch_one("retention_lock_timeout", {"lock_timeout": LOCK_TIMEOUT})
+            # Versions skipped earlier in this pass (a RUNNING task) stay due: look past them.
+            due = tx.fetch_all("superseded_version_due", {**clock, "limit": batch_versions + len(skipped)})
+            due = [d for d in due if _key(d) not in skipped][:batch_versions]
+            if not due:
+                break
+            versions = {
+                "tenant_ids": [d["tenant_id"] for d in due],
+                "document_ids": [d["document_id"] for d in due],
+                "profiles": [d["profile"] for d in due],
+                "versions": [d["version_number"] for d in due],
+            }
+            tx.fetch_all("index_task_lock_retention", versions)
+            tx.fetch_all("search_pointer_lock_retention", versions)
+            rows = tx.fetch_all("chunk_delete_retained", {**versions, **clock})
+        done = {_key(r) for r in rows}
+        removed.extend(_key(r) for r in rows)
+        chunks_deleted += sum(r["chunks_deleted"] for r in rows)
+        # Due but not removed: a RUNNING task, or the pointer came back meanwhile (then it is no longer due).
+        skipped.update(_key(d) for d in due if _key(d) not in done)
+    keys = [
+        r["partition_key"]
+        for r in db.fetch_all("document_version_releasable", {**clock, "limit": partition_keys_limit})
+    ]
+    return RetentionReport(
+        removed_versions=removed,
+        chunks_deleted=chunks_deleted,
+        partition_keys_to_delete=keys,
+        skipped_busy=len(skipped),
+    )
+
+
+def confirm_partition_keys_deleted(db: Database, keys: Sequence[str], *, now: datetime | None = None) -> None:
+    """Record that the Dagster partitions of ``keys`` were deleted, so later passes do not report them again."""
+    if keys:
+        db.execute("partition_key_release_record", {"partition_keys": list(keys), "now": now})
+
+
+def _key(row: dict[str, Any]) -> tuple[str, str, str, int]:
+    return (row["tenant_id"], row["document_id"], row["profile"], int(row["version_number"]))

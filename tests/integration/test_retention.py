@@ -1,0 +1,311 @@
+"""Retention: superseded versions' chunks go after the window; nothing search can reach is ever touched."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from resources.embedder import FakeEmbedder
+from resources.index_sink import IndexSink
+from resources.retention import apply_retention, confirm_partition_keys_deleted
+from resources.search import search
+from tests.integration.test_index_sink import embed, make_chunks
+
+PROFILE = "minilm-v1"
+MODEL = "all-MiniLM-L6-v2"
+HOUR = 3600.0
+WORDS = "refund invoice shipping warranty credit exchange delivery parcel account voucher receipt".split()
+
+
+def later(seconds: float) -> datetime:
+    """A clock ``seconds`` past the database's now (pointer moves are stamped with the database's now())."""
+    return datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+def texts_for(document: str, version: int, n: int = 6) -> list[str]:
+    rng = random.Random(f"{document}/{version}")
+    return [f"{document} v{version} part {i}: " + " ".join(rng.choices(WORDS, k=8)) for i in range(n)]
+
+
+class World:
+    """Publish versions, claim their tasks, and finish them as a test needs (publish, fail, or leave RUNNING)."""
+
+    def __init__(self, db, db_url, queue, publisher) -> None:
+        self.db, self.db_url, self.queue, self.publisher = db, db_url, queue, publisher
+        self.sink = IndexSink(db, queue)
+        self.claimed: dict[tuple[str, str, int, str], object] = {}
+
+    def publish(self, document: str, tenant: str = "acme") -> int:
+        result = self.publisher.publish(tenant, document, f"{document} {random.random()}".encode(), f"{document}.txt")
+        for task in self.queue.claim("w1", limit=50):
+            self.claimed[(task.tenant_id, task.document_id, task.version_number, task.profile)] = task
+        return result.version
+
+    def index(self, document: str, version: int, profile: str = PROFILE, tenant: str = "acme"):
+        task = self.claimed.pop((tenant, document, version, profile))
+        chunks = make_chunks(tenant, document, version, texts_for(document, version), profile)
+        return self.sink.publish(task.lease, chunks, embed(chunks))
+
+    def fail(self, document: str, version: int, profile: str = PROFILE, tenant: str = "acme") -> None:
+        task = self.claimed.pop((tenant, document, version, profile))
+        self.queue.fail(task.lease, "PARSE_ERROR", "not a document")
+
+    def sql(self, statement: str, params=()) -> list[tuple]:
+        with psycopg.connect(self.db_url, autocommit=True) as conn:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    def chunk_versions(self) -> dict[tuple[str, str, str, int], int]:
+        rows = self.sql(
+            "SELECT tenant_id, document_id, profile, version_number, count(*) FROM chunk GROUP BY 1, 2, 3, 4"
+        )
+        return {(t, d, p, v): n for t, d, p, v, n in rows}
+
+    def pointers(self) -> dict[tuple[str, str, str], tuple[int, int]]:
+        rows = self.sql("SELECT tenant_id, document_id, profile, version_number, chunk_count FROM search_pointer")
+        return {(t, d, p): (v, n) for t, d, p, v, n in rows}
+
+    def add_shadow_profile(self, name: str = "shadow") -> None:
+        self.sql(
+            "INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, building) "
+            "VALUES (%s, %s, 384, 200, 32, true)",
+            (name, MODEL),
+        )
+
+
+@pytest.fixture
+def world(db, db_url, queue, publisher) -> World:
+    return World(db, db_url, queue, publisher)
+
+
+def assert_pointed_versions_whole(world: World) -> None:
+    """Every pointer's version has exactly the chunk rows its publish recorded."""
+    chunks = world.chunk_versions()
+    for (tenant, document, profile), (version, count) in world.pointers().items():
+        assert chunks.get((tenant, document, profile, version), 0) == count, (tenant, document, profile, version)
+
+
+def test_superseded_chunks_stay_for_the_window_then_go(world, db):
+    world.publish("policy")
+    world.index("policy", 1)
+    world.publish("policy")
+    world.index("policy", 2)
+    assert set(world.chunk_versions()) == {("acme", "policy", PROFILE, 1), ("acme", "policy", PROFILE, 2)}
+
+    inside = apply_retention(db, window_seconds=HOUR, now=later(HOUR - 60))
+    assert inside.removed_versions == [] and inside.chunks_deleted == 0
+    assert ("acme", "policy", PROFILE, 1) in world.chunk_versions()
+
+    past = apply_retention(db, window_seconds=HOUR, now=later(HOUR + 60))
+    assert past.removed_versions == [("acme", "policy", PROFILE, 1)]
+    assert past.chunks_deleted == 6
+    assert set(world.chunk_versions()) == {("acme", "policy", PROFILE, 2)}
+    assert_pointed_versions_whole(world)
+    # nothing is left to do: a second pass removes nothing
+    again = apply_retention(db, window_seconds=HOUR, now=later(HOUR + 60))
+    assert again.removed_versions == [] and again.chunks_deleted == 0
+
+
+def test_the_window_counts_from_when_the_pointer_moved_away(world, db):
+    """v1 superseded long ago, v2 just now: only v1 is past the window."""
+    world.publish("policy")
+    world.index("policy", 1)
+    world.publish("policy")
+    world.index("policy", 2)
+    world.sql("UPDATE superseded_version SET superseded_at = superseded_at - interval '2 hours'")
+    world.publish("policy")
+    world.index("policy", 3)
+    report = apply_retention(db, window_seconds=HOUR)
+    assert report.removed_versions == [("acme", "policy", PROFILE, 1)]
+    assert set(world.chunk_versions()) == {("acme", "policy", PROFILE, 2), ("acme", "policy", PROFILE, 3)}
+
+
+def test_versions_with_a_running_task_are_skipped_until_it_ends(world, db):
+    world.add_shadow_profile()
+    world.publish("policy")  # tasks under minilm-v1 and shadow, both claimed
+    world.index("policy", 1)  # the shadow task of v1 stays RUNNING
+    world.publish("policy")
+    world.index("policy", 2)
+    world.index("policy", 2, profile="shadow")
+
+    report = apply_retention(db, window_seconds=0, now=later(60))
+    assert report.removed_versions == [] and report.skipped_busy == 1
+    assert ("acme", "policy", PROFILE, 1) in world.chunk_versions()
+
+    world.fail("policy", 1, profile="shadow")  # the task ends (DEAD): nothing runs on v1 any more
+    report = apply_retention(db, window_seconds=0, now=later(60))
+    assert report.removed_versions == [("acme", "policy", PROFILE, 1)]
+    assert_pointed_versions_whole(world)
+
+
+def test_a_retention_batch_holds_back_claims_of_its_versions(world, db, db_url, queue):
+    """While a batch holds its locks, the claim's SKIP LOCKED passes the version's tasks by."""
+    from sql import queries
+
+    world.publish("policy")
+    world.index("policy", 1)
+    world.publish("policy")
+    world.index("policy", 2)
+    (dead,) = world.sql("SELECT task_id FROM index_task WHERE version_number = 1")
+    world.sql("UPDATE index_task SET status = 'DEAD', error_code = 'PARSE_ERROR' WHERE task_id = %s", dead)
+    queue.retry(dead[0])  # DEAD -> PENDING: claimable
+    with psycopg.connect(db_url) as conn:  # one transaction, like a retention batch
+        params = {"tenant_ids": ["acme"], "document_ids": ["policy"], "versions": [1]}
+        locked = conn.execute(queries["index_task_lock_retention"], params).fetchall()
+        assert len(locked) == 1
+        assert queue.claim("other", limit=10) == []
+        conn.rollback()
+    assert [t.lease.task_id for t in queue.claim("other", limit=10)] == [dead[0]]
+
+
+def test_a_deleted_pointer_keeps_its_version_for_the_window(world, db):
+    """A pointer removed (e.g. a profile retired) is a move away too: its chunks get the full window."""
+    world.publish("policy")
+    world.index("policy", 1)
+    world.sql("DELETE FROM search_pointer")
+    assert apply_retention(db, window_seconds=HOUR, now=later(60)).removed_versions == []
+    assert world.chunk_versions() == {("acme", "policy", PROFILE, 1): 6}
+    report = apply_retention(db, window_seconds=HOUR, now=later(HOUR + 60))
+    assert report.removed_versions == [("acme", "policy", PROFILE, 1)] and world.chunk_versions() == {}
+
+
+def test_a_pointer_that_comes_back_protects_its_version_again(world, db):
+    world.publish("policy")
+    world.index("policy", 1)
+    world.publish("policy")
+    world.index("policy", 2)
+    # a rollback of the pointer to v1 (the only writer today is publish; a rollback command may come)
+    world.sql("UPDATE search_pointer SET version_number = 1, chunk_count = 6")
+    assert world.sql("SELECT version_number FROM superseded_version") == [(2,)]
+    report = apply_retention(db, window_seconds=0, now=later(60))
+    assert report.removed_versions == [("acme", "policy", PROFILE, 2)]
+    assert world.chunk_versions() == {("acme", "policy", PROFILE, 1): 6}
+
+
+def test_profile_rollback_still_finds_the_previous_profiles_chunks(world, db):
+    world.publish("policy")
+    world.index("policy", 1)
+    world.add_shadow_profile()
+    world.publish("policy")
+    world.index("policy", 2)
+    world.index("policy", 2, profile="shadow")
+    # switch search to the shadow profile, then publish more under it alone
+    world.sql("UPDATE index_profile SET is_active = false WHERE name = %s", (PROFILE,))
+    world.sql(
+        "UPDATE index_profile SET is_active = true, building = false, previous_active = %s WHERE name = 'shadow'",
+        (PROFILE,),
+    )
+    world.publish("policy")
+    world.index("policy", 3, profile="shadow")
+    before = {k: v for k, v in world.chunk_versions().items() if k[2] == PROFILE}
+
+    apply_retention(db, window_seconds=0, now=later(30 * 24 * HOUR))
+
+    # minilm-v1 keeps the version its pointer names (v2), whatever happened under the other profile
+    assert {k: v for k, v in world.chunk_versions().items() if k[2] == PROFILE} == {
+        ("acme", "policy", PROFILE, 2): before[("acme", "policy", PROFILE, 2)]
+    }
+    assert_pointed_versions_whole(world)
+    # roll back: search reads minilm-v1 again and finds v2 whole
+    world.sql("UPDATE index_profile SET is_active = false WHERE name = 'shadow'")
+    world.sql("UPDATE index_profile SET is_active = true WHERE name = %s", (PROFILE,))
+    hits = search(db, FakeEmbedder(model_name=MODEL), "refund invoice", tenant_id="acme", k=20)
+    assert {(h.document_id, h.version_number) for h in hits} == {("policy", 2)} and len(hits) == 6
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_retention_never_removes_what_search_can_reach(world, db, seed):
+    """Random histories over two profiles and tenants: after retention every pointed version is whole and
+    search answers exactly as before."""
+    rng = random.Random(seed)
+    world.add_shadow_profile()
+    documents = [("acme", "a"), ("acme", "b"), ("globex", "a"), ("globex", "c")]
+    for _ in range(rng.randint(6, 12)):
+        tenant, document = rng.choice(documents)
+        version = world.publish(document, tenant=tenant)
+        for profile in (PROFILE, "shadow"):
+            action = rng.choice(["index", "index", "index", "fail", "leave"])
+            if action == "index":
+                world.index(document, version, profile=profile, tenant=tenant)
+            elif action == "fail":
+                world.fail(document, version, profile=profile, tenant=tenant)
+    # publish the claimed-but-left tasks late and out of order (some are superseded by then)
+    leftovers = list(world.claimed)
+    rng.shuffle(leftovers)
+    for key in leftovers[: len(leftovers) // 2]:
+        tenant, document, version, profile = key
+        world.index(document, version, profile=profile, tenant=tenant)
+
+    embedder = FakeEmbedder(model_name=MODEL)
+    queries_ = ["refund invoice", "shipping parcel delivery", "warranty voucher", "account credit receipt"]
+
+    def answers():
+        return {
+            (tenant, q): [(h.chunk_id, round(h.score, 6)) for h in search(db, embedder, q, tenant_id=tenant, k=8)]
+            for tenant in ("acme", "globex")
+            for q in queries_
+        }
+
+    before, pointers_before = answers(), world.pointers()
+    chunks_before = world.chunk_versions()
+    running = {
+        (t, d, v)
+        for t, d, v in world.sql("SELECT tenant_id, document_id, version_number FROM index_task WHERE status = 'RUNNING'")
+    }
+    window = rng.choice([0.0, HOUR])
+    report = apply_retention(db, window_seconds=window, now=later(rng.choice([60, 2 * HOUR])), batch_versions=2)
+
+    assert world.pointers() == pointers_before
+    assert_pointed_versions_whole(world)
+    assert answers() == before
+    after = world.chunk_versions()
+    for key, count in chunks_before.items():
+        tenant, document, profile, version = key
+        if (tenant, document, version) in running or pointers_before.get((tenant, document, profile), (None,))[0] == version:
+            assert after.get(key) == count, key
+    removed = set(chunks_before) - set(after)
+    assert removed == set(report.removed_versions) & set(chunks_before)
+    assert report.chunks_deleted == sum(chunks_before[k] for k in removed)
+
+
+def test_partition_keys_of_versions_with_nothing_left(world, db):
+    world.publish("policy")
+    world.index("policy", 1)
+    world.publish("policy")
+    world.index("policy", 2)
+    world.publish("broken")
+    world.fail("broken", 1)  # DEAD: never indexed
+    world.publish("pending")  # claimed, RUNNING: an open task
+
+    inside = apply_retention(db, window_seconds=HOUR, now=later(60))
+    assert inside.partition_keys_to_delete == []  # everything happened within the window
+
+    past = apply_retention(db, window_seconds=HOUR, now=later(2 * HOUR))
+    assert sorted(past.partition_keys_to_delete) == ["acme/broken/v1", "acme/policy/v1"]
+    # until the job confirms the deletion, the same keys are reported again
+    assert sorted(apply_retention(db, window_seconds=HOUR, now=later(2 * HOUR)).partition_keys_to_delete) == [
+        "acme/broken/v1",
+        "acme/policy/v1",
+    ]
+    confirm_partition_keys_deleted(db, past.partition_keys_to_delete, now=later(2 * HOUR))
+    assert apply_retention(db, window_seconds=HOUR, now=later(2 * HOUR)).partition_keys_to_delete == []
+
+
+def test_a_retried_version_gets_its_partition_key_reported_again(world, db, queue):
+    world.publish("broken")
+    world.fail("broken", 1)
+    keys = apply_retention(db, window_seconds=0, now=later(60)).partition_keys_to_delete
+    assert keys == ["acme/broken/v1"]
+    confirm_partition_keys_deleted(db, keys, now=later(60))
+    assert apply_retention(db, window_seconds=0, now=later(120)).partition_keys_to_delete == []
+
+    (task_id,) = world.sql("SELECT task_id FROM index_task")[0]
+    queue.clock = lambda: later(180)
+    queue.retry(task_id)  # open again: not a candidate while it may run
+    assert apply_retention(db, window_seconds=0, now=later(240)).partition_keys_to_delete == []
+    (claimed,) = queue.claim("w2", limit=1)
+    queue.fail(claimed.lease, "PARSE_ERROR", "still not a document")
+    assert apply_retention(db, window_seconds=0, now=later(300)).partition_keys_to_delete == ["acme/broken/v1"]

@@ -1,0 +1,88 @@
+"""The Dagster retention job: removes superseded chunks and deletes exactly the partition keys it reports."""
+
+from __future__ import annotations
+
+import dagster as dg
+import psycopg
+
+from pipelines.definitions import defs
+from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+from pipelines.retention_job import apply_retention_hourly, apply_retention_job
+from resources.blob_store import BlobStore
+from resources.dagster_resources import DatabaseResource
+from resources.database import Database
+from resources.index_sink import IndexSink
+from resources.publisher import Publisher
+from resources.task_queue import TaskQueue
+from tests.integration.test_index_sink import embed, make_chunks
+
+
+def _index_two_versions_and_a_dead_one(db: Database, tmp_path) -> None:
+    publisher = Publisher(db, BlobStore(str(tmp_path / "blobs")))
+    queue = TaskQueue(db, lease_seconds=60)
+    sink = IndexSink(db, queue)
+    for version, body in ((1, b"first"), (2, b"second")):
+        publisher.publish("acme", "policy", body, "policy.txt")
+        (task,) = queue.claim("w1", limit=1)
+        chunks = make_chunks("acme", "policy", version, [f"{body.decode()} part {i}" for i in range(5)])
+        sink.publish(task.lease, chunks, embed(chunks))
+    publisher.publish("acme", "broken", b"not a document", "broken.txt")
+    (task,) = queue.claim("w1", limit=1)
+    queue.fail(task.lease, "PARSE_ERROR", "not a document")
+
+
+def _keys(instance: dg.DagsterInstance) -> set[str]:
+    return set(instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME))
+
+
+def _run(instance, db_url, window_seconds: float):
+    return apply_retention_job.execute_in_process(
+        instance=instance,
+        resources={"database": DatabaseResource(url=db_url)},
+        run_config={"ops": {"retention_pass": {"config": {"window_seconds": window_seconds}}}},
+    )
+
+
+def test_the_job_deletes_superseded_chunks_and_the_partition_keys_it_reports(db_url, tmp_path):
+    db = Database(db_url)
+    try:
+        _index_two_versions_and_a_dead_one(db, tmp_path)
+    finally:
+        db.close()
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, ["acme/policy/v1", "acme/policy/v2", "acme/broken/v1"])
+
+    # within the default 7-day window nothing goes
+    kept = apply_retention_job.execute_in_process(instance=instance, resources={"database": DatabaseResource(url=db_url)})
+    assert kept.success
+    assert _keys(instance) == {"acme/policy/v1", "acme/policy/v2", "acme/broken/v1"}
+
+    # a window of 0: v1's chunks go, and the keys of versions with nothing left are deleted
+    with psycopg.connect(db_url, autocommit=True) as conn:  # tasks changed in the last second: age them
+        conn.execute("UPDATE index_task SET updated_at = updated_at - interval '1 minute'")
+        conn.execute("UPDATE document_version SET published_at = published_at - interval '1 minute'")
+    result = _run(instance, db_url, 0)
+    assert result.success
+    (materialized,) = [
+        e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT" and e.step_key == "retention_pass"
+    ]
+    meta = {k: v.value for k, v in materialized.event_specific_data.metadata.items()}
+    assert meta["versions_removed"] == 1 and meta["chunks_deleted"] == 5
+    assert meta["partition_keys_to_delete"] == 2 and meta["partition_keys_deleted"] == 2
+    assert _keys(instance) == {"acme/policy/v2"}
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT version_number, count(*) FROM chunk GROUP BY 1").fetchall()
+    assert rows == [(2, 5)]
+
+    # confirmed: the next pass reports nothing and deletes nothing
+    again = _run(instance, db_url, 0)
+    (output,) = [e for e in again.all_node_events if e.event_type_value == "STEP_OUTPUT"]
+    assert {k: v.value for k, v in output.event_specific_data.metadata.items()}["partition_keys_to_delete"] == 0
+    assert _keys(instance) == {"acme/policy/v2"}
+
+
+def test_the_job_and_its_hourly_schedule_are_in_the_code_location():
+    assert defs.resolve_job_def("apply_retention").name == "apply_retention"
+    schedule = defs.resolve_schedule_def("apply_retention_hourly")
+    assert schedule.cron_schedule == "0 * * * *" and schedule.job_name == "apply_retention"
+    assert apply_retention_hourly.default_status == dg.DefaultScheduleStatus.RUNNING

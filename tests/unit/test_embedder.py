@@ -214,3 +214,15 @@ def test_real_model_gives_normalized_384_vectors_and_ranks_similar_text_higher(r
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.2
     assert SentenceTransformerEmbedder().model is real_embedder.model, "loaded once per process"
+
+
+def test_embedder_for_model_picks_one_embedder_per_profile_model():
+    from resources.embedder import embedder_for_model
+
+    fake = embedder_for_model("fake-384")
+    assert isinstance(fake, FakeEmbedder) and fake.model_name == "fake-384"
+    packaged = embedder_for_model("all-MiniLM-L6-v2", batch_size=16)
+    assert isinstance(packaged, SentenceTransformerEmbedder) and packaged.model_name == "all-MiniLM-L6-v2"
+    assert packaged.batch_size == 16
+    other = embedder_for_model("/models/e5-small")
+    assert other.model_name == "/models/e5-small" and other.model_path == "/models/e5-small"

@@ -219,3 +219,20 @@ def test_sql_digest_matches_python_digest(db_url):
     with psycopg.connect(db_url) as conn:
         (sql_digest,) = conn.execute("SELECT encode(sha256(convert_to(%s, 'UTF8')), 'hex')", (text,)).fetchone()
     assert sql_digest == embed_digest(text)
+
+
+@pytest.mark.parametrize("corpus", ["shared", "generated"])
+def test_incremental_bench_smoke(db_url, corpus, monkeypatch, tmp_path):
+    """bench.incremental at CI size (fake model): v2 embeds only the chunks holding the edited paragraphs."""
+    from bench.incremental import __main__ as bench
+    from bench.incremental.__main__ import report, run
+
+    if corpus == "generated":
+        monkeypatch.setattr(bench, "CORPUS", tmp_path / "absent")
+    lines: list[str] = []
+    v1, v2, edited = run(db_url, paragraphs=40, change=0.05, model="fake-384", batch_size=16, out=lines.append)
+    assert v1.chunks > 20 and v1.embedded == v1.chunks and v1.reused == 0
+    assert edited >= 1 and v2.chunks == v1.chunks
+    assert 1 <= v2.embedded <= 2 * edited and v2.reused + v2.embedded == v2.chunks
+    report(v1, v2, edited, 40, out=lines.append)
+    assert any("texts embedded" in line for line in lines)

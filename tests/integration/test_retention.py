@@ -309,3 +309,70 @@ def test_a_retried_version_gets_its_partition_key_reported_again(world, db, queu
     (claimed,) = queue.claim("w2", limit=1)
     queue.fail(claimed.lease, "PARSE_ERROR", "still not a document")
     assert apply_retention(db, window_seconds=0, now=later(300)).partition_keys_to_delete == ["acme/broken/v1"]
+
+
+def test_migration_0006_backfills_existing_rows(pg_server_url):
+    """Rows indexed before 0006: superseded versions are tracked from the pointer's last move, and embed
+    digests are filled where the embedded text is known exactly (no heading prefix)."""
+    import hashlib
+
+    from psycopg import sql as pgsql
+
+    from resources.migrations import migrate
+    from sql import migration_files, queries
+
+    name = "mig_0006_backfill"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    base, _, query = pg_server_url.partition("?")
+    url = base.rpartition("/")[0] + f"/{name}" + (f"?{query}" if query else "")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(queries["migration_table_create"])
+        for version, body in migration_files():
+            if version >= "0006":
+                break
+            conn.execute(body.encode())
+            conn.execute(queries["migration_record"], {"version": version})
+        conn.execute("INSERT INTO document (tenant_id, document_id, latest_version) VALUES ('acme', 'policy', 2)")
+        for v in (1, 2):
+            conn.execute(
+                "INSERT INTO document_version (tenant_id, document_id, version_number, content_hash, byte_size, "
+                "filename, media_type, partition_key) VALUES ('acme', 'policy', %s, %s, 1, 'p.txt', 'text/plain', %s)",
+                (v, f"h{v}", f"acme/policy/v{v}"),
+            )
+            conn.execute(
+                "INSERT INTO index_task (tenant_id, document_id, version_number, profile, status, finished_at) "
+                "VALUES ('acme', 'policy', %s, 'minilm-v1', 'SUCCEEDED', now())",
+                (v,),
+            )
+            for ordinal, heading in ((0, "{}"), (1, "{Policy}")):
+                conn.execute(
+                    "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, "
+                    "heading_path, text, token_count, content_digest, embedding) VALUES (%s, 'acme', 'policy', %s, "
+                    "'minilm-v1', %s, %s, %s, 3, 'd', array_fill(0.05103::real, ARRAY[384])::vector)",
+                    (f"c{v}{ordinal}", v, ordinal, heading, f"text {v} {ordinal}"),
+                )
+        conn.execute(
+            "INSERT INTO search_pointer (tenant_id, document_id, profile, version_number, task_id, chunk_count, "
+            "updated_at) SELECT 'acme', 'policy', 'minilm-v1', 2, max(task_id), 2, now() - interval '3 days' "
+            "FROM index_task"
+        )
+    try:
+        assert "0006_reuse_retention" in migrate(url)
+        with psycopg.connect(url) as conn:
+            digests = dict(conn.execute("SELECT chunk_id, embed_digest FROM chunk").fetchall())
+            tracked = conn.execute(
+                "SELECT s.version_number, s.superseded_at = p.updated_at FROM superseded_version s "
+                "JOIN search_pointer p USING (tenant_id, document_id, profile)"
+            ).fetchall()
+        assert digests == {
+            "c10": hashlib.sha256(b"text 1 0").hexdigest(),
+            "c11": None,
+            "c20": hashlib.sha256(b"text 2 0").hexdigest(),
+            "c21": None,
+        }
+        assert tracked == [(1, True)]
+    finally:
+        with psycopg.connect(pg_server_url, autocommit=True) as conn:
+            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))

@@ -207,7 +207,7 @@ def test_run_killed_mid_embed_is_retried_and_searchable_exactly_once(e2e):
     task = e2e.wait_terminal(r.task_id)
     assert task["status"] == "SUCCEEDED" and task["attempts"] >= 2, task
     codes = [e["error_code"] for e in e2e.queue.events(r.task_id)]
-    assert "RUN_CRASHED" in codes or task["attempts"] >= 2
+    assert "RUN_CRASHED" in codes, codes  # recorded by the run-failure sensor, not left to lease expiry
     e2e.assert_searchable_once(r.task_id)
 
 

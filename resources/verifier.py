@@ -21,13 +21,15 @@ Violations break an invariant and make ``kbindex verify`` exit 1; warnings are r
     violation  index_profile_active_count       not exactly one active profile
     warning    chunk_duplicate_content          one text (same heading path, page) under two chunk ids of a version
     warning    chunk_retained                   chunks of superseded versions (search never reads them)
-    violation  chunk_retained_past_window       ... whose pointer moved on longer ago than ``retention_seconds``
-                                                (only checked when a retention window is given)
+    violation  chunk_retained_past_window       ... superseded longer ago than ``retention_seconds``: retention
+                                                is not keeping up (checked only when a window is given)
 
 Why two of these are warnings: chunk ids include the ordinal, so a document that repeats a passage
 legitimately has the same text under two ids (a real double write shows up as a count mismatch or a
-duplicate ordinal). Superseded versions' chunks are kept on purpose until retention lands (DESIGN.md,
-"coming next"); they are invisible to search, which joins search_pointer.
+duplicate ordinal). Superseded versions' chunks are kept on purpose for a rollback window, then removed by
+retention (resources/retention.py, a scheduled job); they are invisible to search, which joins
+search_pointer. Give ``retention_seconds`` (the job's window plus its schedule interval) to have chunks
+superseded longer ago than that reported as a violation.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ def verify_command(
     ),
     retention_days: float | None = typer.Option(
         None, "--retention-days", min=0.0,
-        help="Superseded versions' chunks older than this are a violation (default: always only a warning).",
+        help="Chunks of versions superseded longer ago than this are a violation: retention is not keeping up "
+        "(give its window plus its schedule interval; default: retained chunks are only a warning).",
     ),
     examples: int = typer.Option(5, "--examples", min=1, max=1000, help="Offending rows shown per check."),
     as_json: bool = JsonOption,

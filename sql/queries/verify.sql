@@ -103,20 +103,25 @@ LIMIT %(limit)s;
 
 -- name: verify_chunk_retained
 -- Chunk rows of versions older than the pointed one (superseded, kept for rollback; search never reads
--- them) whose ``past_window`` is %(past_window)s: the pointer moved on more than %(retention_seconds)s
--- ago (NULL seconds: no window, never past it).
+-- them) whose ``past_window`` is %(past_window)s: search left them (superseded_version, recorded by the
+-- pointer's trigger; else the pointer's last move) more than %(retention_seconds)s ago. NULL seconds: no
+-- window, never past it. Past the window means retention (resources/retention.py) is not keeping up.
 WITH versions AS (
     SELECT c.tenant_id, c.document_id, c.profile, c.version_number, count(*)::integer AS chunk_rows
     FROM chunk c
     GROUP BY c.tenant_id, c.document_id, c.profile, c.version_number
 ),
 offending AS (
-    SELECT v.*, p.version_number AS pointer_version, p.updated_at AS pointer_moved_at,
-           coalesce(p.updated_at < now() - make_interval(secs => %(retention_seconds)s::float8), false)
-               AS past_window
+    SELECT v.*, p.version_number AS pointer_version,
+           coalesce(s.superseded_at, p.updated_at) AS superseded_at,
+           coalesce(coalesce(s.superseded_at, p.updated_at)
+                    < now() - make_interval(secs => %(retention_seconds)s::float8), false) AS past_window
     FROM versions v
     JOIN search_pointer p
       ON p.tenant_id = v.tenant_id AND p.document_id = v.document_id AND p.profile = v.profile
+    LEFT JOIN superseded_version s
+      ON s.tenant_id = v.tenant_id AND s.document_id = v.document_id AND s.profile = v.profile
+     AND s.version_number = v.version_number
     WHERE v.version_number < p.version_number
 )
 SELECT o.*, count(*) OVER ()::integer AS total

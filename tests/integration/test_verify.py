@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import psycopg
 import pytest
 from typer.testing import CliRunner
@@ -121,6 +122,55 @@ def test_clean_state_reports_no_violation_only_the_retained_old_version(db, stat
     (retained,) = report.warnings
     assert retained.check == "chunk_retained" and retained.count == 1
     assert retained.examples[0]["version_number"] == 1 and retained.examples[0]["pointer_version"] == 2
+
+
+@dataclass(frozen=True)
+class SinkChunk:
+    chunk_id: str
+    ordinal: int
+    heading_path: tuple[str, ...]
+    page: int | None
+    text: str
+    token_count: int
+    content_digest: str
+
+
+def sink_chunks(result: PublishResult, texts: list[str]) -> list[SinkChunk]:
+    out = []
+    for i, text in enumerate(texts):
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        cid = hashlib.sha256(f"{result.tenant_id}/{result.document_id}/{result.version}/{i}/{digest}".encode()).hexdigest()[:32]
+        out.append(SinkChunk(cid, i, ("Policy",), None, text, len(text.split()), digest))
+    return out
+
+
+def test_state_built_by_the_index_sink_and_retention_verifies_clean(db, db_url: str, publisher: Publisher,
+                                                                    queue: TaskQueue) -> None:
+    """The real publish transaction, a superseded out-of-order publish and a retention pass leave nothing to report."""
+    from resources.index_sink import IndexSink
+    from resources.retention import apply_retention
+
+    sink = IndexSink(db, queue)
+    rng = np.random.default_rng(0)
+
+    def write(lease: Lease, result: PublishResult, texts: list[str]) -> None:
+        sink.publish(lease, sink_chunks(result, texts), rng.standard_normal((len(texts), 384)).astype(np.float32))
+
+    v1 = publisher.publish("acme", "policy", b"one", "policy.md")
+    write(claim_only(queue, v1.task_id), v1, ["Refunds within 30 days.", "Keep the receipt."])
+    v2 = publisher.publish("acme", "policy", b"two", "policy.md")
+    v3 = publisher.publish("acme", "policy", b"three", "policy.md")
+    leases = {c.lease.task_id: c.lease for c in queue.claim("w1", limit=2)}
+    write(leases[v3.task_id], v3, ["Refunds within 90 days.", "Keep the receipt.", "Ask the shop."])
+    write(leases[v2.task_id], v2, ["Refunds within 60 days."])  # superseded: written as nothing
+    report = verify(db)
+    assert report.ok, report.to_dict()
+    assert warned(report) == {"chunk_retained"}
+    sql(db_url, "UPDATE superseded_version SET superseded_at = now() - interval '2 hours'")
+    assert violated(verify(db, retention_seconds=3600)) == {"chunk_retained_past_window"}
+    assert apply_retention(db, window_seconds=3600).chunks_deleted == 2
+    report = verify(db, retention_seconds=3600)
+    assert report.ok and report.warnings == [], report.to_dict()
 
 
 # --- one corruption each, caught by exactly its check -----------------------------------------------
@@ -302,7 +352,7 @@ def test_lease_expired_within_one_claim_interval_is_not_stuck(db, db_url: str, s
 
 def test_retention_window_turns_old_retained_chunks_into_a_violation(db, db_url: str, state: State) -> None:
     assert verify(db, retention_seconds=7 * 86400).ok  # the pointer moved just now
-    sql(db_url, "UPDATE search_pointer SET updated_at = now() - interval '10 days'")
+    sql(db_url, "UPDATE superseded_version SET superseded_at = now() - interval '10 days'")
     assert verify(db).ok  # no window: retained chunks only warn
     report = verify(db, retention_seconds=7 * 86400)
     assert violated(report) == {"chunk_retained_past_window"}

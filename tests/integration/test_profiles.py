@@ -340,3 +340,24 @@ def test_gate_scores_both_recipes_on_the_eval_set_and_records_them(db, db_url, f
         profiles.run_gate(db, "minilm-v1", EVAL_DIR)
     with pytest.raises(InvalidRequest, match="BEIR"):
         profiles.run_gate(db, "tiny", EVAL_DIR / "qrels")
+
+
+def test_the_dagster_gate_asset_judges_the_building_profile_and_records_it(db, db_url, fake_active):
+    import dagster as dg
+
+    from pipelines.quality_gate import profile_quality_gate
+    from resources.dagster_resources import DatabaseResource
+
+    profiles.create_profile(db, "tiny", model="fake-384", chunk_tokens=16, overlap=0)
+    result = dg.materialize(
+        [profile_quality_gate],
+        resources={"database": DatabaseResource(url=db_url)},
+        run_config={"ops": {"profile_quality_gate": {"config": {"eval_dir": str(EVAL_DIR), "tolerance": 1.0}}}},
+    )
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("profile_quality_gate")
+    assert mat.metadata["profile"].value == "tiny" and mat.metadata["passed"].value is True
+    (check,) = result.get_asset_check_evaluations()
+    assert check.passed
+    latest = db.fetch_one("profile_gate_latest", {"profile": "tiny"})
+    assert latest["gate_id"] == mat.metadata["gate_id"].value and latest["baseline_profile"] == "minilm-v1"

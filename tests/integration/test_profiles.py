@@ -21,7 +21,6 @@ from pipelines.domain.errors import IllegalTransition, InvalidRequest
 from pipelines.domain.retrieval_metrics import RetrievalScores, evaluate, gate_passed, ndcg_at_k, recall_at_k
 from resources import profiles
 from resources.embedder import FakeEmbedder
-from resources.task_queue import TaskQueue
 
 EVAL_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "eval" / "small-en"
 HOSTILE_NAMES = [

@@ -420,6 +420,20 @@ def create_app(
         hits = fn(db, state["embedder"], q, tenant_id=tenant_id, k=k)
         return {"query": q, "k": k, "hits": _jsonable(list(hits))}
 
+    # -- model migration ---------------------------------------------------------------------
+
+    @app.get(
+        "/profiles/migrations",
+        tags=["operations"],
+        summary="Progress of shadow profiles being built: done/total, failures by code, rate, ETA",
+        responses=COMMON_ERRORS,
+    )
+    def migrations(tenant_id: Tenant) -> dict[str, Any]:
+        from resources.profiles import migration_progress
+
+        # Profiles are global (one active profile for every tenant); the figures hold no tenant data.
+        return {"migrations": _jsonable(migration_progress(db))}
+
     # -- metrics -----------------------------------------------------------------------------
 
     @app.get(

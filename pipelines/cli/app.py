@@ -68,7 +68,7 @@ HINTS = {
 
 def fail(exc: KbindexError) -> typer.Exit:
     """Print a KbindexError as ``error CODE: message`` plus what to do next; return the matching exit."""
-    hint = HINTS.get(exc.code)
+    hint = None if "profile" in exc.data else HINTS.get(exc.code)
     err_console.print(f"[bold red]error[/] {exc.code}: {exc.message}" + (f"\n  next: {hint}" if hint else ""))
     if isinstance(exc, IllegalTransition):
         return typer.Exit(EXIT_CONFLICT)
@@ -96,6 +96,10 @@ def open_database(*, start: bool = True) -> Iterator[Any]:
             url = resolve_database_url(start=start)
         except RuntimeError as exc:
             raise InvalidRequest(str(exc)) from exc
+        from resources.migrations import migrate, pending
+
+        if pending(url):  # idempotent and advisory-locked: bring an older database up to date first
+            migrate(url, on_apply=lambda v: err_console.print(f"applied migration {v}"))
         db = Database(url, min_size=1, max_size=4)
         try:
             yield db

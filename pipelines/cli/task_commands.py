@@ -101,15 +101,26 @@ def retry_command(
 @app.command("stats")
 def stats_command(as_json: bool = JsonOption) -> None:
     """Queue health: due now, oldest due age, running, leases expiring/expired, retry-waiting, dead by code."""
+    from resources.profiles import migration_progress
+
     with open_database() as db, errors_to_exit():
         stats = _queue(db).stats()
+        stats["migrations"] = migration_progress(db)
     if as_json:
         print_json(stats)
         return
     table = Table("measure", "value")
     for key, value in stats.items():
-        table.add_row(key, str(value))
+        if key != "migrations":
+            table.add_row(key, str(value))
     console.print(table)
+    for m in stats["migrations"]:
+        eta = "unknown" if m["eta_seconds"] is None else f"{m['eta_seconds']:.0f}s"
+        console.print(
+            f"migration to [bold]{m['profile']}[/]: {m['done']}/{m['total']} ({m['percent']}%), "
+            f"{m['rate_per_minute']:.1f}/min, ETA {eta}, failures {m['failures_by_code'] or 'none'}",
+            highlight=False,
+        )
 
 
 @app.command("watch")

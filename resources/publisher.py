@@ -88,8 +88,8 @@ class Publisher:
                     },
                 )
             tasks = tx.fetch_all("index_task_ensure", {**key, "version": version, "max_attempts": self.max_attempts})
-        if not tasks:
-            raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
+            if not tasks:  # raised inside the transaction: the version row is rolled back with it
+                raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
         primary = next((t for t in tasks if t["is_active"]), tasks[0])
         return PublishResult(
             tenant_id=tenant_id,

@@ -17,8 +17,10 @@ MAX_DOCUMENT_ID = 1000
 
 
 def validate_tenant(tenant_id: str) -> str:
-    if not isinstance(tenant_id, str) or not _TENANT_RE.match(tenant_id):
-        raise InvalidRequest("tenant must be 1-64 characters: letters, digits, '_', '.', '-', starting with a letter or digit")
+    if not isinstance(tenant_id, str) or not _TENANT_RE.match(tenant_id) or ".." in tenant_id:
+        raise InvalidRequest(
+            "tenant must be 1-64 characters: letters, digits, '_', '.', '-', starting with a letter or digit, no '..'"
+        )
     return tenant_id
 
 

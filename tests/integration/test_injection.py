@@ -57,7 +57,7 @@ INJECTIONS = [
 ]
 """Printable strings: valid document ids (any printable text), hostile as SQL, paths or format strings."""
 
-VALID_TENANTS = {"NULL", "a...b"}
+VALID_TENANTS = {"NULL"}
 """The only INJECTIONS that are valid tenants (letters, digits, '_', '.', '-')."""
 
 REJECTED_DOCUMENT_IDS = ["\x00", "x\x00y", "line1\nline2", "tab\there", "", "   ", "a" * 1001]
@@ -165,13 +165,6 @@ def test_publishing_the_same_odd_id_again_finds_the_same_document(db_url: str, s
         assert (again.task_id, again.version, again.created) == (first.task_id, 1, False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pipelines/domain/partition_keys.py replaces ids containing '...' (or over 200 chars) by '~' + 24 hex "
-    "of their sha256, which a user can also choose as a literal document id: the second publish then violates "
-    "document_version.partition_key UNIQUE and fails INDEX_WRITE_FAILED. Digest ids need a prefix no raw id "
-    "can produce (or escape a leading '~').",
-)
 def test_a_literal_id_equal_to_a_digest_key_is_its_own_document(safe_publisher: Publisher) -> None:
     safe_publisher.publish("acme", "a...b", b"one", "one.txt")
     lookalike = "~" + hashlib.sha256(b"a...b").hexdigest()[:24]
@@ -198,12 +191,6 @@ def test_odd_but_valid_tenants_round_trip(db_url: str, safe_publisher: Publisher
         assert stored[0] == tenant
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="validate_tenant accepts '...' inside a tenant (e.g. 'a...b'), and version_partition_key only digests "
-    "document ids, so the version's Dagster partition key contains '...', which Dagster refuses "
-    "(INVALID_PARTITION_SUBSTRINGS): such a tenant's versions can never be materialized",
-)
 def test_every_valid_tenant_yields_a_partition_key_dagster_accepts(db_url: str, safe_publisher: Publisher) -> None:
     from dagster._core.definitions.partitions.utils import raise_error_on_invalid_partition_key_substring
 

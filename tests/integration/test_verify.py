@@ -367,11 +367,6 @@ def test_count_covers_all_rows_examples_are_limited(db, db_url: str, state: Stat
     assert stray.count == 6 and len(stray.examples) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="resources/publisher.py raises 'no active index profile' after its transaction has committed the "
-    "version row, leaving a version with no task (document_version_without_task)",
-)
 def test_publish_refused_for_no_active_profile_leaves_no_version(db, db_url: str, publisher: Publisher) -> None:
     sql(db_url, "UPDATE index_profile SET is_active = false")
     with pytest.raises(InvalidRequest):

@@ -12,13 +12,14 @@ WITH
 clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
--- Path 1, due work: walk index_task_due_idx (partial on exactly this status list) in
+-- Path 1, due work: walk index_task_due_idx (partial on exactly this predicate) in
 -- next_attempt_at order and stop after %(limit)s rows, so the cost does not grow with the queue.
+-- INDEX tasks only: REINDEX tasks of a profile being built are claimed by the operator's backfill.
 -- SKIP LOCKED: rows another claimer is taking are passed over instead of waited for.
 due AS (
     SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.next_attempt_at AS since
     FROM index_task t
-    WHERE t.status IN ('PENDING', 'RETRY_WAIT')
+    WHERE t.status IN ('PENDING', 'RETRY_WAIT') AND t.task_type = 'INDEX'
       AND t.next_attempt_at <= (SELECT now FROM clock)
     ORDER BY t.next_attempt_at
     LIMIT %(limit)s

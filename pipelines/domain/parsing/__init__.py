@@ -6,8 +6,8 @@ maps every failure to a typed ``DocumentError`` (never a silent skip):
     UNSUPPORTED_DOCUMENT  not a format kbindex reads (images, archives, legacy .doc, ...)
     PARSE_ERROR           damaged, truncated, binary-as-text, or unsafe (XML entities)
     ENCRYPTED_DOCUMENT    a PDF that needs a password
-    EMPTY_DOCUMENT        no text at all (also whitespace only, or a scanned PDF without OCR)
-    DOCUMENT_TOO_LARGE    over a ``ParseLimits`` bound (bytes, pages, characters, time, zip bomb)
+    EMPTY_DOCUMENT        no visible text (whitespace or zero-width characters only, or a scanned PDF without OCR)
+    DOCUMENT_TOO_LARGE    over a ``ParseLimits`` bound (bytes, pages, characters incl. headings, time, zip bomb)
 """
 
 from __future__ import annotations

@@ -26,11 +26,11 @@ def parse_docx(data: bytes, collector: BlockCollector, media_type: str = MEDIA_T
         document = docx.Document(io.BytesIO(data))
     except Exception as exc:  # python-docx raises KeyError, ValueError, PackageNotFoundError, ...
         raise ParseError(f"{label}: not a readable Word document ({type(exc).__name__})") from exc
-    headings = HeadingStack()
+    headings = HeadingStack(collector)
     for item in document.iter_inner_content():
         collector.check_time()
         if isinstance(item, Table):
-            for row in _table_rows(item):
+            for row in _table_rows(item, collector):
                 collector.add(row, headings.path)
         elif isinstance(item, Paragraph):
             level = _heading_level(item)
@@ -64,12 +64,12 @@ def _is_list_item(paragraph: Paragraph) -> bool:
     return ppr is not None and ppr.numPr is not None
 
 
-def _table_rows(table: Table) -> list[str]:
+def _table_rows(table: Table, collector: BlockCollector) -> list[str]:
     rows: list[str] = []
     for row in table.rows:
         cells: list[str] = []
         for cell in row.cells:
-            text = " ".join(cell.text.split())
+            text = collector.cell(cell.text)
             if text and (not cells or cells[-1] != text):  # merged cells repeat their text
                 cells.append(text)
         rows.append(" | ".join(cells))

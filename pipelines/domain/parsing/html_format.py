@@ -20,6 +20,7 @@ from bs4 import (
 
 from pipelines.domain.errors import ParseError
 from pipelines.domain.parsing.model import BlockCollector, HeadingStack, ParsedDocument
+from pipelines.domain.parsing.text_format import decode_text
 
 _DROP = frozenset(
     {"script", "style", "nav", "header", "footer", "aside", "noscript", "template", "iframe", "svg",
@@ -35,13 +36,16 @@ _SKIP_STRINGS = (Comment, Declaration, Doctype, ProcessingInstruction)
 
 
 def parse_html(data: bytes, collector: BlockCollector, media_type: str = "text/html") -> ParsedDocument:
+    # Binary data named .html is refused like any other text format (PARSE_ERROR). Only the check uses this
+    # decoding: BeautifulSoup still decodes the bytes itself, so a <meta charset> keeps deciding the encoding.
+    decode_text(data, collector.label)
     try:
         with warnings.catch_warnings():  # XHTML is common and parses fine as HTML
             warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
             soup = BeautifulSoup(data, "lxml")
     except Exception as exc:  # lxml/bs4 raise assorted errors on broken input
         raise ParseError(f"{collector.label}: unreadable HTML ({type(exc).__name__})") from exc
-    headings = HeadingStack()
+    headings = HeadingStack(collector)
     buffer: list[str] = []
 
     def flush() -> None:
@@ -58,7 +62,8 @@ def parse_html(data: bytes, collector: BlockCollector, media_type: str = "text/h
             continue
         if isinstance(node, NavigableString):
             if not isinstance(node, _SKIP_STRINGS):
-                buffer.append(re.sub(r"\s+", " ", str(node)))
+                # Line breaks in HTML source are spaces; clean_text collapses the runs (in bounded memory).
+                buffer.append(str(node).replace("\r", " ").replace("\n", " "))
             continue
         if not isinstance(node, Tag):
             continue
@@ -72,7 +77,7 @@ def parse_html(data: bytes, collector: BlockCollector, media_type: str = "text/h
             continue
         if name == "tr":
             flush()
-            cells = (" ".join(cell.get_text(" ").split()) for cell in node.find_all(["td", "th"], recursive=False))
+            cells = (collector.cell(cell.get_text(" ")) for cell in node.find_all(["td", "th"], recursive=False))
             collector.add(" | ".join(cell for cell in cells if cell), headings.path)
             continue
         if name == "pre":

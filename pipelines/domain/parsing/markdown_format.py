@@ -25,7 +25,7 @@ def parse_markdown(data: bytes, collector: BlockCollector, media_type: str = "te
     if any(token.level >= MAX_NESTING - 1 for token in tokens):
         # markdown-it silently drops everything after the nesting limit: refuse instead.
         raise ParseError(f"{collector.label}: Markdown nested more than {MAX_NESTING} levels deep")
-    headings = HeadingStack()
+    headings = HeadingStack(collector)
     row: list[str] | None = None
     in_heading = 0
     for token in tokens:
@@ -44,7 +44,7 @@ def parse_markdown(data: bytes, collector: BlockCollector, media_type: str = "te
             if in_heading:
                 headings.push(in_heading, content)
             elif row is not None:
-                row.append(" ".join(content.split()))
+                row.append(collector.cell(content))
             else:
                 collector.add(content, headings.path)
         elif token.type in ("fence", "code_block"):

@@ -30,6 +30,7 @@ def test_small_chaos_round_loses_duplicates_and_half_shows_nothing():
     started = time.monotonic()
     report = run_chaos(config, out=lines.append)
     shown = "\n".join(lines) + "\n" + format_report(report)
+    print(shown)  # the figures, with -s or on failure
     assert not report.get("errors"), shown
     assert not report["timed_out"], shown
     assert report["must_be_zero"] == {

@@ -292,10 +292,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     embedder = SentenceTransformerEmbedder(batch_size=args.batch_size)
-    results = [r for folder in args.corpus if (r := run_corpus(folder, args, embedder)) is not None]
-    for r in results:
+    results = []
+    for folder in args.corpus:  # report each corpus as soon as it is measured
+        r = run_corpus(folder, args, embedder)
+        if r is None:
+            continue
+        results.append(r)
         if args.json:
-            print(json.dumps(r))
+            print(json.dumps(r), flush=True)
             continue
         print(
             f"{r['corpus']}: {r['paragraphs']} paragraphs, {r['chunks']} chunks, {r['queries']} queries\n"
@@ -304,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             f"  embed     checked_embed {r['checked_embed_chunks_per_s']:.1f} chunks/s  bare encode "
             f"{r['bare_encode_chunks_per_s']:.1f} chunks/s  ratio {r['throughput_ratio']:.3f}"
             f"  (per-document indexing path {r['index_embed_chunks_per_s']:.1f} chunks/s)\n"
-            f"  search    {r['search_ms_per_query']:.1f} ms/query (embedding included)"
+            f"  search    {r['search_ms_per_query']:.1f} ms/query (embedding included)",
+            flush=True,
         )
     if not results:
         console.print("no corpus found: nothing measured")

@@ -14,6 +14,7 @@ from typing import Any
 
 import dagster as dg
 
+from pipelines.domain.errors import FenceRejected
 from pipelines.domain.task_states import Stage
 from pipelines.partitions import document_versions
 from pipelines.steps import ProgressThrottle, Skipped, StepReport, run_guarded
@@ -55,13 +56,14 @@ def _lease_meta(leases: LeaseResource, key: str) -> dict[str, Any]:
 
 @dg.asset(**COMMON, kinds={"python"}, description="Document bytes parsed into text blocks with heading paths and pages.")
 def parsed_document(
-    context: dg.AssetExecutionContext, leases: LeaseResource, blobs: BlobStoreResource
+    context: dg.AssetExecutionContext, leases: LeaseResource, blobs: BlobStoreResource, embedder: EmbedderResource
 ) -> dict[str, Any]:
     from pipelines.domain.parsing import parse_document
 
     store = blobs.get_store()
     keys = list(context.partition_keys)
-    leases.acquire(keys)
+    works = leases.acquire(keys)
+    embedder.preload({w.model for w in works.values() if w is not None})  # torch + model load overlap parse/chunk
     out: dict[str, Any] = {}
     for key in keys:
 
@@ -115,42 +117,138 @@ def chunk_embeddings(
     embedder: EmbedderResource,
     document_chunks: dict[str, Any],
 ) -> dict[str, Any]:
-    from resources.embedder import checked_embed
-
+    keys = list(context.partition_keys)
+    works = leases.acquire(keys)
+    shared = _embed_shared(keys, works, document_chunks, leases, embedder, context.log)
     throttle = ProgressThrottle()
     out: dict[str, Any] = {}
-    for key in context.partition_keys:
+    for key in keys:
         batches = {"n": 0}
 
         def embed(work: Any, chunks: Any) -> Any:
             if chunks is None:
                 raise KeyError("document_chunks was never materialized for this version")
-            model = embedder.for_model(work.model)
-
-            def on_batch(done: int, total: int) -> None:
-                batches["n"] += 1
-                lease = leases.check(key)  # stop promptly if the lease was lost or the task cancelled
-                if throttle.due(lease.task_id, done, total):
-                    leases.queue.progress(lease, Stage.EMBED, done, total)
-
-            texts = [c.embed_text for c in chunks]
-            return checked_embed(
-                model,
-                texts,
-                expected_model=work.model,
-                expected_dim=work.dimension,
-                batch_size=embedder.batch_size,
-                on_batch=on_batch,
-            )
+            if key in shared:
+                batches["n"] = shared[key][1]
+                leases.queue.progress(work.lease, Stage.EMBED, len(chunks), len(chunks))
+                return shared[key][0]
+            return _embed_one(key, work, chunks, leases, embedder, throttle, batches)
 
         value, report = run_guarded(key, document_chunks.get(key), leases, Stage.EMBED, embed, context.log)
         extra = _lease_meta(leases, key)
         if not isinstance(value, Skipped):
-            work = leases.acquire([key])[key]
-            extra.update(vectors=int(value.shape[0]), batches=batches["n"], model=work.model, dimension=work.dimension)
+            work = works[key]
+            extra.update(
+                vectors=int(value.shape[0]), batches=batches["n"], model=work.model, dimension=work.dimension,
+                shared=key in shared,
+            )
         _report(context, key, value, report, extra)
         out[key] = value
     return out
+
+
+def _embed_one(key: str, work: Any, chunks: Any, leases: LeaseResource, embedder: EmbedderResource,
+               throttle: ProgressThrottle, batches: dict[str, int]) -> Any:
+    """One version on its own: its batches, its lease checked after each, its progress."""
+    from resources.embedder import checked_embed
+
+    model = embedder.for_model(work.model)
+
+    def on_batch(done: int, total: int) -> None:
+        batches["n"] += 1
+        lease = leases.check(key)  # stop promptly if the lease was lost or the task cancelled
+        if throttle.due(lease.task_id, done, total):
+            leases.queue.progress(lease, Stage.EMBED, done, total)
+
+    return checked_embed(
+        model,
+        [c.embed_text for c in chunks],
+        expected_model=work.model,
+        expected_dim=work.dimension,
+        batch_size=embedder.batch_size,
+        on_batch=on_batch,
+    )
+
+
+SHARED_WINDOW = 512  # texts per shared embedding call: several versions, sorted by length inside
+
+
+def _embed_shared(
+    keys: list[str],
+    works: dict[str, Any],
+    document_chunks: dict[str, Any],
+    leases: LeaseResource,
+    embedder: EmbedderResource,
+    log: Any,
+) -> dict[str, tuple[Any, int]]:
+    """Embed the run's versions together in windows of whole versions; returns {key: (vectors, calls)}.
+
+    One ``checked_embed`` call per window validates every row (count, order, model, dimension,
+    finite, normalized) as for a single version; texts are sorted by length inside the window so
+    batches pad little, and un-sorted afterwards. A window that fails for any reason is dropped
+    whole: its versions are embedded again one by one by the caller, so only a version whose own
+    texts fail is failed (with its own code). A version whose lease is lost meanwhile is never
+    published: the caller's per-version step checks its lease before using the vectors.
+    """
+    import numpy as np
+
+    from resources.embedder import checked_embed
+
+    ready = [
+        k for k in keys
+        if works.get(k) is not None and isinstance(document_chunks.get(k), list) and document_chunks[k]
+    ]
+    groups: dict[tuple[str, int], list[str]] = {}
+    for key in ready:
+        groups.setdefault((works[key].model, works[key].dimension), []).append(key)
+    out: dict[str, tuple[Any, int]] = {}
+    for (model_name, dimension), members in groups.items():
+        if len(members) < 2:
+            continue
+        windows: list[list[str]] = [[]]
+        size = 0
+        for key in members:
+            if size >= SHARED_WINDOW:
+                windows.append([])
+                size = 0
+            windows[-1].append(key)
+            size += len(document_chunks[key])
+        for window in windows:
+            live = [k for k in window if _started(leases, k, len(document_chunks[k]))]
+            if not live:
+                continue
+            texts = [c.embed_text for k in live for c in document_chunks[k]]
+            order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+            try:
+                model = embedder.for_model(model_name)
+                vectors = checked_embed(
+                    model, [texts[i] for i in order], expected_model=model_name, expected_dim=dimension,
+                    batch_size=max(len(texts), 1),
+                )
+            except Exception as exc:  # noqa: BLE001 - the window is redone version by version
+                log.warning(f"shared embedding of {len(live)} versions failed ({type(exc).__name__}); "
+                            "embedding them one by one")
+                continue
+            unsorted = np.empty_like(vectors)
+            unsorted[np.asarray(order)] = vectors
+            start = 0
+            for key in live:
+                n = len(document_chunks[key])
+                out[key] = (unsorted[start : start + n], 1)
+                start += n
+    return out
+
+
+def _started(leases: LeaseResource, key: str, total: int) -> bool:
+    """Fenced progress ``embed 0/total`` for a version entering a shared window; False if its lease is gone."""
+    try:
+        leases.queue.progress(leases.check(key), Stage.EMBED, 0, total)
+        return True
+    except FenceRejected as exc:
+        leases.lost(key, exc)
+        return False
+    except Exception:  # noqa: BLE001 - database trouble: the per-version step retries and classifies it
+        return False
 
 
 @dg.asset(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ LEASES_TAG = "kbindex/leases"  # JSON [[task_id, attempt], ...]
 OWNER_TAG = "kbindex/owner"
 TENANT_TAG = "kbindex/tenant"
 PROFILE_TAG = "kbindex/profile"
+MODELS_TAG = "kbindex/models"  # comma-separated models of the run's tasks: loaded from the run's start
 
 
 def encode_leases(pairs: list[tuple[int, int]]) -> str:
@@ -82,6 +84,43 @@ class EmbedderResource(dg.ConfigurableResource):
     """
 
     batch_size: int = 64
+    torch_threads: int = 0  # 0: torch's default (one per core)
+
+    _preloads: dict[str, threading.Thread] = PrivateAttr(default_factory=dict)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Start loading the models the claiming sensor named (run tag), before the first step runs."""
+        run = context.dagster_run
+        tagged = (run.tags.get(MODELS_TAG) or "") if run else ""
+        self.preload({m for m in tagged.split(",") if m})
+
+    def preload(self, models: set[str]) -> None:
+        """Start loading these models on a background thread (at run setup from the tag; again in parse).
+
+        A fresh run process pays for importing torch and loading the model; started early, that
+        overlaps the parse and chunk steps. A failure here is ignored: the embed step loads again
+        and classifies the error for each version.
+        """
+        for model in sorted(models):
+            if model.startswith("fake-") or model in self._preloads:
+                continue
+
+            def load(name: str = model) -> None:
+                try:
+                    self._set_threads()
+                    self.for_model(name).dimension
+                except Exception:  # noqa: BLE001 - reported by the embed step, per version
+                    pass
+
+            thread = threading.Thread(target=load, name=f"kbindex-preload-{model}", daemon=True)
+            self._preloads[model] = thread
+            thread.start()
+
+    def _set_threads(self) -> None:
+        if self.torch_threads > 0:
+            import torch
+
+            torch.set_num_threads(self.torch_threads)
 
     def for_model(self, model: str) -> Any:
         from resources.embedder import PACKAGED_MODEL_NAME, FakeEmbedder, SentenceTransformerEmbedder
@@ -95,6 +134,7 @@ class EmbedderResource(dg.ConfigurableResource):
             fake = FakeEmbedder(model_name=model, rates=rates, seed=seed)
             delay = float(os.environ.get("KBINDEX_FAKE_DELAY", "0") or 0)
             return _Slowed(fake, delay) if delay > 0 else fake
+        self._set_threads()
         if model == PACKAGED_MODEL_NAME:
             return SentenceTransformerEmbedder(batch_size=self.batch_size)
         return SentenceTransformerEmbedder(model, model_name=model, batch_size=self.batch_size)
@@ -313,6 +353,9 @@ def default_resources() -> dict[str, Any]:
             lease_seconds=float(os.environ.get("KBINDEX_LEASE_SECONDS", "60")),
         ),
         "blobs": BlobStoreResource(url=os.environ.get("KBINDEX_BLOB_URL", "")),
-        "embedder": EmbedderResource(batch_size=int(os.environ.get("KBINDEX_EMBED_BATCH", "64"))),
+        "embedder": EmbedderResource(
+            batch_size=int(os.environ.get("KBINDEX_EMBED_BATCH", "64")),
+            torch_threads=int(os.environ.get("KBINDEX_TORCH_THREADS", "0")),
+        ),
         "io_manager": ArtifactIOManager(root=str(Path(os.environ["KBINDEX_ARTIFACTS"])) if os.environ.get("KBINDEX_ARTIFACTS") else ""),
     }

@@ -1,0 +1,30 @@
+"""End-to-end indexing throughput and publish-to-searchable latency through the real Dagster daemon.
+
+Usage (from the checkout)::
+
+    python -m bench.pipeline --corpus ../shared/corpus [--docs 300] [--latency-samples 20]
+                             [--fake-model] [--json report.json] [--timeout 1800]
+
+Uses KBINDEX_DATABASE_URL as an admin URL if set (scratch databases ``kbindex_bench_pipe_<pid>`` and
+``dagster_bench_pipe_<pid>`` are created and dropped next to it), otherwise its own embedded
+PostgreSQL under a temporary folder. It migrates, starts ``dagster dev -m pipelines.definitions``
+(webserver, daemon, code server; the repository's dagster.yaml) and indexes one warm-up document
+so that the clock never includes Dagster's own start-up. Then:
+
+1. **Throughput.** Publishes ``--docs`` documents from the corpus (two en-peps ``.rst`` for every
+   en-sotu ``.txt``, spread evenly over each folder) as fast as it can, to tenant ``bench``, and
+   waits until every task is terminal, with live progress. Wall time is the database's own clock:
+   first task created -> last task finished. End-to-end chunks/s counts SUCCEEDED chunks only.
+2. **Latency.** Into the now idle system, ``--latency-samples`` one-page documents, one at a time:
+   publish -> the search pointer names the version (polled every 50 ms). The task's event history
+   splits each sample into waiting for the sensor, run start-up, parse+chunk, embed, publish.
+3. **Bare model.** Dagster is stopped; the chunk texts the pipeline embedded (its ``document_chunks``
+   artifacts of the SUCCEEDED versions, so exactly the same ``embed_text`` strings) are encoded once
+   with ``model.encode`` in this process (model loaded and warmed first, not timed), same batch size.
+   The ratio e2e/bare is the share of the model's speed the whole system delivers.
+
+It also reports the Dagster runs that carried each phase (from Dagster's run storage: count, versions
+per run, queue/launch and run durations) and the final task states by error code. Settings are
+taken from the environment as the pipeline reads them (KBINDEX_RUN_BATCH, KBINDEX_EMBED_BATCH, ...),
+so variants are measured side by side by setting them on the command line.
+"""

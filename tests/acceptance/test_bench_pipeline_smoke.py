@@ -1,0 +1,153 @@
+"""bench.pipeline at CI size, plus the guarantee its tuning must keep: shared embedding fails one version only.
+
+The smoke run is the whole bench (its own scratch databases on the test server, `dagster dev`, the
+daemon's claiming sensor, real run processes) with 6 generated documents, 3 latency samples and the
+fake model; it checks the report's shape and that every document ended SUCCEEDED.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import dagster as dg
+import numpy as np
+import psycopg
+import pytest
+
+from pipelines.assets import indexing_assets
+from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+from resources.blob_store import BlobStore
+from resources.dagster_resources import LEASES_TAG, OWNER_TAG, EmbedderResource, default_resources, encode_leases
+from resources.database import Database
+from resources.embedder import EmbeddingResponse, FakeEmbedder, text_fingerprint
+from resources.publisher import Publisher
+from resources.task_queue import TaskQueue
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(240)
+def test_bench_pipeline_smoke_reports_every_phase_and_all_documents_succeed(pg_server_url, tmp_path, monkeypatch, capsys):
+    from bench.pipeline.__main__ import main
+
+    monkeypatch.setenv("KBINDEX_DATABASE_URL", pg_server_url)
+    report_path = tmp_path / "report.json"
+    started = time.monotonic()
+    code = main(["--docs", "6", "--latency-samples", "3", "--fake-model", "--no-warmup", "--timeout", "150",
+                 "--json", str(report_path)])
+    took = time.monotonic() - started
+    assert code == 0
+    report = json.loads(report_path.read_text())
+    printed = capsys.readouterr().out
+    for label in ("end-to-end", "bare model.encode", "ratio e2e/bare", "latency p50", "runs launched", "final states"):
+        assert label in printed
+
+    t = report["throughput"]
+    assert report["model"] == "fake-384"
+    assert t["docs"] == 6 and t["succeeded_docs"] == 6
+    assert t["final_states"] == {"SUCCEEDED": 6}
+    assert t["chunks"] > 0 and t["wall_seconds"] > 0 and t["chunks_per_second"] > 0
+    assert t["dagster"]["runs"] >= 1 and sum(t["dagster"]["versions_per_run"]) >= 6
+    assert report["bare"]["chunks"] == t["chunks"] and report["bare"]["chunks_per_second"] > 0
+    assert report["ratio"] == pytest.approx(t["chunks_per_second"] / report["bare"]["chunks_per_second"], rel=0.01, abs=1e-3)
+
+    lat = report["latency"]
+    assert len(lat["samples"]) == 3 and all(s > 0 for s in lat["samples"])
+    assert lat["p50"] <= lat["p95"]
+    assert lat["final_states"] == {"SUCCEEDED": 3}
+    assert set(lat["breakdown_median"]) >= {"sensor", "run_start", "embed"}
+    print(f"bench smoke took {took:.1f} s")
+
+
+# --------------------------------------------------------------------------------------------------
+# shared embedding windows keep the per-version failure boundary
+
+
+class _PoisonEmbedder(FakeEmbedder):
+    """The fake embedder, except that a batch containing a POISON text comes back with a NaN row."""
+
+    requests: list[int] = []  # texts per call, across instances
+
+    def respond(self, texts: list[str]) -> EmbeddingResponse:
+        vectors = np.stack([np.full(self.dimension, 1 / np.sqrt(self.dimension), np.float32) for _ in texts])
+        if any("POISON" in t for t in texts):
+            vectors[0, 0] = np.nan
+        self.calls.append(len(texts))
+        _PoisonEmbedder.requests.append(len(texts))
+        return EmbeddingResponse(self.model_name, vectors, tuple(text_fingerprint(t) for t in texts))
+
+
+class _PoisonResource(EmbedderResource):
+    def for_model(self, model: str) -> Any:
+        return _PoisonEmbedder(model_name=model)
+
+
+def test_a_shared_embedding_window_that_fails_fails_only_the_version_whose_texts_fail(db_url, kb_env, fake_profile):
+    db = Database(db_url)
+    try:
+        publisher = Publisher(db, BlobStore(kb_env["KBINDEX_BLOB_URL"]))
+        queue = TaskQueue(db, lease_seconds=60)
+        good = [publisher.publish("acme", f"good-{i}.txt", f"Refunds within {i} days of purchase.".encode(), f"good-{i}.txt")
+                for i in range(3)]
+        bad = publisher.publish("acme", "bad.txt", b"This text is POISON to the embedder.", "bad.txt")
+        claimed = queue.claim("batch-shared", limit=10)
+        assert len(claimed) == 4
+        keys = [r["partition_key"] for r in db.fetch_all(
+            "document_version_partition_keys", {"task_ids": [t.lease.task_id for t in claimed]})]
+        instance = dg.DagsterInstance.ephemeral()
+        instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
+        pairs = [(t.lease.task_id, t.lease.attempt) for t in claimed]
+        resources = {**default_resources(), "embedder": _PoisonResource()}
+        _PoisonEmbedder.requests.clear()
+        result = dg.materialize(
+            indexing_assets, resources=resources, instance=instance, raise_on_error=False,
+            tags={LEASES_TAG: encode_leases(pairs), OWNER_TAG: "batch-shared",
+                  "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]},
+        )
+        assert result.success
+        # one shared call for all four versions failed, then each version was embedded on its own
+        assert _PoisonEmbedder.requests[0] >= 4 and len(_PoisonEmbedder.requests) == 5
+        for r in good:
+            assert queue.get(r.task_id)["status"] == "SUCCEEDED"
+        dead = queue.get(bad.task_id)
+        assert (dead["status"], dead["error_code"]) == ("DEAD", "EMBEDDING_INVALID_RESPONSE")
+        with psycopg.connect(db_url) as conn:
+            docs = [r[0] for r in conn.execute("SELECT document_id FROM search_pointer ORDER BY 1").fetchall()]
+        assert docs == ["good-0.txt", "good-1.txt", "good-2.txt"]
+    finally:
+        db.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# the claiming sensor's batching (what the bench tunes)
+
+
+def test_a_deep_queue_becomes_one_big_run_per_tenant_slot_and_a_lone_publish_one_small_run(db_url, kb_env, fake_profile):
+    from pipelines.sensors import claim_index_tasks, split_sizes
+    from resources.dagster_resources import MODELS_TAG, DatabaseResource
+
+    assert split_sizes(1, 160, 2, 24) == [1]
+    assert split_sizes(47, 160, 2, 24) == [47]
+    assert split_sizes(300, 160, 2, 24) == [150, 150]
+    assert split_sizes(400, 160, 2, 24) == [134, 133, 133]
+    db = Database(db_url)
+    try:
+        publisher = Publisher(db, BlobStore(kb_env["KBINDEX_BLOB_URL"]))
+        for i in range(50):
+            publisher.publish("acme", f"doc-{i}.txt", f"Document number {i}.".encode(), f"doc-{i}.txt")
+        instance = dg.DagsterInstance.ephemeral()
+        with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
+            result = claim_index_tasks(ctx)
+        sizes = [len(json.loads(r.tags[LEASES_TAG])) for r in result.run_requests]
+        assert sizes == [25, 25]
+        assert all(r.tags[MODELS_TAG] == "fake-384" for r in result.run_requests)
+        assert all("dagster/asset_partition_range_start" in r.tags for r in result.run_requests)
+        publisher.publish("acme", "lone.txt", b"A lone publish.", "lone.txt")
+        instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, list(result.dynamic_partitions_requests[0].partition_keys))
+        with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
+            lone = claim_index_tasks(ctx)
+        assert [len(json.loads(r.tags[LEASES_TAG])) for r in lone.run_requests] == [1]
+    finally:
+        db.close()

@@ -113,17 +113,19 @@ class TaskQueue:
 
     # -- claiming ----------------------------------------------------------------------------
 
-    def claim(self, owner: str, limit: int = 10) -> list[ClaimedTask]:
+    def claim(self, owner: str, limit: int = 10, session: Session | None = None) -> list[ClaimedTask]:
         """Lease up to ``limit`` due or lease-expired tasks in one atomic statement (invariant 1).
 
         Expired leases with no attempts left end DEAD (LEASE_ATTEMPTS_EXHAUSTED) and are not returned.
+        A worker looping on claims may pass its own autocommit ``session`` to skip the pool checkout.
         """
         if limit < 1:
             return []
-        rows = self.db.fetch_all(
-            "task_claim",
-            {"owner": owner, "limit": limit, "lease_seconds": self.lease_seconds, "now": self.clock()},
-        )
+        with self._session(session) as s:
+            rows = s.fetch_all(
+                "task_claim",
+                {"owner": owner, "limit": limit, "lease_seconds": self.lease_seconds, "now": self.clock()},
+            )
         return [
             ClaimedTask(
                 lease=Lease(r["task_id"], r["attempts"], r["lease_owner"], r["lease_until"]),

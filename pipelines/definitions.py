@@ -9,17 +9,15 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
 from pipelines.assets import indexing_assets
 from pipelines.jobs import index_versions_job
+from pipelines.quality_gate import gate_assets, gate_jobs
 from pipelines.retention_job import apply_retention_hourly, apply_retention_job
 from pipelines.sensors import claim_index_tasks, record_crashed_runs
 from resources.dagster_resources import default_resources
 
 defs = dg.Definitions(
-    assets=indexing_assets,
-    jobs=[index_versions_job, apply_retention_job],
+    assets=[*indexing_assets, *gate_assets],
+    jobs=[index_versions_job, apply_retention_job, *gate_jobs],
     schedules=[apply_retention_hourly],
     sensors=[claim_index_tasks, record_crashed_runs],
     resources=default_resources(),
 )
-
-from pipelines.quality_gate import gate_definitions  # noqa: E402  (model migration: the quality gate)
-defs = dg.Definitions.merge(defs, gate_definitions)

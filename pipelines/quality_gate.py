@@ -93,5 +93,6 @@ profile_gate_job = dg.define_asset_job(
     description="Run the retrieval quality gate of a shadow profile (config: profile, eval_dir, tolerance).",
 )
 
-gate_definitions = dg.Definitions(assets=[profile_quality_gate], jobs=[profile_gate_job])
-"""Merged into the code location by pipelines/definitions.py."""
+gate_assets = [profile_quality_gate]
+gate_jobs = [profile_gate_job]
+"""Added to the code location by pipelines/definitions.py (one Definitions object per module)."""

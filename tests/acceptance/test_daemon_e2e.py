@@ -194,7 +194,16 @@ def _long_document(n: int) -> bytes:
 
 
 def _use_fake_model(e2e):
-    e2e.sql("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+    """Switch search and new publishes to a fake-model profile (a profile's model never changes once it has chunks)."""
+    with psycopg.connect(e2e.url) as conn, conn.transaction():
+        active = conn.execute("SELECT name FROM index_profile WHERE is_active").fetchone()[0]
+        if active == "fake-e2e":
+            return
+        conn.execute("UPDATE index_profile SET is_active = false WHERE is_active")
+        conn.execute(
+            "INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, is_active, activated_at)"
+            " VALUES ('fake-e2e', 'fake-384', 384, 200, 32, true, now())"
+        )
 
 
 def test_run_killed_mid_embed_is_retried_and_searchable_exactly_once(e2e):

@@ -139,7 +139,8 @@ def chunk_embeddings(
         if not isinstance(value, Skipped):
             work = works[key]
             extra.update(
-                vectors=int(value.shape[0]), batches=batches["n"], model=work.model, dimension=work.dimension,
+                vectors=int(value.shape[0]), batches=batches["n"], reused=batches.get("reused", 0),
+                model=work.model, dimension=work.dimension,
                 shared=key in shared,
             )
         _report(context, key, value, report, extra)
@@ -149,8 +150,12 @@ def chunk_embeddings(
 
 def _embed_one(key: str, work: Any, chunks: Any, leases: LeaseResource, embedder: EmbedderResource,
                throttle: ProgressThrottle, batches: dict[str, int]) -> Any:
-    """One version on its own: its batches, its lease checked after each, its progress."""
-    from resources.embedder import checked_embed
+    """One version on its own: its batches, its lease checked after each, its progress.
+
+    Chunks whose exact embed text is already stored under the same tenant and profile reuse their
+    vectors (a small edit costs a small re-embed); only the rest go through ``checked_embed``.
+    """
+    from resources.embedding_reuse import embed_with_reuse
 
     model = embedder.for_model(work.model)
 
@@ -160,14 +165,19 @@ def _embed_one(key: str, work: Any, chunks: Any, leases: LeaseResource, embedder
         if throttle.due(lease.task_id, done, total):
             leases.queue.progress(lease, Stage.EMBED, done, total)
 
-    return checked_embed(
+    vectors, stats = embed_with_reuse(
+        leases.database.db,
         model,
-        [c.embed_text for c in chunks],
-        expected_model=work.model,
-        expected_dim=work.dimension,
+        tenant_id=work.tenant_id,
+        profile=work.profile,
+        model=work.model,
+        dimension=work.dimension,
+        texts=[c.embed_text for c in chunks],
         batch_size=embedder.batch_size,
         on_batch=on_batch,
     )
+    batches["reused"] = stats.reused
+    return vectors
 
 
 SHARED_WINDOW = 512  # texts per shared embedding call: several versions, sorted by length inside
@@ -192,17 +202,18 @@ def _embed_shared(
     """
     import numpy as np
 
-    from resources.embedder import checked_embed
+    from resources.embedding_reuse import embed_with_reuse
 
     ready = [
         k for k in keys
         if works.get(k) is not None and isinstance(document_chunks.get(k), list) and document_chunks[k]
     ]
-    groups: dict[tuple[str, int], list[str]] = {}
+    groups: dict[tuple[str, str, str, int], list[str]] = {}
     for key in ready:
-        groups.setdefault((works[key].model, works[key].dimension), []).append(key)
+        w = works[key]
+        groups.setdefault((w.tenant_id, w.profile, w.model, w.dimension), []).append(key)
     out: dict[str, tuple[Any, int]] = {}
-    for (model_name, dimension), members in groups.items():
+    for (tenant_id, profile, model_name, dimension), members in groups.items():
         if len(members) < 2:
             continue
         windows: list[list[str]] = [[]]
@@ -221,9 +232,9 @@ def _embed_shared(
             order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
             try:
                 model = embedder.for_model(model_name)
-                vectors = checked_embed(
-                    model, [texts[i] for i in order], expected_model=model_name, expected_dim=dimension,
-                    batch_size=max(len(texts), 1),
+                vectors, _ = embed_with_reuse(
+                    leases.database.db, model, tenant_id=tenant_id, profile=profile, model=model_name,
+                    dimension=dimension, texts=[texts[i] for i in order], batch_size=max(len(texts), 1),
                 )
             except Exception as exc:  # noqa: BLE001 - the window is redone version by version
                 log.warning(f"shared embedding of {len(live)} versions failed ({type(exc).__name__}); "

@@ -115,3 +115,26 @@ def test_an_operator_run_without_leases_claims_the_task_first(setup, db_url):
     with psycopg.connect(db_url) as conn:
         assert conn.execute("SELECT count(*) FROM chunk").fetchone()[0] == before
     assert queue.get(r.task_id)["attempts"] == 1
+
+
+def test_a_new_version_reuses_the_vectors_of_its_unchanged_chunks(setup):
+    db, publisher, queue = setup
+    paragraphs = [f"Section {i}. Records of class {i} are kept for {i % 7 + 1} years." for i in range(60)]
+    instance = dg.DagsterInstance.ephemeral()
+
+    def index(data: bytes) -> dict:
+        r = publisher.publish("acme", "retention.txt", data, "retention.txt")
+        keys = _keys(db, [r.task_id])
+        instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
+        result = dg.materialize(indexing_assets, resources=default_resources(), instance=instance, partition_key=keys[0])
+        assert result.success and queue.get(r.task_id)["status"] == "SUCCEEDED"
+        (mat,) = instance.fetch_materializations(
+            dg.AssetKey("chunk_embeddings"), limit=1
+        ).records
+        return {k: v.value for k, v in mat.asset_materialization.metadata.items()}
+
+    first = index("\n\n".join(paragraphs).encode())
+    paragraphs[30] = "Section 30. This one paragraph changed in the second version."
+    second = index("\n\n".join(paragraphs).encode())
+    assert first["reused"] == 0
+    assert second["vectors"] - 3 <= second["reused"] < second["vectors"]  # only the changed chunk(s) embedded

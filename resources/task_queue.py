@@ -273,7 +273,10 @@ class TaskQueue:
             },
         )
         if row is None:
-            raise TaskNotFound("no task could be created for that version", profile=profile)
+            raise TaskNotFound(
+                "superseded version: it has no task under this profile and is not the document's current version",
+                profile=profile,
+            )
         return int(row["task_id"])
 
     def claim_task(self, task_id: int, owner: str) -> ClaimedTask | None:

@@ -26,3 +26,23 @@ def test_claim_skips_reindex_tasks_which_claim_task_takes_by_id(db, tmp_path):
     claimed = queue.claim_task(shadow_task, "backfill-run")
     assert claimed is not None and claimed.lease.attempt == 1 and claimed.profile == "shadow"
     assert queue.claim_task(shadow_task, "another-run") is None  # leased: not claimable twice
+
+
+def test_ensure_task_builds_nothing_for_a_superseded_version(db, tmp_path):
+    import psycopg
+    import pytest
+
+    from pipelines.domain.errors import TaskNotFound
+
+    publisher = Publisher(db, BlobStore(str(tmp_path)))
+    queue = TaskQueue(db)
+    publisher.publish("acme", "doc", b"one", "doc.txt")
+    publisher.publish("acme", "doc", b"two", "doc.txt")
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, building)"
+            " VALUES ('shadow', 'fake-384', 384, 128, 16, true)"
+        )
+    with pytest.raises(TaskNotFound, match="superseded"):
+        queue.ensure_task("acme", "doc", 1, "shadow")
+    assert queue.get(queue.ensure_task("acme", "doc", 2, "shadow"))["task_type"] == "REINDEX"

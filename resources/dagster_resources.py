@@ -123,7 +123,8 @@ class EmbedderResource(dg.ConfigurableResource):
             torch.set_num_threads(self.torch_threads)
 
     def for_model(self, model: str) -> Any:
-        from resources.embedder import PACKAGED_MODEL_NAME, FakeEmbedder, SentenceTransformerEmbedder
+        """The profile model's embedder, chosen exactly as search chooses it (``embedder_for_model``)."""
+        from resources.embedder import FakeEmbedder, embedder_for_model
 
         if model.startswith("fake-"):
             rates = {}
@@ -135,9 +136,7 @@ class EmbedderResource(dg.ConfigurableResource):
             delay = float(os.environ.get("KBINDEX_FAKE_DELAY", "0") or 0)
             return _Slowed(fake, delay) if delay > 0 else fake
         self._set_threads()
-        if model == PACKAGED_MODEL_NAME:
-            return SentenceTransformerEmbedder(batch_size=self.batch_size)
-        return SentenceTransformerEmbedder(model, model_name=model, batch_size=self.batch_size)
+        return embedder_for_model(model, batch_size=self.batch_size)
 
 
 class _Slowed:

@@ -163,27 +163,30 @@ class TaskQueue:
     def complete(self, lease: Lease, *, chunk_count: int | None = None, session: Session | None = None) -> None:
         """RUNNING -> SUCCEEDED (fenced). Pass the publish transaction's ``session`` to commit with it."""
         with self._session(session) as s:
-            row = s.fetch_one("task_complete", {**self._fence(lease), "chunk_count": chunk_count})
-            if row is None:
+            if self._complete(s, [lease], [chunk_count]):
                 raise self._refused(s, lease, "complete")
 
     def complete_many(self, leases: Sequence[Lease], session: Session | None = None) -> list[Lease]:
         """Complete many leases of one owner in one statement (fenced each); returns the leases refused."""
         if not leases:
             return []
-        owners = {lease.owner for lease in leases}
-        if len(owners) != 1:
+        if len({lease.owner for lease in leases}) != 1:
             raise ValueError("complete_many takes the leases of one owner")
         with self._session(session) as s:
-            rows = s.fetch_all(
-                "task_complete_many",
-                {
-                    "owner": owners.pop(),
-                    "task_ids": [lease.task_id for lease in leases],
-                    "attempts": [lease.attempt for lease in leases],
-                    "now": self.clock(),
-                },
-            )
+            return self._complete(s, leases, [None] * len(leases))
+
+    def _complete(self, s: Session, leases: Sequence[Lease], chunk_counts: Sequence[int | None]) -> list[Lease]:
+        """One fenced statement for all ``leases`` (one owner); returns the leases it refused."""
+        rows = s.fetch_all(
+            "task_complete_many",
+            {
+                "owner": leases[0].owner,
+                "task_ids": [lease.task_id for lease in leases],
+                "attempts": [lease.attempt for lease in leases],
+                "chunk_counts": list(chunk_counts),
+                "now": self.clock(),
+            },
+        )
         done = {r["task_id"] for r in rows}
         return [lease for lease in leases if lease.task_id not in done]
 

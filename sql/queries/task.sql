@@ -147,52 +147,24 @@ logged AS (
 )
 SELECT m.task_id, m.advanced FROM moved m;
 
--- name: task_complete
--- Fenced RUNNING -> SUCCEEDED with its event; no row back means the lease is lost.
-WITH
-clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
-),
-moved AS (
-    UPDATE index_task t
-    SET status        = 'SUCCEEDED',
-        lease_owner   = NULL,
-        lease_until   = NULL,
-        chunk_count   = %(chunk_count)s,
-        error_code    = NULL,
-        error_message = NULL,
-        finished_at   = (SELECT now FROM clock),
-        updated_at    = (SELECT now FROM clock)
-    WHERE t.task_id = %(task_id)s
-      AND t.status = 'RUNNING'
-      AND t.lease_owner = %(owner)s
-      AND t.attempts = %(attempt)s
-      AND t.lease_until > (SELECT now FROM clock)
-    RETURNING t.task_id, t.attempts, t.stage
-),
-logged AS (
-    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, stage, lease_owner, created_at)
-    SELECT m.task_id, 'transition', m.attempts, 'RUNNING', 'SUCCEEDED', m.stage, %(owner)s,
-           (SELECT now FROM clock)
-    FROM moved m
-)
-SELECT m.task_id FROM moved m;
-
 -- name: task_complete_many
--- Fenced RUNNING -> SUCCEEDED for many leases of one owner at once (one statement, one NOTIFY).
+-- Fenced RUNNING -> SUCCEEDED for one or many leases of one owner (one statement, one NOTIFY); a lease
+-- that changed nothing is missing from the rows returned: the caller lost it.
 WITH
 clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
 leases AS (
-    SELECT l.task_id, l.attempt
-    FROM unnest(%(task_ids)s::bigint[], %(attempts)s::integer[]) AS l (task_id, attempt)
+    SELECT l.task_id, l.attempt, l.chunk_count
+    FROM unnest(%(task_ids)s::bigint[], %(attempts)s::integer[], %(chunk_counts)s::integer[])
+         AS l (task_id, attempt, chunk_count)
 ),
 moved AS (
     UPDATE index_task t
     SET status        = 'SUCCEEDED',
         lease_owner   = NULL,
         lease_until   = NULL,
+        chunk_count   = l.chunk_count,
         error_code    = NULL,
         error_message = NULL,
         finished_at   = (SELECT now FROM clock),

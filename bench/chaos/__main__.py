@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fake-delay", type=float, default=d.fake_delay, help="seconds per fake embedding call")
     p.add_argument("--faults", default=d.faults, help="KBINDEX_FAKE_FAULTS for the run processes")
     p.add_argument("--run-batch", type=int, default=d.run_batch, help="KBINDEX_RUN_BATCH")
+    p.add_argument("--tenants", type=int, default=d.tenants)
+    p.add_argument("--max-concurrent-runs", type=int, default=d.max_concurrent_runs, help="dagster.yaml run slots")
+    p.add_argument("--tenant-run-limit", type=int, default=d.tenant_run_limit, help="dagster.yaml run slots per tenant")
+    p.add_argument("--max-waiting-runs", type=int, default=d.max_waiting_runs, help="KBINDEX_MAX_WAITING_RUNS")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
@@ -33,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     config = ChaosConfig(
         tasks=a.tasks, kills=a.kills, stops=a.stops, pg_restarts=a.pg_restarts, seconds_limit=a.seconds_limit,
         corpus=a.corpus, lease_seconds=a.lease_seconds, fake_delay=a.fake_delay, faults=a.faults,
-        run_batch=a.run_batch, run_batch_min=max(1, a.run_batch // 2), seed=a.seed, keep=a.keep,
+        run_batch=a.run_batch, run_batch_min=max(1, a.run_batch // 2), seed=a.seed, keep=a.keep, tenants=a.tenants,
+        max_concurrent_runs=a.max_concurrent_runs, tenant_run_limit=a.tenant_run_limit, max_waiting_runs=a.max_waiting_runs,
     )
     report = run_chaos(config, out=lambda line: print(line, flush=True))
     print(format_report(report), flush=True)

@@ -110,11 +110,14 @@ def _request(group: list[ClaimedTask], group_keys: list[str], owner: str, tenant
 def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SensorResult | dg.SkipReason:
     queue = TaskQueue(database.db, lease_seconds=LEASE_SECONDS)
     waiting = keep_waiting_leases(context.instance, queue)
-    if waiting >= MAX_WAITING_RUNS:
-        return dg.SkipReason(f"{waiting} run(s) still waiting to start; not claiming more yet")
     owner = f"batch-{uuid.uuid4().hex[:12]}"
-    claimed = queue.claim(owner, limit=BATCH_MAX * max(1, RUN_SPREAD))
+    # With the run queue full, start no new work, but still take over expired leases (invariant 7:
+    # nothing stays RUNNING past its lease plus one claim tick).
+    queue_full = waiting >= MAX_WAITING_RUNS
+    claimed = queue.claim(owner, limit=BATCH_MAX * max(1, RUN_SPREAD), expired_only=queue_full)
     if not claimed:
+        if queue_full:
+            return dg.SkipReason(f"{waiting} run(s) still waiting to start; no expired leases to take over")
         return dg.SkipReason("no due index tasks")
     _inject_fault_after_claim()
     rows = database.db.fetch_all("document_version_partition_keys", {"task_ids": [t.lease.task_id for t in claimed]})

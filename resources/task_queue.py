@@ -113,10 +113,14 @@ class TaskQueue:
 
     # -- claiming ----------------------------------------------------------------------------
 
-    def claim(self, owner: str, limit: int = 10, session: Session | None = None) -> list[ClaimedTask]:
+    def claim(
+        self, owner: str, limit: int = 10, session: Session | None = None, *, expired_only: bool = False
+    ) -> list[ClaimedTask]:
         """Lease up to ``limit`` due or lease-expired tasks in one atomic statement (invariant 1).
 
         Expired leases with no attempts left end DEAD (LEASE_ATTEMPTS_EXHAUSTED) and are not returned.
+        ``expired_only`` takes over abandoned leases without starting new work (the run queue is full,
+        but invariant 7 still wants expired leases reclaimed within a tick).
         A worker looping on claims may pass its own autocommit ``session`` to skip the pool checkout.
         """
         if limit < 1:
@@ -124,7 +128,13 @@ class TaskQueue:
         with self._session(session) as s:
             rows = s.fetch_all(
                 "task_claim",
-                {"owner": owner, "limit": limit, "lease_seconds": self.lease_seconds, "now": self.clock()},
+                {
+                    "owner": owner,
+                    "limit": limit,
+                    "lease_seconds": self.lease_seconds,
+                    "now": self.clock(),
+                    "take_due": not expired_only,
+                },
             )
         return [
             ClaimedTask(

@@ -21,6 +21,7 @@ due AS (
     FROM index_task t
     WHERE t.status IN ('PENDING', 'RETRY_WAIT') AND t.task_type = 'INDEX'
       AND t.next_attempt_at <= (SELECT now FROM clock)
+      AND %(take_due)s::boolean   -- false: only take over expired leases (the run queue is full)
     ORDER BY t.next_attempt_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -46,3 +46,19 @@ def test_ensure_task_builds_nothing_for_a_superseded_version(db, tmp_path):
     with pytest.raises(TaskNotFound, match="superseded"):
         queue.ensure_task("acme", "doc", 1, "shadow")
     assert queue.get(queue.ensure_task("acme", "doc", 2, "shadow"))["task_type"] == "REINDEX"
+
+
+def test_expired_only_claim_takes_over_abandoned_leases_but_starts_no_new_work(db, tmp_path):
+    import psycopg
+
+    publisher = Publisher(db, BlobStore(str(tmp_path)))
+    queue = TaskQueue(db)
+    stuck = publisher.publish("acme", "stuck", b"one", "a.txt")
+    (first,) = queue.claim("run-a", limit=1)
+    fresh = publisher.publish("acme", "fresh", b"two", "b.txt")
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        conn.execute("UPDATE index_task SET lease_until = now() - interval '1 second' WHERE task_id = %s", [stuck.task_id])
+    (taken,) = queue.claim("sensor", limit=10, expired_only=True)
+    assert taken.lease.task_id == stuck.task_id and taken.lease.attempt == first.lease.attempt + 1
+    assert queue.get(fresh.task_id)["status"] == "PENDING"
+    assert [t.lease.task_id for t in queue.claim("sensor", limit=10)] == [fresh.task_id]

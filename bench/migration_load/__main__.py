@@ -6,10 +6,9 @@ import argparse
 import sys
 import time
 
-from bench.queue.__main__ import load, measure
+from bench import server_url
+from bench.queue.__main__ import load, measure, scratch_database
 from resources.database import Database
-from resources.local_postgres import temporary_server, with_database
-from resources.migrations import migrate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,13 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     def out(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    with temporary_server("kbindex-bench-migration-") as admin:
-        import psycopg
-
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute("CREATE DATABASE bench_migration")
-        url = with_database(admin, "bench_migration")
-        migrate(url)
+    with server_url() as admin, scratch_database(admin, "bench_migration") as url:
         load(url, args.live, out)
         before = measure(url, args.workers, args.seconds, 10, "many", "threads")
         started = time.perf_counter()

@@ -25,7 +25,8 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 
-from resources.local_postgres import temporary_server, with_database
+from bench import server_url
+from resources.local_postgres import with_database
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TENANT = "bench"
@@ -57,17 +58,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@contextmanager
-def server_url() -> Iterator[str]:
-    """KBINDEX_DATABASE_URL (an admin URL), or a throwaway embedded PostgreSQL under a temporary folder."""
-    external = os.environ.get("KBINDEX_DATABASE_URL")
-    if external:
-        yield external
-        return
-    with temporary_server("kbindex-bench-pg-") as url:
-        yield url
 
 
 @contextmanager

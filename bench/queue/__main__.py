@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import signal
 import sys
 import threading
@@ -16,27 +15,12 @@ import psycopg
 from psycopg import sql as pgsql
 
 from resources.database import Database
-from resources.local_postgres import temporary_server
+from bench import server_url
+from resources.local_postgres import with_database
 from resources.migrations import migrate
 from resources.task_queue import TaskQueue
 
 LOAD_SLICE = 100_000
-
-
-def _with_database(url: str, database: str) -> str:
-    base, _, query = url.partition("?")
-    return base.rpartition("/")[0] + f"/{database}" + (f"?{query}" if query else "")
-
-
-@contextmanager
-def server_url() -> Iterator[str]:
-    """KBINDEX_DATABASE_URL, or a throwaway embedded PostgreSQL under a temporary folder."""
-    external = os.environ.get("KBINDEX_DATABASE_URL")
-    if external:
-        yield external
-        return
-    with temporary_server(prefix="kbindex-bench-pg-") as url:
-        yield url
 
 
 @contextmanager
@@ -45,7 +29,7 @@ def scratch_database(admin_url: str, name: str) -> Iterator[str]:
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
         conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    url = _with_database(admin_url, name)
+    url = with_database(admin_url, name)
     try:
         migrate(url)
         yield url

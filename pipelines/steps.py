@@ -95,7 +95,8 @@ def run_guarded(
             report.details = {"task_status": str(status)}
         except FenceRejected as fence:  # lost the lease meanwhile: the failure is not ours to record
             leases.lost(key, fence)
-        except KbindexError:
-            pass  # database down: the lease expires and the task is retried (backstop)
+        except KbindexError as db_error:  # database down: the lease expires and the task is retried (backstop)
+            if log:
+                log.error(f"{key}: could not record {err.code} ({db_error.code}); lease expiry will retry the task")
         leases.release(key)
         return Skipped(f"{err.code}: {err.message}", err.code), report

@@ -51,14 +51,10 @@ import random
 import re
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import traceback
-import urllib.request
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -69,6 +65,7 @@ from typing import Any
 
 import psycopg
 
+from bench.dagster_dev import DagsterDev
 from resources.dagster_resources import LEASES_TAG, OWNER_TAG
 from resources.local_postgres import stop_pgdata, with_database
 
@@ -111,12 +108,6 @@ class ChaosConfig:
 # infrastructure
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Postgres:
     """An embedded server in a temporary folder that can be stopped and started again on the same data."""
 
@@ -146,95 +137,6 @@ class Postgres:
             self.server.cleanup()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
-
-
-class Dagster:
-    """``dagster dev -m pipelines.definitions`` in its own process group, as tests/acceptance starts it."""
-
-    def __init__(self, root: Path, env: dict[str, str]) -> None:
-        self.root, self.env = root, env
-        self.port = _free_port()
-        self.log_path = root / "dagster.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 120.0) -> float:
-        self._log = open(self.log_path, "wb")
-        started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-a", "defs", "-h", "127.0.0.1", "-p", str(self.port)],
-            env=self.env, cwd=str(PROJECT_ROOT), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        while time.monotonic() - started < timeout:
-            self.check_alive()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=2) as resp:
-                    if resp.status == 200:
-                        return time.monotonic() - started
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"dagster dev did not answer within {timeout:.0f} s\n{self.log_tail()}")
-
-    def check_alive(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"dagster dev exited with {self.proc.returncode}\n{self.log_tail()}")
-        if "Error loading repository location" in self.log_tail(200_000):
-            raise RuntimeError(f"the code location failed to load\n{self.log_tail()}")
-
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def run_processes(self) -> list[Any]:
-        """Run workers: multiprocessing ``spawn_main`` children of the code server."""
-        import psutil
-
-        if self.proc is None:
-            return []
-        try:
-            kids = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            return []
-        out = []
-        for p in kids:
-            try:
-                if "spawn_main" in " ".join(p.cmdline()):
-                    out.append(p)
-            except psutil.Error:
-                pass
-        return out
-
-    def stop(self) -> None:
-        import psutil
-
-        if self.proc is None:
-            return
-        try:
-            kids = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            kids = []
-        for p in kids:  # a stopped child ignores SIGTERM until continued
-            try:
-                p.send_signal(signal.SIGCONT)
-            except psutil.Error:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        except ProcessLookupError:
-            pass
-        for p in kids:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        self.proc = None
-        self._log.close()
 
 
 def _sql(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -432,7 +334,7 @@ class Chaos:
             TRANSFORMERS_OFFLINE="1",
         )
         env.pop("KBINDEX_FAULT_SENSOR_AFTER_CLAIM", None)
-        self.dagster = Dagster(root, env)
+        self.dagster = DagsterDev(root, env)
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -849,7 +751,8 @@ class Chaos:
         threads: list[threading.Thread] = []
         try:
             self._prepare(root)
-            ready = self.dagster.start()
+            self.dagster.start()
+            ready = self.dagster.wait_ready()
             self._note(f"PostgreSQL at {root / 'pg'}; dagster dev answered in {ready:.1f} s; profile {self.profile} -> {self.model}")
             started = time.monotonic()
             if threading.current_thread() is threading.main_thread():  # SIGTERM/SIGINT: stop and report

@@ -10,9 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql as pgsql
 
+from bench.dagster_dev import DagsterDev
 from resources.blob_store import BlobStore
 from resources.database import Database
 from resources.publisher import Publisher
@@ -36,15 +34,9 @@ def _with_database(url: str, database: str) -> str:
     return base.rpartition("/")[0] + f"/{database}" + (f"?{query}" if query else "")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class E2E:
-    def __init__(self, url: str, root: Path, proc: subprocess.Popen, marker: Path) -> None:
-        self.url, self.root, self.proc, self.marker = url, root, proc, marker
+    def __init__(self, url: str, root: Path, dagster: DagsterDev, marker: Path) -> None:
+        self.url, self.root, self.dagster, self.marker = url, root, dagster, marker
         self.db = Database(url, max_size=4)
         self.queue = TaskQueue(self.db)
         self.publisher = Publisher(self.db, BlobStore(str(root / "blobs")))
@@ -60,11 +52,10 @@ class E2E:
             value = predicate()
             if value:
                 return value
-            if self.proc.poll() is not None:
-                pytest.fail(f"dagster dev exited with {self.proc.returncode} while waiting for {what}")
+            if not self.dagster.alive():
+                pytest.fail(f"dagster dev exited while waiting for {what}\n{self.dagster.log_tail()}")
             time.sleep(interval)
-        log = (self.root / "dagster.log").read_text(errors="replace")[-4000:]
-        pytest.fail(f"timed out after {timeout}s waiting for {what}\n--- dagster log tail ---\n{log}")
+        pytest.fail(f"timed out after {timeout}s waiting for {what}\n--- dagster log tail ---\n{self.dagster.log_tail()}")
 
     def wait_terminal(self, task_id: int, timeout: float = 180) -> dict:
         return self.wait_for(
@@ -83,18 +74,7 @@ class E2E:
         return self.wait_for(reached, timeout, f"task {task_id} to reach {stage}", interval=0.1)
 
     def run_processes(self) -> list[psutil.Process]:
-        try:
-            kids = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-        out = []
-        for p in kids:
-            try:
-                if "spawn_main" in " ".join(p.cmdline()):  # runs are multiprocessing children of the code server
-                    out.append(p)
-            except psutil.Error:
-                pass
-        return out
+        return self.dagster.run_processes()
 
     def assert_searchable_once(self, task_id: int) -> None:
         task = self.queue.get(task_id)
@@ -145,26 +125,14 @@ def e2e(pg_server_url, template_url, tmp_path_factory):
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
     )
-    log = open(root / "dagster.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-h", "127.0.0.1", "-p", str(_free_port())],
-        env=env,
-        cwd=str(PROJECT_ROOT),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    harness = E2E(url, root, proc, marker)
+    dagster = DagsterDev(root, env)
+    dagster.start()
+    harness = E2E(url, root, dagster, marker)
     try:
         yield harness
     finally:
         harness.db.close()
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+        dagster.stop()
         with psycopg.connect(pg_server_url, autocommit=True) as conn:
             for name in names.values():
                 conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))

@@ -1,0 +1,127 @@
+"""A throwaway ``dagster dev`` for the benches and the end-to-end tests: start, wait, find run processes, stop.
+
+It runs ``dagster dev -m pipelines.definitions`` (webserver, daemon, code server, run processes as
+the code server's ``spawn_main`` children) in its own process group with the caller's environment,
+logging to ``root/dagster.log``. ``stop`` continues stopped children (a SIGSTOPped run ignores
+SIGTERM), terminates the group and then kills whatever children are left, so no gRPC code server
+or run outlives the harness.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DagsterDev:
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root, self.env = root, env
+        self.port = free_port()
+        self.log_path = root / "dagster.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    def start(self) -> None:
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-a", "defs",
+             "-h", "127.0.0.1", "-p", str(self.port)],
+            env=self.env, cwd=str(PROJECT_ROOT), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 120.0) -> float:
+        """Seconds until the webserver answers (the daemon starts alongside it)."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            self.check_alive()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=2) as resp:
+                    if resp.status == 200:
+                        return time.monotonic() - started
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"dagster dev did not answer within {timeout:.0f} s\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_alive(self) -> None:
+        """Raise if ``dagster dev`` exited or the code location failed to load (with the log's tail)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"dagster dev exited with {self.proc.returncode}\n{self.log_tail()}")
+        if "Error loading repository location" in self.log_tail(200_000):
+            raise RuntimeError(f"the code location failed to load\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def children(self) -> list[Any]:
+        import psutil
+
+        if self.proc is None:
+            return []
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def run_processes(self) -> list[Any]:
+        """Run workers: the code server's multiprocessing ``spawn_main`` children."""
+        import psutil
+
+        out = []
+        for p in self.children():
+            try:
+                if "spawn_main" in " ".join(p.cmdline()):
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+
+    def stop(self) -> None:
+        import psutil
+
+        if self.proc is None:
+            return
+        kids = self.children()
+        for p in kids:  # a stopped child ignores SIGTERM until continued
+            try:
+                p.send_signal(signal.SIGCONT)
+            except psutil.Error:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        except ProcessLookupError:
+            pass
+        for p in kids:  # code servers and runs that left the group or ignored SIGTERM
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None

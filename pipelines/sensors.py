@@ -36,7 +36,7 @@ BATCH_MAX = int(os.environ.get("KBINDEX_RUN_BATCH", "160"))  # versions per run,
 # dagster.yaml), none smaller than BATCH_MIN: a deep queue fills every slot with one big run each
 # (a run pays ~2 s of process start plus imports and a model load), a shallow one gets one small run.
 RUN_SPREAD = int(os.environ.get("KBINDEX_RUN_SPREAD", "2"))
-BATCH_MIN = int(os.environ.get("KBINDEX_RUN_BATCH_MIN", "24"))
+BATCH_MIN = int(os.environ.get("KBINDEX_RUN_BATCH_MIN", "12"))
 MAX_WAITING_RUNS = int(os.environ.get("KBINDEX_MAX_WAITING_RUNS", "1"))
 WAITING_LEASE_MAX_SECONDS = float(os.environ.get("KBINDEX_WAITING_LEASE_MAX_SECONDS", "900"))
 LEASE_SECONDS = float(os.environ.get("KBINDEX_LEASE_SECONDS", "60"))

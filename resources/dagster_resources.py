@@ -10,6 +10,7 @@ heartbeats all of them on one thread for the whole run.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -85,14 +86,29 @@ class EmbedderResource(dg.ConfigurableResource):
 
     batch_size: int = 64
     torch_threads: int = 0  # 0: run_torch_threads() (cores divided among the runs that embed at once)
+    service_home: str = ""
+    """KBINDEX_EMBED_SERVICE: the folder of a running embedding service (``kbindex embed-service``); "" for none."""
+    service_max_versions: int = 8
+    """Runs of at most this many versions embed through the service; bigger ones load their own model."""
 
     _preloads: dict[str, threading.Thread] = PrivateAttr(default_factory=dict)
+    _use_service: bool = PrivateAttr(default=False)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        """Start loading the models the claiming sensor named (run tag), before the first step runs."""
+        """Small runs use the warm embedding service if one answers; the others start loading the
+        models the claiming sensor named (run tag) before the first step runs."""
         run = context.dagster_run
-        tagged = (run.tags.get(MODELS_TAG) or "") if run else ""
+        tags = run.tags if run else {}
+        self._use_service = self._service_fits(decode_leases(tags.get(LEASES_TAG)))
+        tagged = tags.get(MODELS_TAG) or ""
         self.preload({m for m in tagged.split(",") if m})
+
+    def _service_fits(self, leases: list[tuple[int, int]]) -> bool:
+        from resources.embedding_service import service_available
+
+        if not self.service_home or not leases or len(leases) > self.service_max_versions:
+            return False
+        return service_available(self.service_home)
 
     def preload(self, models: set[str]) -> None:
         """Start loading these models on a background thread (at run setup from the tag; again in parse).
@@ -101,6 +117,8 @@ class EmbedderResource(dg.ConfigurableResource):
         overlaps the parse and chunk steps. A failure here is ignored: the embed step loads again
         and classifies the error for each version.
         """
+        if self._use_service:
+            return
         for model in sorted(models):
             if model.startswith("fake-") or model in self._preloads:
                 continue
@@ -135,6 +153,13 @@ class EmbedderResource(dg.ConfigurableResource):
             fake = _FAKES.setdefault(model, FakeEmbedder(model_name=model, rates=rates, seed=seed))
             delay = float(os.environ.get("KBINDEX_FAKE_DELAY", "0") or 0)
             return _Slowed(fake, delay) if delay > 0 else fake
+        if self._use_service:
+            from resources.embedding_service import ServiceEmbedder, ServiceOrLocal
+
+            def fall_back(exc: Exception) -> None:
+                logging.getLogger("kbindex").warning(f"embedding service unusable ({exc}); loading {model} in this run")
+
+            return ServiceOrLocal(ServiceEmbedder(model, self.service_home), lambda: self._local(model), fall_back)
         return self._local(model)
 
     def _local(self, model: str) -> Any:
@@ -377,6 +402,7 @@ def default_resources() -> dict[str, Any]:
         "embedder": EmbedderResource(
             batch_size=int(os.environ.get("KBINDEX_EMBED_BATCH", "64")),
             torch_threads=int(os.environ.get("KBINDEX_TORCH_THREADS", "0")),
+            service_home=os.environ.get("KBINDEX_EMBED_SERVICE", ""),
         ),
         "io_manager": ArtifactIOManager(root=str(Path(os.environ["KBINDEX_ARTIFACTS"])) if os.environ.get("KBINDEX_ARTIFACTS") else ""),
     }

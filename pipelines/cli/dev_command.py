@@ -77,6 +77,7 @@ def dev_command(
     """Start everything for local use: embedded PostgreSQL, migrations, Dagster UI + daemon with the sensor on."""
     from resources.blob_store import BlobStore
     from resources.database import Database
+    from resources.embedding_service import start_service
     from resources.migrations import migrate
     from resources.publisher import Publisher
     from resources.settings import Settings, resolve_database_url
@@ -102,6 +103,9 @@ def dev_command(
     stop = threading.Event()
     if sample:
         threading.Thread(target=_report_sample_progress, args=(url, stop), daemon=True).start()
+    # The warm model for small runs; runs load their own until it answers (it never blocks start-up).
+    service = start_service(settings.home, env, wait=False, log=settings.home / "embedder.log")
+    env["KBINDEX_EMBED_SERVICE"] = str(settings.home)
     cmd = [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-h", host, "-p", str(port)]
     # cwd = DAGSTER_HOME: dagster dev warns about (and ignores) a dagster.yaml in the working folder.
     proc = subprocess.Popen(cmd, env=env, cwd=env["DAGSTER_HOME"])
@@ -116,5 +120,10 @@ def dev_command(
             code = proc.wait()
     finally:
         stop.set()
+        service.terminate()
+        try:
+            service.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            service.kill()
         time.sleep(0.1)
     raise typer.Exit(code if code and code > 0 else 0)

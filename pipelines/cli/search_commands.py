@@ -17,14 +17,16 @@ def search_command(
     as_json: bool = JsonOption,
 ) -> None:
     """Search the active profile's index: only the versions the search pointers name, best first."""
-    from resources.embedder import embedder_for_model
+    from resources.embedding_service import warm_embedder
     from resources.search import search
+    from resources.settings import Settings
 
     with open_database() as db, errors_to_exit():
         profile = db.fetch_one("index_profile_active")
         if profile is None:
             raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
-        hits = search(db, embedder_for_model(profile["model"]), query, tenant_id=tenant, k=k)
+        embedder = warm_embedder(profile["model"], Settings.from_env().home)  # `kbindex dev` keeps one warm
+        hits = search(db, embedder, query, tenant_id=tenant, k=k)
     if as_json:
         print_json([hit.to_dict() for hit in hits])
         return

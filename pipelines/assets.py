@@ -224,7 +224,8 @@ def _embed_shared(
     A batch that comes back invalid is skipped and the pass goes on; a transient provider error ends
     the pass. Either way the versions left with texts missing embed those on their own in the asset,
     so only a version whose own texts fail is failed, with its own code. Between batches the pass
-    drops texts that only lost or cancelled versions still need, and stops when none is live.
+    drops texts that only lost or cancelled versions still need, and stops when none is live; every
+    PASS_PROGRESS_SECONDS it reports each live version's progress (fenced, so a lost lease shows).
     """
     from pipelines.domain.errors import EmbeddingInvalidResponse
     from resources.embedder import checked_embed
@@ -258,7 +259,7 @@ def _embed_shared(
             continue
         pending = sorted((t for t in users if t not in shared.cache), key=len, reverse=True)
         batch_size = embedder.batch_size
-        start = 0
+        start, reported = 0, time.monotonic()
         while start < len(pending):
             gone = [k for k in live if not _alive(leases, k)]
             if gone:
@@ -281,7 +282,28 @@ def _embed_shared(
                 log.warning(f"shared embedding stopped ({type(exc).__name__}); the versions embed on their own")
                 break
             shared.cache.update(zip(batch, vectors, strict=True))
+            if time.monotonic() - reported >= PASS_PROGRESS_SECONDS:
+                reported = time.monotonic()
+                _report_pass_progress(leases, live, document_chunks, shared)
     return shared
+
+
+PASS_PROGRESS_SECONDS = 30.0
+"""How often the shared pass reports each live version's embedded chunks (one fenced write per version)."""
+
+
+def _report_pass_progress(leases: LeaseResource, live: list[str], document_chunks: dict[str, Any],
+                          shared: SharedVectors) -> None:
+    """Fenced ``embed done/total`` for each live version; a rejected write marks its lease lost."""
+    for key in live:
+        chunks = document_chunks[key]
+        done = sum(1 for c in chunks if c.embed_text in shared.cache)
+        try:
+            leases.queue.progress(leases.check(key), Stage.EMBED, done, len(chunks))
+        except FenceRejected as exc:
+            leases.lost(key, exc)
+        except Exception:  # noqa: BLE001 - progress is advisory; the per-version step reports again
+            pass
 
 
 def _alive(leases: LeaseResource, key: str) -> bool:

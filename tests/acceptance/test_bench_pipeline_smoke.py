@@ -151,3 +151,67 @@ def test_a_deep_queue_becomes_one_big_run_per_tenant_slot_and_a_lone_publish_one
         assert [len(json.loads(r.tags[LEASES_TAG])) for r in lone.run_requests] == [1]
     finally:
         db.close()
+
+
+class _StealingEmbedder(FakeEmbedder):
+    """The fake embedder; on its first call another claimer takes over the victim's lease (a takeover)."""
+
+    texts: list[str] = []
+    victim: tuple[str, int] | None = None  # (database url, task id)
+
+    def respond(self, texts: list[str]) -> EmbeddingResponse:
+        if not _StealingEmbedder.texts and _StealingEmbedder.victim is not None:
+            url, task_id = _StealingEmbedder.victim
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("UPDATE index_task SET lease_owner = 'thief', attempts = attempts + 1,"
+                             " lease_until = now() + interval '10 minutes' WHERE task_id = %s", [task_id])
+        _StealingEmbedder.texts.extend(texts)
+        return super().respond(texts)
+
+
+class _StealingResource(EmbedderResource):
+    def for_model(self, model: str) -> Any:
+        return _StealingEmbedder(model_name=model)
+
+
+def test_a_version_whose_lease_is_lost_during_the_shared_pass_stops_there_and_the_others_publish(
+        db_url, kb_env, fake_profile, monkeypatch):
+    import pipelines.assets as assets
+
+    monkeypatch.setattr(assets, "PASS_PROGRESS_SECONDS", 0.0)  # report (and so notice the loss) after every batch
+    db = Database(db_url)
+    try:
+        publisher = Publisher(db, BlobStore(kb_env["KBINDEX_BLOB_URL"]))
+        queue = TaskQueue(db, lease_seconds=60)
+        body = lambda tag: "\n\n".join(f"{tag} paragraph {i} about refunds, travel and invoices." for i in range(60)).encode()
+        good = [publisher.publish("acme", f"good-{i}.txt", body(f"good{i}"), f"good-{i}.txt") for i in range(2)]
+        victim = publisher.publish("acme", "victim.txt", body("victim"), "victim.txt")
+        claimed = queue.claim("batch-steal", limit=10)
+        keys = [r["partition_key"] for r in db.fetch_all(
+            "document_version_partition_keys", {"task_ids": [t.lease.task_id for t in claimed]})]
+        instance = dg.DagsterInstance.ephemeral()
+        instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
+        pairs = [(t.lease.task_id, t.lease.attempt) for t in claimed]
+        _StealingEmbedder.texts, _StealingEmbedder.victim = [], (db_url, victim.task_id)
+        resources = {**default_resources(), "embedder": _StealingResource(batch_size=2)}
+        result = dg.materialize(
+            indexing_assets, resources=resources, instance=instance, raise_on_error=False,
+            tags={LEASES_TAG: encode_leases(pairs), OWNER_TAG: "batch-steal",
+                  "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]},
+        )
+        assert result.success
+        from resources.artifact_store import ArtifactStore
+
+        victim_key = keys[[t.lease.task_id for t in claimed].index(victim.task_id)]
+        assert len(ArtifactStore(kb_env["KBINDEX_ARTIFACTS"]).get("document_chunks", victim_key)) > 2
+        victim_texts = [t for t in _StealingEmbedder.texts if "victim" in t]
+        assert len(victim_texts) <= 2, "the victim's texts were embedded after its lease was lost"
+        for r in good:
+            assert queue.get(r.task_id)["status"] == "SUCCEEDED"
+        row = queue.get(victim.task_id)
+        assert (row["status"], row["lease_owner"]) == ("RUNNING", "thief")  # left to its new owner
+        with psycopg.connect(db_url) as conn:
+            docs = [r[0] for r in conn.execute("SELECT document_id FROM search_pointer ORDER BY 1").fetchall()]
+        assert docs == ["good-0.txt", "good-1.txt"]
+    finally:
+        db.close()

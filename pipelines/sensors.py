@@ -54,6 +54,33 @@ def split_sizes(n: int, batch_max: int, spread: int = 1, batch_min: int = 1) -> 
     return [base + (1 if i < extra else 0) for i in range(runs)]
 
 
+def balance_sizes(weights: list[int], sizes: list[int], batch_max: int) -> list[int]:
+    """Re-cut ``sizes`` (consecutive groups of ``weights``) so each group carries about the same weight.
+
+    Runs of a burst start together and a run's time is its text, not its number of versions: with
+    equal counts, the run that drew the long documents finishes last while the other's cores idle.
+    Weights are the versions' byte sizes (a proxy for their chunks). Keeps the number of runs, at
+    least one version and at most ``batch_max`` versions in each.
+    """
+    runs = len(sizes)
+    if runs < 2 or len(weights) != sum(sizes):
+        return sizes
+    out: list[int] = []
+    start = 0
+    for r in range(runs - 1):
+        left = runs - r  # groups still to cut, this one included
+        target = sum(weights[start:]) / left
+        end, acc = start, 0
+        limit = min(len(weights) - (left - 1), start + batch_max)  # leave one for each later group
+        while end < limit and (end == start or acc + weights[end] / 2 <= target):
+            acc += weights[end]
+            end += 1
+        out.append(end - start)
+        start = end
+    out.append(len(weights) - start)
+    return out if out[-1] <= batch_max else sizes
+
+
 def plan_runs(
     claimed: list[ClaimedTask],
     keys: dict[int, str],
@@ -63,6 +90,7 @@ def plan_runs(
     *,
     spread: int = 1,
     batch_min: int = 1,
+    weights: dict[int, int] | None = None,
 ) -> tuple[list[dg.RunRequest], list[str]]:
     """Group claimed tasks into run requests; returns (requests, partition keys to add, in order).
 
@@ -79,7 +107,10 @@ def plan_runs(
         fresh = [t for t in tasks if keys[t.lease.task_id] not in existing]
         again = [t for t in tasks if keys[t.lease.task_id] in existing]
         start = 0
-        for size in split_sizes(len(fresh), batch_max, spread, batch_min):
+        sizes = split_sizes(len(fresh), batch_max, spread, batch_min)
+        if weights:
+            sizes = balance_sizes([max(1, weights.get(t.lease.task_id, 1)) for t in fresh], sizes, batch_max)
+        for size in sizes:
             group = fresh[start : start + size]
             start += size
             group_keys = [keys[t.lease.task_id] for t in group]
@@ -122,8 +153,10 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
     _inject_fault_after_claim()
     rows = database.db.fetch_all("document_version_partition_keys", {"task_ids": [t.lease.task_id for t in claimed]})
     keys = {r["task_id"]: r["partition_key"] for r in rows}
+    weights = {r["task_id"]: r["byte_size"] for r in rows}
     existing = {k for k in keys.values() if context.instance.has_dynamic_partition(VERSIONS_PARTITIONS_NAME, k)}
-    requests, to_add = plan_runs(claimed, keys, existing, owner, BATCH_MAX, spread=RUN_SPREAD, batch_min=BATCH_MIN)
+    requests, to_add = plan_runs(claimed, keys, existing, owner, BATCH_MAX, spread=RUN_SPREAD, batch_min=BATCH_MIN,
+                                 weights=weights)
     models = _models(database, {t.profile for t in claimed})
     if models:
         requests = [r.with_replaced_attrs(tags={**r.tags, MODELS_TAG: models}) for r in requests]

@@ -68,8 +68,9 @@ FROM document_version
 WHERE partition_key = %(partition_key)s;
 
 -- name: document_version_partition_keys
--- Partition keys of the task ids given, in the order given (the claiming sensor batches runs by key).
-SELECT t.task_id, v.partition_key
+-- Partition keys (and byte sizes) of the task ids given, in the order given (the claiming sensor
+-- batches runs by key and balances them by size).
+SELECT t.task_id, v.partition_key, v.byte_size
 FROM unnest(%(task_ids)s::bigint[]) WITH ORDINALITY AS ids(task_id, ord)
 JOIN index_task t ON t.task_id = ids.task_id
 JOIN document_version v

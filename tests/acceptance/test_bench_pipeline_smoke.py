@@ -125,23 +125,30 @@ def test_a_shared_embedding_window_that_fails_fails_only_the_version_whose_texts
 
 
 def test_a_deep_queue_becomes_one_big_run_per_tenant_slot_and_a_lone_publish_one_small_run(db_url, kb_env, fake_profile):
-    from pipelines.sensors import claim_index_tasks, split_sizes
+    from pipelines.sensors import balance_sizes, claim_index_tasks, split_sizes
     from resources.dagster_resources import MODELS_TAG, DatabaseResource
 
     assert split_sizes(1, 160, 2, 24) == [1]
     assert split_sizes(47, 160, 2, 24) == [47]
     assert split_sizes(300, 160, 2, 24) == [150, 150]
     assert split_sizes(400, 160, 2, 24) == [134, 133, 133]
+    # runs start together, so they are cut to carry about the same bytes, not the same count
+    assert balance_sizes([1] * 10, [5, 5], 160) == [5, 5]
+    assert balance_sizes([10] + [1] * 9, [5, 5], 160) == [1, 9]
+    assert balance_sizes([1] * 9 + [10], [5, 5], 160) == [9, 1]
+    assert balance_sizes([3] * 6, [2, 2, 2], 160) == [2, 2, 2]
+    assert balance_sizes([100, 1, 1, 1], [2, 2], 2) == [2, 2]  # never over batch_max: keep the even cut
     db = Database(db_url)
     try:
         publisher = Publisher(db, BlobStore(kb_env["KBINDEX_BLOB_URL"]))
-        for i in range(50):
-            publisher.publish("acme", f"doc-{i}.txt", f"Document number {i}.".encode(), f"doc-{i}.txt")
+        for i in range(50):  # the first ten are ten times longer
+            publisher.publish("acme", f"doc-{i:02d}.txt", f"Document number {i:02d}. ".encode() * (10 if i < 10 else 1),
+                              f"doc-{i:02d}.txt")
         instance = dg.DagsterInstance.ephemeral()
         with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
             result = claim_index_tasks(ctx)
         sizes = [len(json.loads(r.tags[LEASES_TAG])) for r in result.run_requests]
-        assert sizes == [25, 25]
+        assert sizes == [7, 43]  # 2,800 bytes: 7 x 200 in one run, 3 x 200 + 40 x 20 in the other
         assert all(r.tags[MODELS_TAG] == "fake-384" for r in result.run_requests)
         assert all("dagster/asset_partition_range_start" in r.tags for r in result.run_requests)
         publisher.publish("acme", "lone.txt", b"A lone publish.", "lone.txt")

@@ -7,9 +7,10 @@ Usage (from the checkout)::
 
 Uses KBINDEX_DATABASE_URL as an admin URL if set (scratch databases ``kbindex_bench_pipe_<pid>`` and
 ``dagster_bench_pipe_<pid>`` are created and dropped next to it), otherwise its own embedded
-PostgreSQL under a temporary folder. It migrates, starts ``dagster dev -m pipelines.definitions``
-(webserver, daemon, code server; the repository's dagster.yaml) and indexes one warm-up document
-so that the clock never includes Dagster's own start-up. Then:
+PostgreSQL under a temporary folder. It migrates, starts the embedding service and
+``dagster dev -m pipelines.definitions`` (webserver, daemon, code server; the repository's
+dagster.yaml) as ``kbindex dev`` does (``--no-embed-service``: without the service), and indexes
+one warm-up document so that the clock never includes Dagster's own start-up. Then:
 
 1. **Throughput.** Publishes ``--docs`` documents from the corpus (two en-peps ``.rst`` for every
    en-sotu ``.txt``, spread evenly over each folder) as fast as it can, to tenant ``bench``, and

@@ -1,4 +1,4 @@
-"""bench.pipeline at CI size, plus the guarantee its tuning must keep: shared embedding fails one version only.
+"""bench.pipeline at CI size, plus what its tuning must keep: the shared embedding pass fails and stops one version only.
 
 The smoke run is the whole bench (its own scratch databases on the test server, `dagster dev`, the
 daemon's claiming sensor, real run processes) with 6 generated documents, 3 latency samples and the
@@ -62,7 +62,7 @@ def test_bench_pipeline_smoke_reports_every_phase_and_all_documents_succeed(pg_s
 
 
 # --------------------------------------------------------------------------------------------------
-# shared embedding windows keep the per-version failure boundary
+# the run's shared embedding pass keeps the per-version failure boundary
 
 
 class _PoisonEmbedder(FakeEmbedder):

@@ -130,3 +130,49 @@ def test_only_small_runs_use_the_service_and_only_when_it_answers(service, home)
 
 def test_a_run_with_no_service_answering_embeds_on_its_own(home):
     assert not EmbedderResource(service_home=str(home))._service_fits([(1, 1)])
+
+
+@pytest.mark.slow
+def test_a_small_run_embeds_through_the_service_and_publishes_the_models_vectors(db_url, tmp_path, home, monkeypatch):
+    """The resource wiring end to end: a one-version run with the real model asks the service, never loads torch itself."""
+    import dagster as dg
+
+    from pipelines.assets import indexing_assets
+    from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+    from resources.blob_store import BlobStore
+    from resources.dagster_resources import LEASES_TAG, OWNER_TAG, default_resources, encode_leases
+    from resources.database import Database
+    from resources.embedder import SentenceTransformerEmbedder
+    from resources.publisher import Publisher
+    from resources.search import search
+    from resources.task_queue import TaskQueue
+
+    for name, value in {"KBINDEX_DATABASE_URL": db_url, "KBINDEX_BLOB_URL": str(tmp_path / "blobs"),
+                        "KBINDEX_ARTIFACTS": str(tmp_path / "artifacts"), "KBINDEX_EMBED_SERVICE": str(home),
+                        "HF_HUB_OFFLINE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(target=serve, args=(home,), kwargs={"ready": ready, "stop": stop}, daemon=True)
+    thread.start()  # preloads the packaged model, as `kbindex embed-service` does
+    assert ready.wait(120)
+    db = Database(db_url)
+    try:
+        published = Publisher(db, BlobStore(str(tmp_path / "blobs"))).publish(
+            "acme", "refunds.md", b"# Refunds\n\nCustomers may ask for a refund within 30 days of purchase.", "refunds.md")
+        (claimed,) = TaskQueue(db, lease_seconds=60).claim("small-run", limit=1)
+        (key,) = [r["partition_key"] for r in db.fetch_all("document_version_partition_keys", {"task_ids": [claimed.lease.task_id]})]
+        instance = dg.DagsterInstance.ephemeral()
+        instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, [key])
+        before = ServiceEmbedder("", home).ping()["requests"]
+        result = dg.materialize(indexing_assets, resources=default_resources(), instance=instance, partition_key=key,
+                                tags={LEASES_TAG: encode_leases([(claimed.lease.task_id, claimed.lease.attempt)]),
+                                      OWNER_TAG: "small-run"})
+        assert result.success
+        assert ServiceEmbedder("", home).ping()["requests"] > before  # the run's batches went to the service
+        assert TaskQueue(db).get(published.task_id)["status"] == "SUCCEEDED"
+        (hit, *_) = search(db, SentenceTransformerEmbedder(), "how long do I have to ask for a refund", tenant_id="acme", k=1)
+        assert hit.document_id == "refunds.md" and hit.score > 0.5
+    finally:
+        db.close()
+        stop.set()
+        thread.join(10)

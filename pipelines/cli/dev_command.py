@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -68,6 +69,29 @@ def _report_sample_progress(url: str, stop: threading.Event) -> None:
                 return
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM to dagster dev's process group, SIGKILL after 30 s: no webserver or code server outlives us."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is still there
+    except ProcessLookupError:
+        pass
+    return proc.wait()
+
+
 @app.command("dev")
 def dev_command(
     port: int = typer.Option(3000, help="Dagster UI port."),
@@ -103,21 +127,19 @@ def dev_command(
     stop = threading.Event()
     if sample:
         threading.Thread(target=_report_sample_progress, args=(url, stop), daemon=True).start()
+    # SIGTERM (systemd, docker stop, kill) shuts down like Ctrl-C: Dagster and the service stop with us.
+    signal.signal(signal.SIGTERM, _interrupt)
     # The warm model for small runs; runs load their own until it answers (it never blocks start-up).
     service = start_service(settings.home, env, wait=False, log=settings.home / "embedder.log")
     env["KBINDEX_EMBED_SERVICE"] = str(settings.home)
     cmd = [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-h", host, "-p", str(port)]
     # cwd = DAGSTER_HOME: dagster dev warns about (and ignores) a dagster.yaml in the working folder.
-    proc = subprocess.Popen(cmd, env=env, cwd=env["DAGSTER_HOME"])
+    # Its own process group, so stopping it reaches the webserver, daemon and code servers too.
+    proc = subprocess.Popen(cmd, env=env, cwd=env["DAGSTER_HOME"], start_new_session=True)
     try:
         code = proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
+        code = _stop_group(proc)
     finally:
         stop.set()
         service.terminate()

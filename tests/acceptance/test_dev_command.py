@@ -1,0 +1,62 @@
+"""`kbindex dev` as a service manager would stop it: SIGTERM leaves no Dagster process or embedding service behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bench.dagster_dev import free_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster_pg_url):
+    home = Path(tempfile.mkdtemp(prefix="kbdev-"))  # short: the service's Unix socket lives here
+    port = free_port()
+    env = {**os.environ, "KBINDEX_DATABASE_URL": db_url, "DAGSTER_PG_URL": dagster_pg_url, "KBINDEX_HOME": str(home),
+           "KBINDEX_EMBED_SERVICE_PRELOAD": "", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import main; main()", "dev", "--no-sample",
+                             "--port", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "kbindex dev exited on its own"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("the Dagster UI never answered")
+        while not (home / "embedder.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (home / "embedder.sock").exists(), "kbindex dev did not start the embedding service"
+        family = psutil.Process(proc.pid).children(recursive=True)
+        assert len(family) >= 4  # dagster dev, webserver, daemon, code server(s), embedding service
+
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(90)
+
+        alive = []
+        for p in family:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(" ".join(p.cmdline())[:120])
+            except psutil.Error:
+                pass
+        assert alive == []
+        assert not (home / "embedder.sock").exists()  # the service shut down cleanly
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -128,26 +128,26 @@ def serve(home: str | Path, *, preload: list[str] | None = None, ready: threadin
         if ready is not None:
             ready.set()
         if stop is not None:
-            threading.Thread(target=_close_when, args=(stop, listener, key), daemon=True).start()
+            threading.Thread(target=_wake_when, args=(stop, listener, key), daemon=True).start()
         while stop is None or not stop.is_set():
             try:
                 conn = listener.accept()
             except (OSError, EOFError, AuthenticationError):
-                if stop is not None and stop.is_set():
-                    break
                 continue  # a client that failed authentication or hung up during the handshake
+            if stop is not None and stop.is_set():
+                conn.close()
+                break
             threading.Thread(target=service.handle, args=(conn,), daemon=True).start()
     path.unlink(missing_ok=True)
 
 
-def _close_when(stop: threading.Event, listener: Listener, key: bytes) -> None:
+def _wake_when(stop: threading.Event, listener: Listener, key: bytes) -> None:
+    """accept() does not notice a stop: a throwaway connection wakes it (serve closes the listener)."""
     stop.wait()
     try:
-        # accept() does not notice close(); a throwaway connection wakes it up.
         Client(listener.address, family="AF_UNIX", authkey=key).close()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - the listener is gone already
         pass
-    listener.close()
 
 
 # --------------------------------------------------------------------------------------------------

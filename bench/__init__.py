@@ -1,6 +1,5 @@
 """Benchmarks (not installed; run from the checkout with python -m bench.<name>)."""
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -10,9 +9,5 @@ from resources.local_postgres import temporary_server
 @contextmanager
 def server_url() -> Iterator[str]:
     """KBINDEX_DATABASE_URL (an admin URL), or a throwaway embedded PostgreSQL under a temporary folder."""
-    external = os.environ.get("KBINDEX_DATABASE_URL")
-    if external:
-        yield external
-        return
-    with temporary_server("kbindex-bench-pg-") as url:
+    with temporary_server("kbindex-bench-pg-", external_env="KBINDEX_DATABASE_URL") as url:
         yield url

@@ -99,11 +99,16 @@ def stop_pgdata(pgdata: Path) -> None:
 
 
 @contextmanager
-def temporary_server(prefix: str = "kbindex-pg-") -> Iterator[str]:
+def temporary_server(prefix: str = "kbindex-pg-", *, external_env: str | None = None) -> Iterator[str]:
     """A throwaway embedded server under a temporary folder, deleted afterwards; yields its admin URL.
 
-    Tests and benchmarks use it; KBINDEX_TEST_DATABASE_URL / KBINDEX_DATABASE_URL bypass it there.
+    Tests and benchmarks use it. If the variable ``external_env`` names is set (KBINDEX_TEST_DATABASE_URL
+    for tests, KBINDEX_DATABASE_URL for benches), its URL is yielded instead and nothing is started.
     """
+    external = os.environ.get(external_env) if external_env else None
+    if external:
+        yield external
+        return
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

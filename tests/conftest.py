@@ -30,11 +30,7 @@ CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 @pytest.fixture(scope="session")
 def pg_server_url() -> Iterator[str]:
     """Admin URL of a running PostgreSQL with pgvector available."""
-    external = os.environ.get("KBINDEX_TEST_DATABASE_URL")
-    if external:
-        yield external
-        return
-    with temporary_server("kbindex-test-pg-") as url:
+    with temporary_server("kbindex-test-pg-", external_env="KBINDEX_TEST_DATABASE_URL") as url:
         yield url
 
 

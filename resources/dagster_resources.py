@@ -93,6 +93,7 @@ class EmbedderResource(dg.ConfigurableResource):
 
     _preloads: dict[str, threading.Thread] = PrivateAttr(default_factory=dict)
     _use_service: bool = PrivateAttr(default=False)
+    _served: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         """Small runs use the warm embedding service if one answers; the others start loading the
@@ -154,12 +155,15 @@ class EmbedderResource(dg.ConfigurableResource):
             delay = float(os.environ.get("KBINDEX_FAKE_DELAY", "0") or 0)
             return _Slowed(fake, delay) if delay > 0 else fake
         if self._use_service:
-            from resources.embedding_service import ServiceEmbedder, ServiceOrLocal
+            if model not in self._served:  # one connection per model and run, not one per version
+                from resources.embedding_service import ServiceEmbedder, ServiceOrLocal
 
-            def fall_back(exc: Exception) -> None:
-                logging.getLogger("kbindex").warning(f"embedding service unusable ({exc}); loading {model} in this run")
+                def fall_back(exc: Exception) -> None:
+                    logging.getLogger("kbindex").warning(f"embedding service unusable ({exc}); loading {model} in this run")
 
-            return ServiceOrLocal(ServiceEmbedder(model, self.service_home), lambda: self._local(model), fall_back)
+                self._served[model] = ServiceOrLocal(ServiceEmbedder(model, self.service_home),
+                                                     lambda: self._local(model), fall_back)
+            return self._served[model]
         return self._local(model)
 
     def _local(self, model: str) -> Any:

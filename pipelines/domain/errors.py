@@ -7,7 +7,8 @@
     │   ├── EncryptedDocument         ENCRYPTED_DOCUMENT
     │   ├── EmptyDocument             EMPTY_DOCUMENT
     │   ├── DocumentTooLarge          DOCUMENT_TOO_LARGE
-    │   └── BlobNotFound              BLOB_NOT_FOUND
+    │   ├── BlobNotFound              BLOB_NOT_FOUND
+    │   └── DependencyMissing         DEPENDENCY_MISSING: a library this file needs is not installed
     ├── EmbeddingError
     │   ├── EmbeddingInvalidResponse  EMBEDDING_INVALID_RESPONSE (permanent)
     │   ├── EmbeddingTimeout          EMBEDDING_TIMEOUT (transient)
@@ -39,6 +40,7 @@ PERMANENT_CODES = frozenset(
         "EMPTY_DOCUMENT",
         "DOCUMENT_TOO_LARGE",
         "BLOB_NOT_FOUND",
+        "DEPENDENCY_MISSING",
         "EMBEDDING_INVALID_RESPONSE",
     }
 )
@@ -131,6 +133,20 @@ class BlobNotFound(DocumentError):
     """The stored bytes of this version are missing."""
 
     code = "BLOB_NOT_FOUND"
+
+
+class DependencyMissing(DocumentError):
+    """The file is fine, but reading it needs a Python package that is not installed.
+
+    Permanent until an operator installs the package (the message names it); then ``kbindex retry``.
+    """
+
+    code = "DEPENDENCY_MISSING"
+
+    @classmethod
+    def for_package(cls, label: str, package: str, why: str) -> DependencyMissing:
+        return cls(f"{label}: {why} needs the Python package '{package}', which is not installed; "
+                   f"install it (pip install '{package}') and retry the task", package=package)
 
 
 class EmbeddingError(KbindexError):
@@ -232,6 +248,7 @@ _BY_CODE: dict[str, type[KbindexError]] = {
         EmptyDocument,
         DocumentTooLarge,
         BlobNotFound,
+        DependencyMissing,
         EmbeddingInvalidResponse,
         EmbeddingTimeout,
         EmbeddingRateLimited,
@@ -254,6 +271,8 @@ def classify(exc: BaseException) -> KbindexError:
         return exc
     if isinstance(exc, TimeoutError):
         return EmbeddingTimeout(str(exc) or "timed out")
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return DependencyMissing.for_package("document", exc.name.partition(".")[0], "processing")
     if isinstance(exc, MemoryError):
         return DocumentTooLarge("ran out of memory while processing the document")
     name = type(exc).__name__

@@ -519,3 +519,32 @@ def test_hostile_input(hostile: Case, record_property) -> None:
         if hostile.contains:
             assert hostile.contains in text
     assert growth_mb < MEMORY_BOUND_MB
+
+
+# --- a missing optional library is named, never reported as a damaged file ------------------------
+_WITHOUT_CRYPTOGRAPHY = """
+import sys
+sys.modules["cryptography"] = None  # as on a machine where it is not installed
+from pipelines.domain.errors import KbindexError
+from pipelines.domain.parsing import parse_document
+try:
+    parse_document(sys.stdin.buffer.read(), filename="owner-only.pdf", media_type="application/pdf")
+except KbindexError as exc:
+    print(exc.code)
+    print(exc.message)
+else:
+    print("OK")
+"""
+
+
+@pytest.mark.parametrize("algorithm", ["AES-128", "AES-256"])
+def test_aes_pdf_without_cryptography_names_the_package(algorithm: str) -> None:
+    import subprocess
+    import sys
+
+    data = _encrypted("", algorithm)
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_CRYPTOGRAPHY], input=data, capture_output=True,
+                          timeout=60, check=True)
+    code, message = done.stdout.decode().splitlines()[:2]
+    assert code == "DEPENDENCY_MISSING"
+    assert "cryptography" in message and "damaged" not in message

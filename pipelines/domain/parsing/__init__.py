@@ -8,6 +8,7 @@ maps every failure to a typed ``DocumentError`` (never a silent skip):
     ENCRYPTED_DOCUMENT    a PDF that needs a password
     EMPTY_DOCUMENT        no visible text (whitespace or zero-width characters only, or a scanned PDF without OCR)
     DOCUMENT_TOO_LARGE    over a ``ParseLimits`` bound (bytes, pages, characters incl. headings, time, zip bomb)
+    DEPENDENCY_MISSING    the file is fine but needs a package that is not installed (named in the message)
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pipelines.cli.app import JsonOption, app, console, errors_to_exit, open_database, print_json
+from pipelines.cli.task_views import print_whole, task_summary, tasks_table
 from pipelines.domain.task_states import TERMINAL, Stage, TaskStatus, overall_percent
-
-TASK_COLUMNS = ("task_id", "tenant_id", "document_id", "version_number", "profile", "status", "stage", "attempts", "error_code")
 
 
 def _queue(db):
@@ -27,7 +26,7 @@ def task_view(task: dict) -> dict:
     view = dict(task)
     view["percent"] = overall_percent(status, stage, task.get("completed") or 0, task.get("total") or 0)
     view["can_cancel"] = status in (TaskStatus.PENDING, TaskStatus.RETRY_WAIT, TaskStatus.RUNNING)
-    view["can_retry"] = status == TaskStatus.DEAD
+    view["can_retry"] = status in (TaskStatus.DEAD, TaskStatus.CANCELLED)
     return view
 
 
@@ -36,9 +35,10 @@ def tasks_command(
     status: str | None = typer.Option(None, "--status", help="PENDING, RUNNING, RETRY_WAIT, SUCCEEDED, DEAD, CANCELLED"),
     tenant: str | None = typer.Option(None, "--tenant"),
     limit: int = typer.Option(100, "--limit", min=1, max=10000),
+    wide: bool = typer.Option(False, "--wide", help="Every column (profile, stage, attempts, error...), never cut."),
     as_json: bool = JsonOption,
 ) -> None:
-    """List tasks, newest first."""
+    """List tasks, newest first (fits 80 columns; --wide or --json for everything)."""
     if status is not None and status.upper() not in TaskStatus.__members__:
         raise typer.BadParameter(f"unknown status {status!r}", param_hint="--status")
     with open_database() as db, errors_to_exit():
@@ -46,15 +46,19 @@ def tasks_command(
     if as_json:
         print_json(rows)
         return
-    table = Table(*TASK_COLUMNS, "percent")
-    for r in rows:
-        table.add_row(*(str(r.get(c) if r.get(c) is not None else "") for c in TASK_COLUMNS), f"{r['percent']:.0f}%")
-    console.print(table)
+    if not rows:
+        console.print("no tasks")
+        return
+    table = tasks_table(rows, wide=wide)
+    if wide:
+        print_whole(console, table)
+    else:
+        console.print(table)
 
 
 @app.command("task")
 def task_command(task_id: int, as_json: bool = JsonOption) -> None:
-    """Show one task and its event history."""
+    """Show one task: state, progress, attempts, last error and its recent events (--json: everything)."""
     with open_database() as db, errors_to_exit():
         queue = _queue(db)
         view = task_view(queue.get(task_id))
@@ -62,16 +66,7 @@ def task_command(task_id: int, as_json: bool = JsonOption) -> None:
     if as_json:
         print_json(view)
         return
-    for key, value in view.items():
-        if key != "events":
-            console.print(f"[bold]{key}[/]: {value}", highlight=False)
-    table = Table("event", "time", "attempt", "from", "to", "stage", "owner", "error")
-    for e in view["events"]:
-        table.add_row(
-            str(e["event_id"]), str(e["created_at"]), str(e["attempt"]), e["from_status"] or "", e["to_status"],
-            e.get("stage") or "", e.get("lease_owner") or "", e.get("error_code") or "",
-        )
-    console.print(table)
+    console.print(task_summary(view, view["events"]), highlight=False)
 
 
 @app.command("cancel")
@@ -90,7 +85,7 @@ def retry_command(
     attempts: int = typer.Option(3, "--attempts", min=1, max=100, help="Attempts to grant."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Send a DEAD task back to PENDING (same row, more attempts; exit 3 otherwise)."""
+    """Send a DEAD or CANCELLED task back to PENDING (same row, attempts kept, more granted; exit 3 otherwise)."""
     with open_database() as db, errors_to_exit():
         queue = _queue(db)
         queue.retry(task_id, extra_attempts=attempts)

@@ -1,16 +1,19 @@
 """A run's leases, kept alive by one heartbeat thread for the whole run.
 
 The keeper heartbeats every lease it holds every ``interval`` seconds (a third of the lease by
-default). A heartbeat that is fenced out (lease expired, taken over, or task cancelled) marks
-that lease lost; the run's steps call ``check(key)`` between units of work and stop that
-version's work promptly, writing nothing more. Other versions in the same run carry on.
+default), all of them in one statement that never waits on a row lock: a lease whose row is held
+by its own publish transaction is skipped (neither renewed nor lost), so a long publish never
+stalls its batch-mates' heartbeats. A heartbeat that is fenced out (lease expired, taken over, or
+task cancelled) marks that lease lost; the run's steps call ``check(key)`` between units of work
+and stop that version's work promptly, writing nothing more. Other versions in the same run carry on.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+from collections import defaultdict
+from dataclasses import dataclass
 
 from pipelines.domain.errors import FenceRejected, KbindexError, LeaseLost
 from resources.task_queue import Lease, TaskQueue
@@ -22,7 +25,6 @@ log = logging.getLogger(__name__)
 class _Held:
     lease: Lease
     lost: FenceRejected | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class LeaseKeeper:
@@ -86,21 +88,34 @@ class LeaseKeeper:
 
     # -- heartbeating -------------------------------------------------------------------------
     def beat_once(self) -> None:
-        """Heartbeat every live lease once (the thread calls this; tests may too)."""
+        """Heartbeat every live lease once, one statement per owner (the thread calls this; tests may too)."""
         with self._guard:
-            items = list(self._held.items())
-        for key, held in items:
-            if held.lost is not None:
-                continue
-            with held.lock:
-                try:
-                    held.lease = self.queue.heartbeat(held.lease)
-                    self.heartbeats += 1
-                except FenceRejected as exc:
-                    held.lost = exc
-                    log.warning("task %s: lease lost (%s): stopping its work", held.lease.task_id, exc.code)
-                except KbindexError as exc:  # database hiccup: try again next beat; fencing keeps us safe
-                    log.warning("task %s: heartbeat failed (%s), will retry", held.lease.task_id, exc.code)
+            live = [held for held in self._held.values() if held.lost is None]
+        by_owner: dict[str, list[_Held]] = defaultdict(list)
+        for held in live:
+            by_owner[held.lease.owner].append(held)
+        for batch in by_owner.values():
+            self._beat(batch)
+
+    def _beat(self, batch: list[_Held]) -> None:
+        """One heartbeat statement for the leases of one owner; renewed, lost, or left alone while busy."""
+        sent: dict[tuple[int, int], list[_Held]] = defaultdict(list)
+        for held in batch:
+            sent[(held.lease.task_id, held.lease.attempt)].append(held)
+        try:
+            result = self.queue.heartbeat_many([helds[0].lease for helds in sent.values()])
+        except KbindexError as exc:  # database hiccup: try again next beat; fencing keeps us safe
+            log.warning("heartbeat of %d lease(s) failed (%s), will retry", len(sent), exc.code)
+            return
+        for lease in result.renewed:
+            for held in sent[(lease.task_id, lease.attempt)]:
+                held.lease = lease
+            self.heartbeats += 1
+        for lease, exc in result.lost:
+            for held in sent[(lease.task_id, lease.attempt)]:
+                held.lost = exc
+            log.warning("task %s: lease lost (%s): stopping its work", lease.task_id, exc.code)
+        # result.busy: the row is locked by the lease's own publish, which commits or rolls back on its own.
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

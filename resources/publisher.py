@@ -2,8 +2,8 @@
 
 The version row, the task row(s) and their events commit in one transaction; the event trigger
 NOTIFYs listeners. The same bytes for the same document again create nothing and return the
-existing task; changed bytes make version n+1. Concurrent publishes of one document are
-serialized by a row lock on the document.
+existing task, re-queued if it was CANCELLED (a cancel is never a dead end); changed bytes make
+version n+1. Concurrent publishes of one document are serialized by a row lock on the document.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ class PublishResult:
     created: bool
     profile: str
     content_hash: str
+    requeued: bool = False
+    """Same bytes as the latest version, whose CANCELLED task this publish put back to PENDING."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -98,6 +100,7 @@ class Publisher:
             task_id=primary["task_id"],
             status=primary["status"],
             created=bool(primary["created"]),
+            requeued=bool(primary["requeued"]),
             profile=primary["profile"],
             content_hash=digest,
         )

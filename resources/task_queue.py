@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from pipelines.domain.errors import (
+    FenceRejected,
     IllegalTransition,
     LeaseLost,
     TaskCancelled,
@@ -49,6 +50,18 @@ class ClaimedTask:
     version_number: int
     profile: str
     task_type: str
+
+
+@dataclass(frozen=True)
+class Heartbeats:
+    """What one ``heartbeat_many`` did with each lease it was given."""
+
+    renewed: list[Lease]
+    """Extended: the leases with their new ``lease_until``."""
+    busy: list[Lease]
+    """Fence holds but the row is locked (its publish transaction is in flight): not renewed, not lost."""
+    lost: list[tuple[Lease, FenceRejected]]
+    """Fenced out, with the reason: ``TaskCancelled`` or ``LeaseLost``."""
 
 
 class TaskQueue:
@@ -158,6 +171,42 @@ class TaskQueue:
                 raise self._refused(s, lease, "heartbeat")
         return Lease(lease.task_id, lease.attempt, lease.owner, row["lease_until"])
 
+    def heartbeat_many(self, leases: Sequence[Lease], session: Session | None = None) -> Heartbeats:
+        """Extend many leases of one owner in one statement that never waits on a row lock.
+
+        A lease whose row another transaction holds (its own publish, writing chunks) is ``busy``: its
+        publish re-checked the fence when it took the lock and commits or rolls back on its own.
+        """
+        if not leases:
+            return Heartbeats([], [], [])
+        if len({lease.owner for lease in leases}) != 1:
+            raise ValueError("heartbeat_many takes the leases of one owner")
+        sent = {(lease.task_id, lease.attempt): lease for lease in leases}
+        with self._session(session) as s:
+            rows = s.fetch_all(
+                "task_heartbeat_many",
+                {
+                    "owner": leases[0].owner,
+                    "task_ids": [task_id for task_id, _ in sent],
+                    "attempts": [attempt for _, attempt in sent],
+                    "lease_seconds": self.lease_seconds,
+                    "now": self.clock(),
+                },
+            )
+            result = Heartbeats([], [], [])
+            for r in rows:
+                lease = sent[(r["task_id"], r["attempt"])]
+                if r["outcome"] == "renewed":
+                    result.renewed.append(Lease(lease.task_id, lease.attempt, lease.owner, r["lease_until"]))
+                elif r["outcome"] == "busy":
+                    result.busy.append(lease)
+                else:  # rare: one read per lost lease explains why
+                    refusal = self._refused(s, lease, "heartbeat")
+                    if not isinstance(refusal, FenceRejected):  # the task row is gone: so is the lease
+                        refusal = LeaseLost(refusal.message, reason="not found", task_id=lease.task_id)
+                    result.lost.append((lease, refusal))
+        return result
+
     def progress(
         self, lease: Lease, stage: Stage, completed: int, total: int, session: Session | None = None
     ) -> None:
@@ -259,7 +308,7 @@ class TaskQueue:
         raise IllegalTransition(why_cannot_cancel(status) or "the task changed concurrently", task_id=task_id, status=status)
 
     def retry(self, task_id: int, extra_attempts: int = 3) -> None:
-        """DEAD -> PENDING on the same row: attempts kept, ``extra_attempts`` more granted."""
+        """DEAD or CANCELLED -> PENDING on the same row: attempts kept, ``extra_attempts`` more granted."""
         if extra_attempts < 1:
             raise ValueError("extra_attempts must be at least 1")
         with self.db.session() as s:

@@ -67,11 +67,12 @@ def publish_command(
                     "task_id": result.task_id,
                     "status": result.status,
                     "created": result.created,
+                    "requeued": result.requeued,
                 }
                 if as_json:
                     print_json(row)
                 else:
-                    verb = "published" if result.created else "unchanged"
+                    verb = "published" if result.created else "re-queued" if result.requeued else "unchanged"
                     console.print(f"{verb} {doc_id} v{result.version} task {result.task_id} {result.status}", highlight=False)
     if failures:
         raise typer.Exit(EXIT_ERROR)

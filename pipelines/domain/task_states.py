@@ -13,7 +13,8 @@ from enum import StrEnum
 
 class TaskStatus(StrEnum):
     PENDING = "PENDING"
-    """Waiting to be claimed. In: publish, manual retry. Out: claim (RUNNING), cancel."""
+    """Waiting to be claimed. In: publish (new, or the same bytes again re-queueing a CANCELLED task),
+    manual retry. Out: claim (RUNNING), cancel."""
     RUNNING = "RUNNING"
     """Leased to one run. In: claim. Out: fenced publish (SUCCEEDED), fenced fail (RETRY_WAIT/DEAD),
     cancel, or a claim after the lease expired (RUNNING again with attempts + 1, or DEAD)."""
@@ -24,7 +25,8 @@ class TaskStatus(StrEnum):
     DEAD = "DEAD"
     """Failed permanently or out of attempts, with a stable error code. Out: manual retry."""
     CANCELLED = "CANCELLED"
-    """Stopped by a person. Terminal: publish again instead."""
+    """Stopped by a person. Out: manual retry, or a publish of the same bytes (both back to PENDING,
+    attempts kept): a cancel is never a dead end."""
 
 
 class Stage(StrEnum):
@@ -34,10 +36,11 @@ class Stage(StrEnum):
     PUBLISH = "publish"
 
 
+# Finished: nothing moves these on by itself (DEAD and CANCELLED wait for a person: retry or publish again).
 TERMINAL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.CANCELLED})
 CLAIMABLE = frozenset({TaskStatus.PENDING, TaskStatus.RETRY_WAIT})
 CANCELLABLE = frozenset({TaskStatus.PENDING, TaskStatus.RETRY_WAIT, TaskStatus.RUNNING})
-RETRYABLE_BY_HAND = frozenset({TaskStatus.DEAD})
+RETRYABLE_BY_HAND = frozenset({TaskStatus.DEAD, TaskStatus.CANCELLED})
 
 # (from, to) -> the verb that performs it. Anything else is illegal.
 TRANSITIONS: dict[tuple[TaskStatus | None, TaskStatus], str] = {
@@ -52,6 +55,7 @@ TRANSITIONS: dict[tuple[TaskStatus | None, TaskStatus], str] = {
     (TaskStatus.RETRY_WAIT, TaskStatus.CANCELLED): "cancel",
     (TaskStatus.RUNNING, TaskStatus.CANCELLED): "cancel",
     (TaskStatus.DEAD, TaskStatus.PENDING): "manual retry",
+    (TaskStatus.CANCELLED, TaskStatus.PENDING): "manual retry or publish of the same bytes",
 }
 
 
@@ -72,9 +76,7 @@ def why_cannot_retry(status: TaskStatus) -> str | None:
     """None when a manual retry is allowed, otherwise a sentence for the person who asked."""
     if status in RETRYABLE_BY_HAND:
         return None
-    if status == TaskStatus.CANCELLED:
-        return "the task is CANCELLED; publish the document again instead"
-    return f"the task is {status.value}; only DEAD tasks can be retried by hand"
+    return f"the task is {status.value}; only DEAD or CANCELLED tasks can be retried by hand"
 
 
 def backoff_seconds(

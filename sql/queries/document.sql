@@ -29,6 +29,8 @@ WHERE d.tenant_id = v.tenant_id AND d.document_id = v.document_id;
 -- name: index_task_ensure
 -- One INDEX task per target profile (the active one and any being built) for a version, idempotent on
 -- the business key; new tasks get their PENDING event in the same statement (the event trigger NOTIFYs).
+-- An existing CANCELLED task is re-queued (the owner asked again, DESIGN.md): same row, attempts kept,
+-- %(max_attempts)s more granted, CANCELLED -> PENDING event. Other existing tasks are returned unchanged.
 WITH targets AS (
     SELECT name FROM index_profile WHERE is_active OR building
 ),
@@ -43,15 +45,38 @@ published_event AS (
     INSERT INTO task_event (task_id, attempt, from_status, to_status, message)
     SELECT task_id, 0, NULL, 'PENDING', 'published'
     FROM inserted
+),
+-- The guard re-checks CANCELLED after any row lock wait, so a task moved meanwhile is left alone.
+requeued AS (
+    UPDATE index_task t
+    SET status          = 'PENDING',
+        max_attempts    = t.attempts + %(max_attempts)s,
+        next_attempt_at = now(),
+        finished_at     = NULL,
+        updated_at      = now()
+    FROM targets
+    WHERE t.profile = targets.name
+      AND t.tenant_id = %(tenant_id)s AND t.document_id = %(document_id)s
+      AND t.version_number = %(version)s AND t.task_type = 'INDEX'
+      AND t.status = 'CANCELLED'
+    RETURNING t.task_id, t.attempts, t.status
+),
+requeued_event AS (
+    INSERT INTO task_event (task_id, attempt, from_status, to_status, message)
+    SELECT task_id, attempts, 'CANCELLED', 'PENDING', 'published again'
+    FROM requeued
 )
-SELECT i.task_id, i.profile, i.status, true AS created, p.is_active
+SELECT i.task_id, i.profile, i.status, true AS created, false AS requeued, p.is_active
 FROM inserted i JOIN index_profile p ON p.name = i.profile
 UNION ALL
--- Rows inserted above are invisible to this part of the same statement: these are the existing tasks.
-SELECT t.task_id, t.profile, t.status, false AS created, p.is_active
+-- Rows inserted or updated above are invisible to this part of the same statement (it reads the
+-- statement's snapshot): these are the existing tasks, with the status a re-queue gave them.
+SELECT t.task_id, t.profile, coalesce(r.status, t.status), false AS created, r.task_id IS NOT NULL AS requeued,
+       p.is_active
 FROM index_task t
 JOIN targets ON targets.name = t.profile
 JOIN index_profile p ON p.name = t.profile
+LEFT JOIN requeued r ON r.task_id = t.task_id
 WHERE t.tenant_id = %(tenant_id)s AND t.document_id = %(document_id)s
   AND t.version_number = %(version)s AND t.task_type = 'INDEX';
 

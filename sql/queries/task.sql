@@ -14,12 +14,13 @@ clock AS (
 ),
 -- Path 1, due work: walk index_task_due_idx (partial on exactly this predicate) in
 -- next_attempt_at order and stop after %(limit)s rows, so the cost does not grow with the queue.
--- INDEX tasks only: REINDEX tasks of a profile being built are claimed by the operator's backfill.
+-- INDEX tasks, and REINDEX tasks already attempted (failed retryably, crashed, or retried by hand: no
+-- backfill comes back for them); never-attempted REINDEX backlog is left to the operator's backfill.
 -- SKIP LOCKED: rows another claimer is taking are passed over instead of waited for.
 due AS (
     SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.next_attempt_at AS since
     FROM index_task t
-    WHERE t.status IN ('PENDING', 'RETRY_WAIT') AND t.task_type = 'INDEX'
+    WHERE t.status IN ('PENDING', 'RETRY_WAIT') AND (t.task_type = 'INDEX' OR t.attempts > 0)
       AND t.next_attempt_at <= (SELECT now FROM clock)
       AND %(take_due)s::boolean   -- false: only take over expired leases (the run queue is full)
     ORDER BY t.next_attempt_at
@@ -103,6 +104,54 @@ WHERE t.task_id = %(task_id)s
   AND t.attempts = %(attempt)s
   AND t.lease_until > (SELECT now FROM clock)
 RETURNING t.task_id, t.attempts, t.lease_owner, t.lease_until;
+
+-- name: task_heartbeat_many
+-- Fenced: extend many leases of %(owner)s in one statement without ever waiting on a row lock. Each
+-- requested lease comes back once with its outcome: 'renewed' (with the new lease_until); 'busy' (the
+-- fence holds but another transaction holds the row, i.e. the lease's own publish is in flight: not
+-- renewed, not lost, it finishes or fails on its own); 'lost' (the fence does not hold).
+WITH
+clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+leases AS (
+    SELECT l.task_id, l.attempt
+    FROM unnest(%(task_ids)s::bigint[], %(attempts)s::integer[]) AS l (task_id, attempt)
+),
+-- Lock the rows whose fence holds; SKIP LOCKED passes over rows being published instead of waiting.
+lockable AS (
+    SELECT t.task_id
+    FROM index_task t
+    JOIN leases l ON l.task_id = t.task_id
+    WHERE t.status = 'RUNNING'
+      AND t.lease_owner = %(owner)s
+      AND t.attempts = l.attempt
+      AND t.lease_until > (SELECT now FROM clock)
+    FOR UPDATE OF t SKIP LOCKED
+),
+renewed AS (
+    UPDATE index_task t
+    SET lease_until = (SELECT now FROM clock) + make_interval(secs => %(lease_seconds)s),
+        updated_at  = (SELECT now FROM clock)
+    FROM lockable k
+    WHERE t.task_id = k.task_id
+    RETURNING t.task_id, t.attempts, t.lease_until
+)
+-- Second look, without locking (the statement's snapshot): a row not renewed whose fence holds was
+-- skipped for its lock; any other row failed the fence. (A fence broken by a commit during this very
+-- statement may read as busy once; the next beat reports it lost.)
+SELECT l.task_id, l.attempt, r.lease_until,
+       CASE WHEN r.task_id IS NOT NULL THEN 'renewed'
+            WHEN f.task_id IS NOT NULL THEN 'busy'
+            ELSE 'lost' END AS outcome
+FROM leases l
+LEFT JOIN renewed r ON r.task_id = l.task_id AND r.attempts = l.attempt
+LEFT JOIN index_task f
+  ON f.task_id = l.task_id
+ AND f.status = 'RUNNING'
+ AND f.lease_owner = %(owner)s
+ AND f.attempts = l.attempt
+ AND f.lease_until > (SELECT now FROM clock);
 
 -- name: task_progress
 -- Fenced: move stage/completed forward only (stage order, then completed) and log a progress event.
@@ -306,10 +355,19 @@ logged AS (
 SELECT m.task_id, m.from_status FROM moved m;
 
 -- name: task_retry
--- Manual retry: DEAD -> PENDING on the same row, attempts kept, %(extra_attempts)s more granted.
+-- Manual retry: DEAD or CANCELLED -> PENDING on the same row, attempts kept (the fencing token only
+-- grows), %(extra_attempts)s more granted from the current attempt.
 WITH
 clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+-- Lock first so the event records the status it really left (a cancel or publish may be moving it).
+cur AS (
+    SELECT t.task_id, t.status
+    FROM index_task t
+    WHERE t.task_id = %(task_id)s
+      AND t.status IN ('DEAD', 'CANCELLED')
+    FOR UPDATE
 ),
 moved AS (
     UPDATE index_task t
@@ -318,17 +376,17 @@ moved AS (
         next_attempt_at = (SELECT now FROM clock),
         finished_at     = NULL,
         updated_at      = (SELECT now FROM clock)
-    WHERE t.task_id = %(task_id)s
-      AND t.status = 'DEAD'
-    RETURNING t.task_id, t.attempts, t.error_code
+    FROM cur c
+    WHERE t.task_id = c.task_id
+    RETURNING t.task_id, c.status AS from_status, t.attempts, t.error_code
 ),
 logged AS (
     INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, error_code, message, created_at)
-    SELECT m.task_id, 'transition', m.attempts, 'DEAD', 'PENDING', m.error_code, 'manual retry',
+    SELECT m.task_id, 'transition', m.attempts, m.from_status, 'PENDING', m.error_code, 'manual retry',
            (SELECT now FROM clock)
     FROM moved m
 )
-SELECT m.task_id FROM moved m;
+SELECT m.task_id, m.from_status FROM moved m;
 
 -- name: task_get
 -- One task by id.

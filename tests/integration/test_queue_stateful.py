@@ -1,7 +1,7 @@
 """Model-based test: random queue operations against a plain-Python model of the task state machine.
 
-Hypothesis drives publish, claim, heartbeat, progress, complete, fail (random codes), crash-fail,
-cancel, retry, with jumps of the pinned clock past leases before claims and lease uses; after every step the database must agree
+Hypothesis drives publish, publish of the same bytes again, claim, heartbeat, progress, complete, fail
+(random codes), crash-fail, cancel, retry, with jumps of the pinned clock past leases before claims and lease uses; after every step the database must agree
 with the model (status, attempts, lease) and with its own event history, and no two grants may
 share a (task, attempt).
 """
@@ -72,6 +72,7 @@ def make_machine(db, db_url: str, tmp_path):
             self.rng = random.Random(SEED)  # draws the same backoffs as the queue, call for call
             self.publisher = Publisher(db, BlobStore(str(tmp_path / "blobs")), max_attempts=MAX_ATTEMPTS)
             self.model: dict[int, Model] = {}
+            self.documents: dict[int, tuple[str, bytes]] = {}  # task -> the document and bytes it indexes
             self.leases: list[Lease] = []  # every lease ever granted, stale ones included
             self.granted: set[tuple[int, int]] = set()
             self.seen_attempts: dict[int, int] = {}
@@ -121,6 +122,21 @@ def make_machine(db, db_url: str, tmp_path):
             result = self.publisher.publish("acme", f"doc-{n}", f"body {n}".encode(), f"d{n}.txt")
             row = self.queue.get(result.task_id)
             self.model[result.task_id] = Model("PENDING", 0, MAX_ATTEMPTS, row["next_attempt_at"])
+            self.documents[result.task_id] = (f"doc-{n}", f"body {n}".encode())
+
+        @rule(data=st.data())
+        def publish_again(self, data) -> None:
+            """The owner publishes a document's same bytes again: a CANCELLED task is re-queued (attempts kept,
+            a publisher's worth more granted); any other status is returned unchanged."""
+            tid = data.draw(st.sampled_from(sorted(self.model)))
+            document, body = self.documents[tid]
+            result = self.publisher.publish("acme", document, body, "again.txt")
+            m = self.model[tid]
+            assert (result.task_id, result.created, result.requeued) == (tid, False, m.status == "CANCELLED")
+            if m.status == "CANCELLED":
+                m.status, m.max_attempts = "PENDING", m.attempts + MAX_ATTEMPTS
+                m.next_attempt_at = self.queue.get(tid)["next_attempt_at"]  # the database's now(), not the pin
+            assert result.status == m.status
 
         @rule(owner=st.sampled_from(["a", "a", "b"]), limit=st.integers(1, 3), advance=ADVANCES)
         def claim(self, owner: str, limit: int, advance: float) -> None:
@@ -263,7 +279,7 @@ def make_machine(db, db_url: str, tmp_path):
 
         def retry(self, tid: int) -> None:
             m = self.model[tid]
-            if m.status == "DEAD":
+            if m.status in ("DEAD", "CANCELLED"):
                 self.queue.retry(tid, extra_attempts=2)
                 m.status, m.max_attempts, m.next_attempt_at = "PENDING", m.attempts + 2, self.clock.now
             else:

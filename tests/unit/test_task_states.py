@@ -24,14 +24,16 @@ from pipelines.domain.task_states import (
 def test_only_the_designed_transitions_are_legal():
     legal = {(a, b) for a in [None, *TaskStatus] for b in TaskStatus if is_legal(a, b)}
     assert legal == set(TRANSITIONS)
-    assert not any(is_legal(s, t) for s in (TaskStatus.SUCCEEDED, TaskStatus.CANCELLED) for t in TaskStatus)
-    assert {t for (s, t) in TRANSITIONS if s == TaskStatus.DEAD} == {TaskStatus.PENDING}
+    assert not any(is_legal(TaskStatus.SUCCEEDED, t) for t in TaskStatus)
+    # DEAD and CANCELLED are never dead ends: a person sends them back to PENDING (DESIGN.md).
+    for waiting_for_a_person in (TaskStatus.DEAD, TaskStatus.CANCELLED):
+        assert {t for (s, t) in TRANSITIONS if s == waiting_for_a_person} == {TaskStatus.PENDING}
 
 
 @pytest.mark.parametrize("status", list(TaskStatus))
 def test_cancel_and_retry_refusals_explain_themselves(status):
     assert (why_cannot_cancel(status) is None) == (status in CANCELLABLE)
-    assert (why_cannot_retry(status) is None) == (status == TaskStatus.DEAD)
+    assert (why_cannot_retry(status) is None) == (status in (TaskStatus.DEAD, TaskStatus.CANCELLED))
     for why in (why_cannot_cancel(status), why_cannot_retry(status)):
         assert why is None or status.value.lower() in why.lower()
 

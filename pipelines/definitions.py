@@ -20,4 +20,7 @@ defs = dg.Definitions(
     schedules=[apply_retention_hourly],
     sensors=[claim_index_tasks, record_crashed_runs],
     resources=default_resources(),
+    # Every job, the UI's implicit asset job included (backfills, "Materialize"), runs its steps in one
+    # process: one IndexingRun holds the run's leases from parse to publish (issue #12, defect 10).
+    executor=dg.in_process_executor,
 )

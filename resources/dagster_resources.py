@@ -1,10 +1,9 @@
 """The Dagster face of resources/: ``ConfigurableResource`` wrappers around the plain clients.
 
 Clients and pools are built in ``setup_for_execution`` into private attributes, so a run (in-process
-executor) builds each once and tears it down after its last step. ``LeaseResource`` is the run's
-hold on its tasks: it adopts the leases the claiming sensor granted (run tags), claims the task of
-any partition it was launched for without one (UI backfills, ``dagster asset materialize``), and
-heartbeats all of them on one thread for the whole run.
+executor) builds each once and tears it down after its last step. ``IndexingRunResource`` holds the
+run's ``IndexingRun``: the leases it adopted (run tags) or claimed (UI backfills, ``dagster asset
+materialize``), heartbeated on one thread for the whole run, and the per-task run state.
 """
 
 from __future__ import annotations
@@ -13,20 +12,19 @@ import json
 import logging
 import os
 import threading
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 from pydantic import PrivateAttr
 
-from pipelines.domain.errors import FenceRejected, KbindexError
 from resources.artifact_store import ArtifactStore
 from resources.blob_store import BlobStore
 from resources.database import Database
+from resources.indexing_run import IndexingRun
 from resources.lease_keeper import LeaseKeeper
+from resources.run_state import RunState
 from resources.settings import Settings, resolve_database_url
-from resources.task_queue import Lease, TaskQueue
+from resources.task_queue import TaskQueue
 
 # Run tags written by the claiming sensor and read by LeaseResource.
 LEASES_TAG = "kbindex/leases"  # JSON [[task_id, attempt], ...]
@@ -193,196 +191,57 @@ class _Slowed:
         return self.respond(texts).vectors
 
 
-class ArtifactIOManager(dg.ConfigurableIOManager):
-    """Stores ``{partition_key: value}`` outputs one file per key (KBINDEX_HOME/artifacts by default)."""
+class IndexingRunResource(dg.ConfigurableResource):
+    """The run's ``IndexingRun`` (resources/indexing_run.py): its leases, run state and step verbs.
 
-    root: str = ""
-
-    def _store(self) -> ArtifactStore:
-        return ArtifactStore(self.root or (Settings.from_env().home / "artifacts"))
-
-    @staticmethod
-    def _asset(context: dg.OutputContext | dg.InputContext) -> str:
-        return "/".join(context.asset_key.path)
-
-    def handle_output(self, context: dg.OutputContext, obj: dict[str, Any]) -> None:
-        store = self._store()
-        for key, value in obj.items():
-            store.put(self._asset(context), key, value)
-
-    def load_input(self, context: dg.InputContext) -> dict[str, Any]:
-        store = self._store()
-        out: dict[str, Any] = {}
-        for key in context.asset_partition_keys:
-            try:
-                out[key] = store.get(self._asset(context), key)
-            except KeyError:
-                out[key] = None  # never materialized for this key: the step treats it as missing
-        return out
-
-
-@dataclass(frozen=True)
-class VersionWork:
-    """Everything a step needs about one leased version."""
-
-    key: str
-    lease: Lease
-    tenant_id: str
-    document_id: str
-    version_number: int
-    profile: str
-    model: str
-    dimension: int
-    chunk_tokens: int
-    chunk_overlap: int
-    content_hash: str
-    filename: str
-    media_type: str
-
-
-class LeaseResource(dg.ConfigurableResource):
-    """The run's leases: adopt (sensor runs) or claim (UI runs), heartbeat, check, release."""
+    Built once per run (in-process executor): it adopts every lease the claiming sensor tagged the
+    run with, or creates-or-claims the tasks of a UI backfill under ``kbindex/profile`` (or the one
+    building profile, else the active one), and heartbeats all of them on one thread until teardown.
+    """
 
     database: DatabaseResource
+    blobs: BlobStoreResource
     lease_seconds: float = 60.0
     heartbeat_seconds: float = 0.0  # 0: a third of the lease
+    artifacts: str = ""
+    """Where per-task outputs are kept for re-execution (KBINDEX_ARTIFACTS; default KBINDEX_HOME/artifacts)."""
 
-    _queue: TaskQueue | None = PrivateAttr(default=None)
+    _run: IndexingRun | None = PrivateAttr(default=None)
     _keeper: LeaseKeeper | None = PrivateAttr(default=None)
-    _owner: str = PrivateAttr(default="")
-    _tagged: list[tuple[int, int]] = PrivateAttr(default_factory=list)
-    _tagged_index: dict[tuple[str, str, int], list[tuple[int, int, Any]]] | None = PrivateAttr(default=None)
-    _profile_tag: str | None = PrivateAttr(default=None)
-    _work: dict[str, VersionWork | None] = PrivateAttr(default_factory=dict)
-    _why: dict[str, str] = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         run = context.dagster_run
         tags = dict(run.tags) if run else {}
-        self._queue = TaskQueue(self.database.db, lease_seconds=self.lease_seconds)
-        self._owner = tags.get(OWNER_TAG) or f"run-{run.run_id if run else os.getpid()}"
-        self._tagged = decode_leases(tags.get(LEASES_TAG))
-        self._profile_tag = tags.get(PROFILE_TAG)
-        self._keeper = LeaseKeeper(self._queue, interval=self.heartbeat_seconds or None)
+        queue = TaskQueue(self.database.db, lease_seconds=self.lease_seconds)
+        self._keeper = LeaseKeeper(queue, interval=self.heartbeat_seconds or None)
         self._keeper.start()
+        self._run = IndexingRun(
+            db=self.database.db,
+            queue=queue,
+            keeper=self._keeper,
+            owner=tags.get(OWNER_TAG) or f"run-{run.run_id if run else os.getpid()}",
+            blobs=self.blobs.get_store(),
+            embedder_for=_no_embedder,
+            state=RunState(ArtifactStore(self.artifacts or (Settings.from_env().home / "artifacts"))),
+            tagged=decode_leases(tags.get(LEASES_TAG)),
+            profile=tags.get(PROFILE_TAG),
+        )
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._keeper is not None:
             self._keeper.stop()
 
-    @property
-    def queue(self) -> TaskQueue:
-        assert self._queue is not None, "LeaseResource used outside a run"
-        return self._queue
+    def run(self, embedder: EmbedderResource | None = None) -> IndexingRun:
+        """The run, embedding through ``embedder`` (the run's EmbedderResource) when given."""
+        assert self._run is not None, "IndexingRunResource used outside a run"
+        if embedder is not None:
+            self._run.embedder_for = embedder.for_model
+            self._run.batch_size = embedder.batch_size
+        return self._run
 
-    @property
-    def keeper(self) -> LeaseKeeper:
-        assert self._keeper is not None, "LeaseResource used outside a run"
-        return self._keeper
 
-    @property
-    def owner(self) -> str:
-        return self._owner
-
-    def why_skipped(self, key: str) -> str:
-        return self._why.get(key, "")
-
-    def acquire(self, keys: list[str]) -> dict[str, VersionWork | None]:
-        """Leased work for each partition key (None where this run may not touch the version).
-
-        Idempotent: every asset calls it, so a re-execution that starts at a later step acquires too.
-        """
-        for key in keys:
-            if key not in self._work:
-                self._work[key] = self._acquire_one(key)
-        return {key: self._work[key] for key in keys}
-
-    def _skip(self, key: str, why: str) -> None:
-        self._why[key] = why
-        return None
-
-    def _acquire_one(self, key: str) -> VersionWork | None:
-        db = self.database.db
-        version = db.fetch_one("document_version_by_partition_key", {"partition_key": key})
-        if version is None:
-            return self._skip(key, "no document version has this partition key")
-        lease = self._adopt_tagged(version)
-        if lease is None:
-            lease = self._claim_for(version)
-        if lease is None:
-            return None
-        task = self.queue.get(lease.task_id)
-        profile = db.fetch_one("index_profile_get", {"name": task["profile"]})
-        return VersionWork(
-            key=key,
-            lease=lease,
-            tenant_id=version["tenant_id"],
-            document_id=version["document_id"],
-            version_number=version["version_number"],
-            profile=profile["name"],
-            model=profile["model"],
-            dimension=profile["dimension"],
-            chunk_tokens=profile["chunk_tokens"],
-            chunk_overlap=profile["chunk_overlap"],
-            content_hash=version["content_hash"],
-            filename=version["filename"],
-            media_type=version["media_type"],
-        )
-
-    def _tagged_by_version(self) -> dict[tuple[str, str, int], list[tuple[int, int, Any]]]:
-        """The run's tagged leases by (tenant, document, version), read once per run (not once per version:
-        a 150-version run would otherwise read 11,000 task rows before its first parse)."""
-        if self._tagged_index is None:
-            self._tagged_index = {}
-            for task_id, attempt in self._tagged:
-                task = self.queue.get(task_id)
-                version = (task["tenant_id"], task["document_id"], task["version_number"])
-                self._tagged_index.setdefault(version, []).append((task_id, attempt, task["lease_until"]))
-        return self._tagged_index
-
-    def _adopt_tagged(self, version: dict[str, Any]) -> Lease | None:
-        """The sensor's lease for this version, if the run was tagged with one and it still holds."""
-        wanted = (version["tenant_id"], version["document_id"], version["version_number"])
-        for task_id, attempt, lease_until in self._tagged_by_version().get(wanted, []):
-            lease = Lease(task_id=task_id, attempt=attempt, owner=self.owner, lease_until=lease_until)
-            if self.keeper.adopt(version["partition_key"], lease):
-                return self.keeper.lease(version["partition_key"])
-            # Lost already (taken over, expired, cancelled, or a re-execution of an old run):
-            # fall through to a fresh claim, which succeeds only if the task is claimable now.
-        return None
-
-    def _claim_for(self, version: dict[str, Any]) -> Lease | None:
-        """Create-or-claim the task of this version (UI backfills, manual materializations)."""
-        key = version["partition_key"]
-        profile = self._profile_tag or self._default_profile()
-        try:
-            task_id = self.queue.ensure_task(
-                version["tenant_id"], version["document_id"], version["version_number"], profile
-            )
-            claimed = self.queue.claim_task(task_id, self.owner)
-        except KbindexError as exc:
-            return self._skip(key, f"{exc.code}: {exc.message}")
-        if claimed is None:
-            status = self.queue.get(task_id)["status"]
-            return self._skip(key, f"task {task_id} is {status} and not claimable now")
-        self.keeper.hold(key, claimed.lease)
-        return claimed.lease
-
-    def _default_profile(self) -> str:
-        building = self.database.db.fetch_all("index_profile_building")
-        if len(building) == 1:
-            return building[0]["name"]
-        active = self.database.db.fetch_one("index_profile_active")
-        return active["name"] if active else "minilm-v1"
-
-    def check(self, key: str) -> Lease:
-        return self.keeper.check(key)
-
-    def lost(self, key: str, exc: FenceRejected) -> None:
-        self.keeper.mark_lost(key, exc)
-
-    def release(self, key: str) -> None:
-        self.keeper.release(key)
+def _no_embedder(model: str) -> Any:
+    raise RuntimeError("the run was given no embedder")
 
 
 def run_torch_threads(concurrent_runs: int | None = None) -> int:
@@ -402,17 +261,19 @@ def run_torch_threads(concurrent_runs: int | None = None) -> int:
 def default_resources() -> dict[str, Any]:
     """The resources of the code location, configured from the environment."""
     database = DatabaseResource(url=os.environ.get("KBINDEX_DATABASE_URL", ""))
+    blobs = BlobStoreResource(url=os.environ.get("KBINDEX_BLOB_URL", ""))
     return {
         "database": database,
-        "leases": LeaseResource(
+        "indexing_run": IndexingRunResource(
             database=database,
+            blobs=blobs,
             lease_seconds=float(os.environ.get("KBINDEX_LEASE_SECONDS", "60")),
+            artifacts=os.environ.get("KBINDEX_ARTIFACTS", ""),
         ),
-        "blobs": BlobStoreResource(url=os.environ.get("KBINDEX_BLOB_URL", "")),
+        "blobs": blobs,
         "embedder": EmbedderResource(
             batch_size=int(os.environ.get("KBINDEX_EMBED_BATCH", "64")),
             torch_threads=int(os.environ.get("KBINDEX_TORCH_THREADS", "0")),
             service_home=os.environ.get("KBINDEX_EMBED_SERVICE", ""),
         ),
-        "io_manager": ArtifactIOManager(root=str(Path(os.environ["KBINDEX_ARTIFACTS"])) if os.environ.get("KBINDEX_ARTIFACTS") else ""),
     }

@@ -3,6 +3,8 @@
 In ONE transaction:
   1. ``queue.lock_fenced``: lock the task row and re-check the fence (owner, lease attempt, unexpired);
      a lost lease or a cancelled task raises LeaseLost / TaskCancelled and the transaction rolls back.
+     Every chunk id is then re-derived from that row's version and profile: chunks made for another
+     profile or version are refused, whatever the caller passed.
   2. ``search_pointer_advance``: move the pointer forward only. If a newer version is already pointed,
      this version is superseded: none of its chunks are written (a note goes to the task's history).
   3. ``chunk_delete_stale`` + ``chunk_upsert``: write the version's chunks by stable id (invariant 5),
@@ -26,6 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pipelines.domain.chunking import VersionIdentity, chunk_id, content_digest
 from pipelines.domain.errors import EmbeddingInvalidResponse, IndexWriteFailed, InternalError, InvalidRequest
 from resources.database import Database, Session
 from resources.embedding_reuse import embed_digest
@@ -105,6 +108,7 @@ class IndexSink:
                 raise InvalidRequest(f"index profile {key['profile']!r} does not exist")
             if work is not None:
                 _check_work(work, key, profile)
+            _check_chunk_ids(chunks, key)
             if len(chunks) and vectors.shape[1] != profile["dimension"]:
                 raise EmbeddingInvalidResponse(
                     f"embedding dimension {vectors.shape[1]}, profile {key['profile']} uses {profile['dimension']}"
@@ -190,6 +194,23 @@ def _check_work(work: Any, key: dict[str, Any], profile: dict[str, Any]) -> None
             f"embedded with {model} ({dimension} dims), profile {profile['name']} uses "
             f"{profile['model']} ({profile['dimension']} dims)"
         )
+
+
+def _check_chunk_ids(chunks: Sequence[ChunkLike], key: dict[str, Any]) -> None:
+    """Every chunk id re-derived from the locked task row's own version and profile (invariant 5).
+
+    Run state that belongs to another profile of the same version (or another version) can never
+    be committed under this task, whatever the caller's files say (issue #12, defect 1).
+    """
+    identity = VersionIdentity(key["tenant_id"], key["document_id"], key["version_number"], key["profile"])
+    for c in chunks:
+        if c.content_digest != content_digest(c.text) or c.chunk_id != chunk_id(
+            identity, c.ordinal, tuple(c.heading_path), c.content_digest
+        ):
+            raise InternalError(
+                f"chunk {c.ordinal} was not made for version {key['version_number']} under profile "
+                f"{key['profile']}: refusing to write"
+            )
 
 
 def _check_batch(chunks: Sequence[ChunkLike], vectors: np.ndarray) -> None:

@@ -379,16 +379,16 @@ class Bench:
     def embed_texts(self, tenant: str) -> list[str]:
         """The exact texts the pipeline embedded for the tenant's SUCCEEDED versions (its chunk artifacts)."""
         from resources.artifact_store import ArtifactStore
+        from resources.run_state import artifact_key
 
         store = ArtifactStore(self.dagster.env["KBINDEX_ARTIFACTS"])
-        keys = [r[0] for r in self.sql(
-            "SELECT v.partition_key FROM index_task t JOIN document_version v USING (tenant_id, document_id, version_number)"
-            " WHERE t.tenant_id = %s AND t.status = 'SUCCEEDED' ORDER BY t.task_id",
+        task_ids = [r[0] for r in self.sql(
+            "SELECT t.task_id FROM index_task t WHERE t.tenant_id = %s AND t.status = 'SUCCEEDED' ORDER BY t.task_id",
             [tenant],
         )]
         texts: list[str] = []
-        for key in keys:
-            texts.extend(c.embed_text for c in store.get("document_chunks", key))
+        for task_id in task_ids:
+            texts.extend(c.embed_text for c in store.get("document_chunks", artifact_key(task_id))["value"])
         return texts
 
     def model_name(self) -> str:

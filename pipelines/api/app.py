@@ -2,15 +2,17 @@
 
 ``create_app(db_url=None, ...)`` builds the FastAPI app (OpenAPI at ``/docs`` and ``/openapi.json``):
 
-    GET    /                                  status page (upload, live progress, documents, search)
-    POST   /documents/{document_id}/versions  multipart 'file' -> 202 + task (new) | 200 + same task (same bytes)
-    GET    /documents                         the tenant's documents with their status
+    GET    /                                  status page (overview, upload, live progress, documents, search)
+    GET    /overview                          tasks by status, work in flight (bar, rate, ETA), failures by code
+    POST   /documents/{document_id}/versions  multipart 'file' -> 202 + task (new, or CANCELLED re-queued) | 200 + same task
+    GET    /documents                         the tenant's documents with their status, a page at a time
+                                              (?task_status=, ?error_code=, ?cursor= from X-Next-Cursor)
     GET    /documents/{document_id}           latest vs searchable version: INDEXING | SEARCHABLE | FAILED | STALE
     GET    /tasks                             the tenant's tasks, newest first
     GET    /tasks/{task_id}                   status, stage, completed/total, percent, attempts, error, can_cancel/retry
     GET    /tasks/{task_id}/events            Server-Sent Events, resumable with Last-Event-ID
     DELETE /tasks/{task_id}                   cancel (409 with the reason when not allowed)
-    POST   /tasks/{task_id}/retry             manual retry of a DEAD task (409 otherwise)
+    POST   /tasks/{task_id}/retry             manual retry of a DEAD or CANCELLED task (409 otherwise)
     GET    /search?q=&k=                      tenant-scoped search over the active profile
     GET    /metrics                           Prometheus text, computed from the database at scrape time
     GET    /healthz                           liveness + database reachability
@@ -30,6 +32,7 @@ import logging  # no `from __future__ import annotations`: FastAPI resolves the 
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from datetime import datetime
 from dataclasses import asdict, is_dataclass
 from importlib import resources as importlib_resources
 from typing import Annotated, Any
@@ -48,7 +51,14 @@ from pipelines.api.errors import NotFound, ServiceUnavailable, Unauthorized, err
 from pipelines.api.metrics import build_registry
 from pipelines.api.sse import task_event_stream
 from pipelines.api.uploads import read_upload
-from pipelines.api.views import document_json, task_json
+from pipelines.api.views import (
+    RATE_WINDOW_SECONDS,
+    decode_cursor,
+    document_json,
+    encode_cursor,
+    overview_json,
+    task_json,
+)
 from pipelines.domain.errors import InvalidRequest, KbindexError, TaskNotFound
 from pipelines.domain.identifiers import validate_document_id
 from pipelines.domain.task_states import TERMINAL, TaskStatus
@@ -244,12 +254,13 @@ def create_app(
         summary="Publish a new version of a document",
         description=(
             "Upload the document's bytes as the multipart part `file`. A new version and its index task answer "
-            "**202**; the same bytes as the latest version answer **200** with the existing task (never a duplicate). "
+            "**202**; the same bytes as the latest version answer **200** with the existing task (never a duplicate), "
+            "or **202** when that task was CANCELLED and this publish re-queued it (same task, PENDING again). "
             "Bodies over the size limit answer 413 DOCUMENT_TOO_LARGE, checked while streaming."
         ),
         responses={
             200: {"description": "Same bytes as the latest version: the existing task"},
-            202: {"description": "A new version was recorded; its PENDING task"},
+            202: {"description": "A new version was recorded, or its CANCELLED task re-queued; the PENDING task"},
             400: _err("Malformed form or document id (INVALID_REQUEST)"),
             413: _err("Upload over the size limit (DOCUMENT_TOO_LARGE)"),
             **COMMON_ERRORS,
@@ -284,14 +295,111 @@ def create_app(
         task = await run_in_threadpool(queue.get, result.task_id)
         return JSONResponse(
             _jsonable(task_json(task)),
-            status_code=202 if result.created else 200,
+            status_code=202 if result.created or result.requeued else 200,  # a re-queue is new work
             headers={"Location": f"/tasks/{result.task_id}"},
         )
 
-    @app.get("/documents", tags=["documents"], summary="The tenant's documents and their status", responses=COMMON_ERRORS)
-    def list_documents(tenant_id: Tenant, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[dict[str, Any]]:
-        rows = db.fetch_all("api_document_status", {"tenant_id": tenant_id, "document_id": None, "limit": limit})
-        return [_jsonable(document_json(r)) for r in rows]
+    def page_keys(
+        tenant_id: str, task_status: TaskStatus | None, error_code: str | None, cursor: str | None, limit: int
+    ) -> tuple[list[dict[str, Any]], Callable[[dict[str, Any]], dict[str, Any]]]:
+        """Up to ``limit`` document keys after ``cursor``, and how to make a cursor from a key.
+
+        Each listing walks its own index newest first (api_document_page_*). A cursor holds the last key seen
+        and the listing it came from (``kind``), so it cannot be replayed against another filter.
+        """
+        params: dict[str, Any] = {"tenant_id": tenant_id, "limit": limit}
+        if task_status is None and error_code is None:
+            key = decode_cursor(cursor, "recent") if cursor else {"published_at": "infinity", "document_id": "", "version": 0}
+            try:
+                published = key["published_at"]
+                params["before_published_at"] = published if published == "infinity" else datetime.fromisoformat(published)
+                params["before_document_id"] = str(key["document_id"])
+                params["before_version"] = int(key["version"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise InvalidRequest("the cursor is not valid; start again from the first page") from exc
+            keys = db.fetch_all("api_document_page_recent", params)
+            return keys, lambda k: {
+                "kind": "recent",
+                "published_at": k["published_at"].isoformat(),
+                "document_id": k["document_id"],
+                "version": k["version_number"],
+            }
+        if error_code is not None and task_status not in (None, TaskStatus.DEAD, TaskStatus.RETRY_WAIT):
+            raise InvalidRequest("with error_code, task_status can only be DEAD or RETRY_WAIT")
+        kind = f"task:{task_status.value if task_status else ''}:{error_code or ''}"
+        key = decode_cursor(cursor, kind) if cursor else {"task_id": 2**63 - 1}
+        if type(key.get("task_id")) is not int or not 0 < key["task_id"] <= 2**63 - 1:
+            raise InvalidRequest("the cursor is not valid; start again from the first page")
+        params.update(task_status=task_status.value if task_status else None, before_task_id=key["task_id"])
+        if error_code is not None:
+            keys = db.fetch_all("api_document_page_by_error_code", {**params, "error_code": error_code})
+        else:
+            keys = db.fetch_all("api_document_page_by_task_status", params)
+        return keys, lambda k: {"kind": kind, "task_id": k["task_id"]}
+
+    def document_page(
+        tenant_id: str, task_status: TaskStatus | None, error_code: str | None, cursor: str | None, limit: int
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of documents with their status, and the next page's cursor (None on the last page)."""
+        keys, cursor_of = page_keys(tenant_id, task_status, error_code, cursor, limit + 1)
+        more, keys = len(keys) > limit, keys[:limit]
+        ids = [k["document_id"] for k in keys]
+        rows = db.fetch_all("api_document_status", {"tenant_id": tenant_id, "document_ids": ids}) if ids else []
+        by_id = {r["document_id"]: r for r in rows}
+        items = [_jsonable(document_json(by_id[i])) for i in ids if i in by_id]
+        return items, encode_cursor(cursor_of(keys[-1])) if more else None
+
+    @app.get(
+        "/documents",
+        tags=["documents"],
+        summary="The tenant's documents and their status, a page at a time",
+        description=(
+            "Newest publish first. Filter with `task_status` (the status of the latest version's INDEX task under "
+            "the active profile; newest task first) and/or `error_code` (latest versions DEAD or RETRY_WAIT with "
+            "that code, as listed under `failures` by GET /overview). When there is a next page, the response "
+            "carries its cursor in `X-Next-Cursor` and a `Link: <...>; rel=\"next\"` header: pass it back as "
+            "`cursor` with the same filters."
+        ),
+        responses={**COMMON_ERRORS, 400: _err("Bad filter or cursor (INVALID_REQUEST)")},
+    )
+    def list_documents(
+        tenant_id: Tenant,
+        request: Request,
+        response: Response,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        task_status: Annotated[TaskStatus | None, Query(description="Status of the latest version's task")] = None,
+        error_code: Annotated[
+            str | None, Query(min_length=1, max_length=64, pattern=r"^[A-Z][A-Z0-9_]*$", description="A failure code")
+        ] = None,
+        cursor: Annotated[str | None, Query(max_length=4096, description="X-Next-Cursor of the previous page")] = None,
+    ) -> list[dict[str, Any]]:
+        items, next_cursor = document_page(tenant_id, task_status, error_code, cursor, limit)
+        if next_cursor is not None:
+            next_url = request.url.include_query_params(cursor=next_cursor)
+            response.headers["X-Next-Cursor"] = next_cursor
+            response.headers["Link"] = f'<{next_url.path}?{next_url.query}>; rel="next"'
+        return items
+
+    @app.get(
+        "/overview",
+        tags=["documents"],
+        summary="The tenant's overview: tasks by status, work in flight with rate and ETA, failures by code",
+        description=(
+            "`in_flight`: open tasks (PENDING, RUNNING, RETRY_WAIT) and tasks finished since the oldest open one "
+            "was queued, as one percentage. `rate.succeeded_per_minute` is measured over the last ten minutes (or "
+            "since the oldest open task was queued, at least one minute); `eta_seconds` = open / rate (null while "
+            "nothing succeeds). `failures`: documents whose latest version is DEAD or RETRY_WAIT, by error code; "
+            "list them with GET /documents?error_code=CODE."
+        ),
+        responses=COMMON_ERRORS,
+    )
+    def overview(tenant_id: Tenant) -> dict[str, Any]:
+        row = db.fetch_one(
+            "api_tenant_overview", {"tenant_id": tenant_id, "now": None, "window_seconds": RATE_WINDOW_SECONDS}
+        )
+        assert row is not None  # an aggregate answers one row
+        failures = db.fetch_all("api_tenant_failures_by_code", {"tenant_id": tenant_id})
+        return _jsonable(overview_json(tenant_id, row, failures))
 
     @app.get(
         "/documents/{document_id:path}",
@@ -306,7 +414,7 @@ def create_app(
     )
     def get_document(document_id: DocumentId, tenant_id: Tenant) -> dict[str, Any]:
         validate_document_id(document_id)
-        row = db.fetch_one("api_document_status", {"tenant_id": tenant_id, "document_id": document_id, "limit": 1})
+        row = db.fetch_one("api_document_status", {"tenant_id": tenant_id, "document_ids": [document_id]})
         if row is None:
             raise NotFound("no such document")
         return _jsonable(document_json(row))
@@ -345,8 +453,8 @@ def create_app(
     @app.post(
         "/tasks/{task_id}/retry",
         tags=["tasks"],
-        summary="Send a DEAD task back to PENDING (same row, more attempts)",
-        responses={**TASK_ERRORS, 409: _err("Only DEAD tasks can be retried (ILLEGAL_TRANSITION), with the reason")},
+        summary="Send a DEAD or CANCELLED task back to PENDING (same row, attempts kept, more granted)",
+        responses={**TASK_ERRORS, 409: _err("Only DEAD or CANCELLED tasks can be retried (ILLEGAL_TRANSITION), with the reason")},
     )
     def retry_task(
         task_id: TaskId, tenant_id: Tenant, attempts: Annotated[int, Query(ge=1, le=100)] = 3

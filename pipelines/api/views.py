@@ -1,4 +1,4 @@
-"""What the API shows of tasks, events and documents: rows in, JSON-ready dicts out.
+"""What the API shows of tasks, events, documents and a tenant's overview: rows in, JSON-ready dicts out.
 
 Progress is the stage plus completed/total with the weighted ``overall_percent`` of
 pipelines.domain.task_states: it reads 100 only once the task is SUCCEEDED.
@@ -6,10 +6,12 @@ pipelines.domain.task_states: it reads 100 only once the task is SUCCEEDED.
 
 from __future__ import annotations
 
+import base64
+import json
 from datetime import datetime
 from typing import Any
 
-from pipelines.domain.errors import sanitize_message
+from pipelines.domain.errors import InvalidRequest, sanitize_message
 from pipelines.domain.task_states import (
     TERMINAL,
     Stage,
@@ -112,7 +114,7 @@ def document_json(row: dict[str, Any]) -> dict[str, Any]:
     elif task_status in (TaskStatus.DEAD, TaskStatus.CANCELLED):
         status = DocumentStatus.STALE if served is not None else DocumentStatus.FAILED
         if task_status == TaskStatus.CANCELLED:
-            failure = {"code": "TASK_CANCELLED", "message": "indexing of this version was cancelled; publish it again"}
+            failure = {"code": "TASK_CANCELLED", "message": "indexing of this version was cancelled; retry it or publish it again"}
         else:
             failure = {
                 "code": row.get("error_code") or "INTERNAL_ERROR",
@@ -148,3 +150,81 @@ def document_json(row: dict[str, Any]) -> dict[str, Any]:
         "failure": failure,
         "task": task,
     }
+
+
+# -- status page overview and document list pages ------------------------------------------------------
+
+RATE_WINDOW_SECONDS = 600.0  # the success rate is measured over the last ten minutes (never less than one)
+
+
+def overview_json(tenant_id: str, row: dict[str, Any], failures: list[dict[str, Any]]) -> dict[str, Any]:
+    """The tenant's overview: tasks by status, the work in flight as one bar, rate, ETA, failures by code.
+
+    ``in_flight``: ``open`` = tasks PENDING, RUNNING or RETRY_WAIT; ``done`` = tasks finished (SUCCEEDED,
+    DEAD, CANCELLED) since the oldest open one was queued (``since``); ``percent`` = done of done + open.
+    ``rate``: tasks SUCCEEDED per minute over ``window_seconds``. ``eta_seconds`` = open / rate: 0.0 when
+    nothing is open, None while nothing succeeds. ``failures``: documents whose latest version is DEAD or
+    waits for a retry, by error code; each code filters GET /documents with ``error_code``.
+    """
+    counts = row.get("tasks_by_status") or {}
+    by_status = {s.value: int(counts.get(s.value, 0)) for s in TaskStatus}
+    open_tasks = sum(by_status[s.value] for s in TaskStatus if s not in TERMINAL)
+    done = int(row.get("finished_since_open") or 0) if open_tasks else 0
+    total = open_tasks + done
+    window = float(row.get("window_seconds") or RATE_WINDOW_SECONDS)
+    succeeded = int(row.get("succeeded_in_window") or 0)
+    per_minute = succeeded * 60.0 / window
+    if open_tasks == 0:
+        eta: float | None = 0.0
+    else:
+        eta = round(open_tasks / per_minute * 60.0, 1) if per_minute > 0 else None
+    return {
+        "tenant_id": tenant_id,
+        "as_of": _iso(row.get("as_of")),
+        "documents": int(row.get("documents") or 0),
+        "tasks_by_status": by_status,
+        "tasks_total": sum(by_status.values()),
+        "in_flight": {
+            "open": open_tasks,
+            "done": done,
+            "total": total,
+            "percent": round(100.0 * done / total, 1) if total else 100.0,
+            "since": _iso(row.get("open_since")) if open_tasks else None,
+        },
+        "rate": {
+            "succeeded_per_minute": round(per_minute, 2),
+            "succeeded_in_window": succeeded,
+            "window_seconds": round(window, 1),
+        },
+        "eta_seconds": eta,
+        "failures": [
+            {
+                "code": f["code"],
+                "dead": int(f["dead"]),
+                "retry_wait": int(f["retry_wait"]),
+                "documents": int(f["dead"]) + int(f["retry_wait"]),
+            }
+            for f in failures
+        ],
+    }
+
+
+def encode_cursor(key: dict[str, Any]) -> str:
+    """An opaque page cursor (URL-safe base64 of compact JSON) for the keyset ``key``."""
+    raw = json.dumps(key, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: str, expected: str) -> dict[str, Any]:
+    """The keyset of ``cursor``, which must have been made for the same listing (``expected``: its kind).
+
+    Raises InvalidRequest when the cursor is malformed or belongs to another filter.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        key = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest("the cursor is not valid; start again from the first page") from exc
+    if not isinstance(key, dict) or key.get("kind") != expected:
+        raise InvalidRequest("the cursor belongs to another listing; start again from the first page")
+    return key

@@ -7,8 +7,9 @@ FROM api_token
 WHERE token_sha256 = %(token_sha256)s AND revoked_at IS NULL;
 
 -- name: api_document_status
--- Per document of one tenant (or just %(document_id)s): its latest version, that version's INDEX task
--- under the active profile, and the version search serves (search_pointer). Newest publish first.
+-- The listed documents of one tenant (%(document_ids)s): each one's latest version, that version's INDEX
+-- task under the active profile, and the version search serves (search_pointer). Every part is a
+-- primary-key or unique-key probe per listed document (LATERAL), never a join over the tenant's tasks.
 SELECT d.tenant_id, d.document_id, d.latest_version,
        v.filename, v.media_type, v.byte_size, v.published_at,
        p.name AS profile,
@@ -20,15 +21,183 @@ FROM document d
 JOIN document_version v
   ON v.tenant_id = d.tenant_id AND v.document_id = d.document_id AND v.version_number = d.latest_version
 LEFT JOIN index_profile p ON p.is_active
-LEFT JOIN index_task t
-  ON t.tenant_id = d.tenant_id AND t.document_id = d.document_id AND t.version_number = d.latest_version
- AND t.task_type = 'INDEX' AND t.profile = p.name
-LEFT JOIN search_pointer sp
-  ON sp.tenant_id = d.tenant_id AND sp.document_id = d.document_id AND sp.profile = p.name
+LEFT JOIN LATERAL (
+    SELECT t.* FROM index_task t
+    WHERE t.tenant_id = d.tenant_id AND t.document_id = d.document_id AND t.version_number = d.latest_version
+      AND t.task_type = 'INDEX' AND t.profile = p.name
+    LIMIT 1  -- one row by the unique business key; LIMIT keeps the planner from flattening it into a join
+) t ON true
+LEFT JOIN LATERAL (
+    SELECT sp.* FROM search_pointer sp
+    WHERE sp.tenant_id = d.tenant_id AND sp.document_id = d.document_id AND sp.profile = p.name
+    LIMIT 1
+) sp ON true
 WHERE d.tenant_id = %(tenant_id)s
-  AND (%(document_id)s::text IS NULL OR d.document_id = %(document_id)s::text)
-ORDER BY v.published_at DESC, d.document_id
+  AND d.document_id = ANY(%(document_ids)s::text[]);
+
+-- name: api_document_page_recent
+-- One page of the tenant's documents, newest publish first, strictly after the keyset
+-- (%(before_published_at)s, %(before_document_id)s, %(before_version)s) ('infinity', '', 0 for the first
+-- page), walking document_version_tenant_published_idx backwards.
+-- The three page walks share one shape, a "loose index scan": the recursive CTE takes the next index entry
+-- after the previous one (one index descent each, in index order) and the outer query keeps the entries of
+-- documents' latest versions until it has %(limit)s. The recursion is pulled lazily, so it stops with the
+-- page: the cost is the page plus the superseded entries skipped on the way, never the tenant's history,
+-- and no planner estimate can turn it into a scan-and-sort of the tenant.
+WITH RECURSIVE walk AS (
+    (SELECT v.published_at, v.document_id, v.version_number
+     FROM document_version v
+     WHERE v.tenant_id = %(tenant_id)s
+       AND (v.published_at, v.document_id, v.version_number)
+           < (%(before_published_at)s::timestamptz, %(before_document_id)s::text, %(before_version)s::integer)
+     ORDER BY v.published_at DESC, v.document_id DESC, v.version_number DESC
+     LIMIT 1)
+    UNION ALL
+    (SELECT n.published_at, n.document_id, n.version_number
+     FROM walk w
+     CROSS JOIN LATERAL (
+         SELECT v.published_at, v.document_id, v.version_number
+         FROM document_version v
+         WHERE v.tenant_id = %(tenant_id)s
+           AND (v.published_at, v.document_id, v.version_number) < (w.published_at, w.document_id, w.version_number)
+         ORDER BY v.published_at DESC, v.document_id DESC, v.version_number DESC
+         LIMIT 1
+     ) n)
+)
+SELECT w.document_id, w.published_at, w.version_number
+FROM walk w
+WHERE w.version_number = (SELECT d.latest_version FROM document d
+                          WHERE d.tenant_id = %(tenant_id)s AND d.document_id = w.document_id)
 LIMIT %(limit)s;
+
+-- name: api_document_page_by_task_status
+-- One page of the tenant's documents whose latest version's INDEX task (active profile) is in
+-- %(task_status)s, newest task first, task_id below %(before_task_id)s: walks
+-- index_task_tenant_status_task_idx backwards, skipping superseded versions and other profiles.
+WITH RECURSIVE walk AS (
+    (SELECT t.task_id
+     FROM index_task t
+     WHERE t.tenant_id = %(tenant_id)s AND t.status = %(task_status)s::text AND t.task_id < %(before_task_id)s::bigint
+     ORDER BY t.task_id DESC
+     LIMIT 1)
+    UNION ALL
+    (SELECT n.task_id
+     FROM walk w
+     CROSS JOIN LATERAL (
+         SELECT t.task_id
+         FROM index_task t
+         WHERE t.tenant_id = %(tenant_id)s AND t.status = %(task_status)s::text AND t.task_id < w.task_id
+         ORDER BY t.task_id DESC
+         LIMIT 1
+     ) n)
+)
+SELECT t.document_id, t.task_id
+FROM walk w
+JOIN index_task t ON t.task_id = w.task_id
+WHERE t.task_type = 'INDEX'
+  AND t.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+  AND t.version_number = (SELECT d.latest_version FROM document d
+                          WHERE d.tenant_id = t.tenant_id AND d.document_id = t.document_id)
+LIMIT %(limit)s;
+
+-- name: api_document_page_by_error_code
+-- Like api_document_page_by_task_status, for the failures of one error code: latest versions whose task is
+-- DEAD or RETRY_WAIT with %(error_code)s (and in %(task_status)s when given), walking
+-- index_task_tenant_failure_idx backwards.
+WITH RECURSIVE walk AS (
+    (SELECT t.task_id
+     FROM index_task t
+     WHERE t.tenant_id = %(tenant_id)s AND t.status IN ('DEAD', 'RETRY_WAIT')
+       AND t.error_code = %(error_code)s::text AND t.task_id < %(before_task_id)s::bigint
+     ORDER BY t.task_id DESC
+     LIMIT 1)
+    UNION ALL
+    (SELECT n.task_id
+     FROM walk w
+     CROSS JOIN LATERAL (
+         SELECT t.task_id
+         FROM index_task t
+         WHERE t.tenant_id = %(tenant_id)s AND t.status IN ('DEAD', 'RETRY_WAIT')
+           AND t.error_code = %(error_code)s::text AND t.task_id < w.task_id
+         ORDER BY t.task_id DESC
+         LIMIT 1
+     ) n)
+)
+SELECT t.document_id, t.task_id
+FROM walk w
+JOIN index_task t ON t.task_id = w.task_id
+WHERE (%(task_status)s::text IS NULL OR t.status = %(task_status)s::text)
+  AND t.task_type = 'INDEX'
+  AND t.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+  AND t.version_number = (SELECT d.latest_version FROM document d
+                          WHERE d.tenant_id = t.tenant_id AND d.document_id = t.document_id)
+LIMIT %(limit)s;
+
+-- name: api_tenant_overview
+-- The status page's header for one tenant, in one round trip, every part an index walk:
+-- tasks by status and documents (index-only counts); the oldest open task (the first entry of each open
+-- status); tasks finished since it was queued and SUCCEEDED in the rate window (range scans of
+-- index_task_tenant_finished_idx). The rate window is the last %(window_seconds)s seconds, shortened to
+-- the time since the oldest open task was queued but never below a minute.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+by_status AS (
+    SELECT t.status, count(*)::bigint AS n
+    FROM index_task t
+    WHERE t.tenant_id = %(tenant_id)s
+    GROUP BY t.status
+),
+oldest_open AS (
+    SELECT t.created_at
+    FROM index_task t
+    WHERE t.task_id = (
+        SELECT min(first.task_id)
+        FROM unnest(ARRAY['PENDING', 'RUNNING', 'RETRY_WAIT']) AS s(status)
+        CROSS JOIN LATERAL (
+            SELECT o.task_id FROM index_task o
+            WHERE o.tenant_id = %(tenant_id)s AND o.status = s.status
+            ORDER BY o.task_id
+            LIMIT 1
+        ) first
+    )
+),
+rate_window AS (
+    SELECT greatest(
+               least(extract(epoch FROM (SELECT now FROM clock) - (SELECT created_at FROM oldest_open)),
+                     %(window_seconds)s::float8),
+               60.0)::float8 AS seconds
+)
+SELECT (SELECT coalesce(jsonb_object_agg(b.status, b.n), '{}'::jsonb) FROM by_status b) AS tasks_by_status,
+       (SELECT count(*) FROM document d WHERE d.tenant_id = %(tenant_id)s)::bigint AS documents,
+       (SELECT created_at FROM oldest_open) AS open_since,
+       (SELECT count(*) FROM index_task t
+         WHERE t.tenant_id = %(tenant_id)s AND t.status IN ('SUCCEEDED', 'DEAD', 'CANCELLED')
+           AND t.finished_at >= (SELECT created_at FROM oldest_open))::bigint AS finished_since_open,
+       (SELECT coalesce(w.seconds, %(window_seconds)s::float8) FROM rate_window w) AS window_seconds,
+       (SELECT count(*) FROM index_task t
+         WHERE t.tenant_id = %(tenant_id)s AND t.status = 'SUCCEEDED'
+           AND t.finished_at > (SELECT now FROM clock)
+                               - make_interval(secs => (SELECT coalesce(w.seconds, %(window_seconds)s::float8) FROM rate_window w))
+           AND t.finished_at <= (SELECT now FROM clock))::bigint AS succeeded_in_window,
+       (SELECT now FROM clock) AS as_of;
+
+-- name: api_tenant_failures_by_code
+-- The tenant's documents whose latest version failed (DEAD) or waits for a retry after an error
+-- (RETRY_WAIT), by error code, most first: what api_document_page_by_error_code lists for each code.
+SELECT t.error_code AS code,
+       count(*) FILTER (WHERE t.status = 'DEAD')::bigint AS dead,
+       count(*) FILTER (WHERE t.status = 'RETRY_WAIT')::bigint AS retry_wait
+FROM index_task t
+JOIN index_profile p ON p.is_active AND p.name = t.profile
+JOIN document d
+  ON d.tenant_id = t.tenant_id AND d.document_id = t.document_id AND d.latest_version = t.version_number
+WHERE t.tenant_id = %(tenant_id)s
+  AND t.status IN ('DEAD', 'RETRY_WAIT')
+  AND t.error_code IS NOT NULL
+  AND t.task_type = 'INDEX'
+GROUP BY t.error_code
+ORDER BY count(*) DESC, t.error_code;
 
 -- name: api_task_failures_by_code
 -- Failures ever recorded, by error code (each fenced fail or crash that moved a task to RETRY_WAIT or DEAD).

@@ -113,14 +113,27 @@ def test_bad_uploads_are_400(client):
 # -- cancel and retry ------------------------------------------------------------------------------
 
 
-def test_cancel_pending_then_409_for_cancelled(client):
+def test_cancel_pending_then_409_for_cancelled_and_retry_requeues(client):
     task_id = publish(client, DOC, b"v1").json()["task_id"]
     response = client.delete(f"/tasks/{task_id}", headers=ACME)
     assert response.status_code == 200 and response.json()["status"] == "CANCELLED"
+    assert response.json()["can_retry"] is True
     error = assert_error(client.delete(f"/tasks/{task_id}", headers=ACME), 409, "ILLEGAL_TRANSITION")
     assert "already cancelled" in error["message"]
-    error = assert_error(client.post(f"/tasks/{task_id}/retry", headers=ACME), 409, "ILLEGAL_TRANSITION")
-    assert "publish the document again" in error["message"]
+    retried = client.post(f"/tasks/{task_id}/retry", headers=ACME)  # a cancel is never a dead end
+    assert retried.status_code == 200
+    body = retried.json()
+    assert (body["task_id"], body["status"], body["attempts"], body["max_attempts"]) == (task_id, "PENDING", 0, 3)
+
+
+def test_publishing_the_same_bytes_requeues_a_cancelled_task_with_202(client):
+    task_id = publish(client, DOC, b"v1").json()["task_id"]
+    assert publish(client, DOC, b"v1").status_code == 200  # same bytes, task still PENDING: nothing new
+    assert client.delete(f"/tasks/{task_id}", headers=ACME).json()["status"] == "CANCELLED"
+    again = publish(client, DOC, b"v1")
+    assert again.status_code == 202  # re-queued: new work for the same task
+    assert (again.json()["task_id"], again.json()["status"], again.json()["version_number"]) == (task_id, "PENDING", 1)
+    assert again.headers["Location"] == f"/tasks/{task_id}"
 
 
 def test_cancel_succeeded_and_dead_409_retry_dead_200(client, db, queue, embedder):
@@ -128,7 +141,8 @@ def test_cancel_succeeded_and_dead_409_retry_dead_200(client, db, queue, embedde
     index_task(db, queue, embedder, ok, ["fine text"])
     error = assert_error(client.delete(f"/tasks/{ok}", headers=ACME), 409, "ILLEGAL_TRANSITION")
     assert "SUCCEEDED" in error["message"]
-    assert "only DEAD" in assert_error(client.post(f"/tasks/{ok}/retry", headers=ACME), 409, "ILLEGAL_TRANSITION")["message"]
+    assert "only DEAD or CANCELLED" in assert_error(client.post(f"/tasks/{ok}/retry", headers=ACME), 409,
+                                                    "ILLEGAL_TRANSITION")["message"]
 
     dead = publish(client, "dead.md", b"broken").json()["task_id"]
     assert fail_task(queue, dead) == "DEAD"

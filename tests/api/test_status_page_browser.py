@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import claim_task, index_task
+from tests.api.conftest import ACME, GLOBEX, claim_task, fail_task, index_task, publish
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -49,9 +49,10 @@ def browser():
 
 def test_upload_watch_searchable_search(browser, live_url, db, queue, embedder, tmp_path: Path):
     from selenium.webdriver.common.by import By
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 15, poll_frequency=0.05)
+    wait = WebDriverWait(browser, 15, poll_frequency=0.05, ignored_exceptions=(StaleElementReferenceException,))
     find = browser.find_element
 
     def progress() -> float:
@@ -96,3 +97,90 @@ def test_upload_watch_searchable_search(browser, live_url, db, queue, embedder, 
     find(By.ID, "upload-button").click()
     wait.until(lambda d: "same bytes as v1" in find(By.ID, "message").text)
     assert int(find(By.ID, "task-id").text) == task_id
+
+
+def test_overview_failures_filters_and_pages(browser, live_url, client, db, queue, embedder):
+    """The overview on top: counts, one bar with rate and ETA, failures by code linking to their documents;
+    the list filtered and paged; another tenant's token sees none of it."""
+    from selenium.webdriver.common.by import By
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 15, poll_frequency=0.05, ignored_exceptions=(StaleElementReferenceException,))
+    find = browser.find_element
+
+    def listed() -> list[str]:  # read in one script: the table is re-rendered under us
+        return browser.execute_script(
+            "return [...document.querySelectorAll('#documents-body tr[data-document-id]')].map(r => r.dataset.documentId)")
+
+    def count(status: str) -> str:
+        return find(By.CSS_SELECTOR, f'#counts .count[data-status="{status}"] .n').text
+
+    ids = {}
+    for name, headers in (("reports/ok.md", ACME), ("reports/broken.md", ACME), ("globex-secret.md", GLOBEX),
+                          ("reports/flaky.md", ACME)):
+        ids[name] = publish(client, name, name.encode(), headers=headers).json()["task_id"]
+    index_task(db, queue, embedder, ids["reports/ok.md"], ["all fine"])
+    assert fail_task(queue, ids["reports/broken.md"], "PARSE_ERROR", "the file is damaged") == "DEAD"
+    assert fail_task(queue, ids["globex-secret.md"], "ENCRYPTED_DOCUMENT", "globex's secret failure") == "DEAD"
+    assert fail_task(queue, ids["reports/flaky.md"], "EMBEDDING_TIMEOUT", "the model timed out") == "RETRY_WAIT"
+    bulk = [f"bulk/doc-{i:02d}.md" for i in range(52)]
+    for name in bulk:
+        assert publish(client, name, name.encode()).status_code == 202
+
+    browser.get(f"{live_url}/?token=tok-acme")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#counts .count[data-status="DEAD"]'))
+    assert (count("PENDING"), count("RETRY_WAIT"), count("SUCCEEDED"), count("DEAD"), count("CANCELLED")) == ("52", "1", "1", "1", "0")
+    assert find(By.CSS_SELECTOR, "#counts .count .n").text == "55"  # documents
+    # Two finished since the oldest open task was queued, 53 open; one success in the last minute.
+    assert find(By.ID, "flight-done").text == "2 of 55 tasks done (3.6%), 53 open"
+    assert float(find(By.ID, "flight-progress").get_property("value")) == pytest.approx(3.6)
+    assert find(By.ID, "flight-rate").text == "1.0 succeeded/min over the last 60 s"
+    assert find(By.ID, "flight-eta").text == "ETA: 53 min"
+    codes = [r.get_attribute("data-code") for r in browser.find_elements(By.CSS_SELECTOR, "#failures-body tr[data-code]")]
+    assert codes == ["EMBEDDING_TIMEOUT", "PARSE_ERROR"]
+    assert "globex" not in find(By.TAG_NAME, "body").text and "ENCRYPTED_DOCUMENT" not in find(By.TAG_NAME, "body").text
+    browser.save_screenshot(str(Path(tempfile.gettempdir()) / "status_page.png"))  # for a person to look at
+
+    # The list pages 50 at a time, newest first.
+    wait.until(lambda d: len(listed()) == 50)
+    assert listed() == bulk[::-1][:50] and find(By.ID, "page-text").text == "page 1: 1-50"
+    assert find(By.ID, "newer-button").get_property("disabled")
+    find(By.ID, "older-button").click()
+    wait.until(lambda d: find(By.ID, "page-text").text == "page 2: 51-55")
+    assert listed() == bulk[:2][::-1] + ["reports/flaky.md", "reports/broken.md", "reports/ok.md"]
+    assert find(By.ID, "older-button").get_property("disabled")
+    find(By.ID, "newer-button").click()
+    wait.until(lambda d: find(By.ID, "page-text").text == "page 1: 1-50")
+
+    # A failure group links to exactly its documents; the filter goes into the address bar.
+    find(By.CSS_SELECTOR, '#failures-body tr[data-code="PARSE_ERROR"] a').click()
+    wait.until(lambda d: listed() == ["reports/broken.md"])
+    assert "error_code=PARSE_ERROR" in browser.current_url
+    assert "DEAD or RETRY_WAIT with PARSE_ERROR" in find(By.ID, "filter-text").text
+    row = find(By.CSS_SELECTOR, '#documents-body tr[data-document-id="reports/broken.md"]').text
+    assert "FAILED" in row and "PARSE_ERROR: the file is damaged" in row
+    browser.refresh()  # the filter survives a reload
+    wait.until(lambda d: listed() == ["reports/broken.md"] and find(By.ID, "filter-code").get_property("value") == "PARSE_ERROR")
+
+    # A count filters by the latest version's task status.
+    find(By.CSS_SELECTOR, '#counts .count[data-status="RETRY_WAIT"]').click()
+    wait.until(lambda d: listed() == ["reports/flaky.md"])
+    assert "task_status=RETRY_WAIT" in browser.current_url and "error_code" not in browser.current_url
+    assert "last error EMBEDDING_TIMEOUT" in find(By.CSS_SELECTOR, '#documents-body tr[data-document-id="reports/flaky.md"]').text
+    find(By.CSS_SELECTOR, '#counts .count[data-status="PENDING"]').click()
+    wait.until(lambda d: len(listed()) == 50 and not find(By.ID, "older-button").get_property("disabled"))
+    find(By.ID, "older-button").click()
+    wait.until(lambda d: listed() == bulk[:2][::-1])
+    find(By.ID, "clear-filter-button").click()
+    wait.until(lambda d: len(listed()) == 50 and find(By.ID, "page-text").text == "page 1: 1-50")
+    assert "?" not in browser.current_url
+
+    # Another tenant's token: its own figures and failures only.
+    browser.get(f"{live_url}/?token=tok-globex")
+    wait.until(lambda d: listed() == ["globex-secret.md"])
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#failures-body tr[data-code]"))
+    codes = [r.get_attribute("data-code") for r in browser.find_elements(By.CSS_SELECTOR, "#failures-body tr[data-code]")]
+    assert codes == ["ENCRYPTED_DOCUMENT"] and count("DEAD") == "1" and count("PENDING") == "0"
+    assert find(By.CSS_SELECTOR, "#counts .count .n").text == "1"
+    assert "reports/" not in find(By.TAG_NAME, "body").text and "PARSE_ERROR" not in find(By.TAG_NAME, "body").text

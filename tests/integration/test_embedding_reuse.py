@@ -202,12 +202,16 @@ def test_progress_counts_reused_and_embedded_texts(indexer, db):
 
 def test_chunks_without_embed_text_are_never_reused(db, db_url, publisher):
     """A caller that does not say what it embedded (no embed_text) stores NULL: nothing to reuse."""
-    from tests.integration.test_index_sink import embed, make_chunks as sink_chunks
+    from tests.integration.test_index_sink import embed
+    from tests.integration.test_index_sink import make_chunks as sink_chunks
 
     queue = TaskQueue(db, lease_seconds=60)
     publisher.publish("acme", "policy", b"v1", "policy.txt")
     (claimed,) = queue.claim("w1", limit=1)
-    chunks = sink_chunks("acme", "policy", 1, TEXTS)
+    from types import SimpleNamespace
+
+    chunks = [SimpleNamespace(**{f: getattr(c, f) for f in c.__slots__ if f != "embed_text"})
+              for c in sink_chunks("acme", "policy", 1, TEXTS)]
     IndexSink(db, queue).publish(claimed.lease, chunks, embed(chunks))
     assert {r[1] for r in stored(db_url, version=1)} == {None}
     _, stats = embed_with_reuse(

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import dataclass
 
 import numpy as np
 import psycopg
 import pytest
 from psycopg import sql as pgsql
 
+from pipelines.domain.chunking import Chunk, VersionIdentity, chunk_id, content_digest
 from pipelines.domain.errors import EmbeddingInvalidResponse, InvalidRequest
 from resources.database import Database, Session
 from resources.embedder import FakeEmbedder, SentenceTransformerEmbedder, checked_embed
@@ -23,23 +22,13 @@ PROFILE = "minilm-v1"
 MODEL = "all-MiniLM-L6-v2"
 
 
-@dataclass(frozen=True)
-class Piece:
-    chunk_id: str
-    ordinal: int
-    heading_path: tuple[str, ...]
-    page: int | None
-    text: str
-    token_count: int
-    content_digest: str
-
-
-def pieces(tenant: str, document: str, version: int, texts: list[str]) -> list[Piece]:
+def pieces(tenant: str, document: str, version: int, texts: list[str]) -> list[Chunk]:
+    """Chunks with the real stable ids (the sink re-derives and checks them), headed by the document id."""
+    identity = VersionIdentity(tenant, document, version, PROFILE)
     out = []
     for i, text in enumerate(texts):
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        key = json.dumps([tenant, document, version, PROFILE, i, digest])
-        out.append(Piece(hashlib.sha256(key.encode()).hexdigest()[:32], i, (document,), None, text, 10, digest))
+        digest = content_digest(text)
+        out.append(Chunk(chunk_id(identity, i, (document,), digest), i, (document,), None, text, text, 10, digest))
     return out
 
 

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
+from pipelines.domain.chunking import Chunk, VersionIdentity, chunk_id, content_digest
 from pipelines.domain.errors import InvalidRequest
 from resources.publisher import Publisher, PublishResult
 from resources.task_queue import Lease, TaskQueue
@@ -124,23 +125,14 @@ def test_clean_state_reports_no_violation_only_the_retained_old_version(db, stat
     assert retained.examples[0]["version_number"] == 1 and retained.examples[0]["pointer_version"] == 2
 
 
-@dataclass(frozen=True)
-class SinkChunk:
-    chunk_id: str
-    ordinal: int
-    heading_path: tuple[str, ...]
-    page: int | None
-    text: str
-    token_count: int
-    content_digest: str
-
-
-def sink_chunks(result: PublishResult, texts: list[str]) -> list[SinkChunk]:
+def sink_chunks(result: PublishResult, texts: list[str], profile: str = PROFILE) -> list[Chunk]:
+    """Chunks with the real stable ids, as the chunk step makes them (the sink re-derives and checks them)."""
+    identity = VersionIdentity(result.tenant_id, result.document_id, result.version, profile)
     out = []
     for i, text in enumerate(texts):
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        cid = hashlib.sha256(f"{result.tenant_id}/{result.document_id}/{result.version}/{i}/{digest}".encode()).hexdigest()[:32]
-        out.append(SinkChunk(cid, i, ("Policy",), None, text, len(text.split()), digest))
+        digest = content_digest(text)
+        out.append(Chunk(chunk_id(identity, i, ("Policy",), digest), i, ("Policy",), None, text, text,
+                         len(text.split()), digest))
     return out
 
 

@@ -449,16 +449,64 @@ def checked_embed(
     return out
 
 
-
 def embedder_for_model(model: str, *, batch_size: int = DEFAULT_BATCH_SIZE) -> Embedder:
     """The embedder a profile's ``model`` names, the same way for indexing and for search.
 
     ``fake-*``: the deterministic FakeEmbedder (tests, demos); the packaged name: the bundled
-    all-MiniLM-L6-v2; anything else: a local sentence-transformers folder (or cached name) reporting
-    itself under that model name.
+    all-MiniLM-L6-v2; a name in ``derived_models.DERIVED_MODELS`` (``all-MiniLM-L6-v2-int8``): that
+    model, built offline from the packaged one on first use; anything else: a local
+    sentence-transformers folder (or cached name) reporting itself under that model name.
     """
     if model.startswith("fake-"):
         return FakeEmbedder(model_name=model)
     if model == PACKAGED_MODEL_NAME:
         return SentenceTransformerEmbedder(batch_size=batch_size)
+    from resources.derived_models import DERIVED_MODELS, DerivedModelEmbedder  # it imports this module
+
+    if model in DERIVED_MODELS:  # built from the packaged model on first use, under KBINDEX_HOME/models
+        return DerivedModelEmbedder(model, batch_size=batch_size)
     return SentenceTransformerEmbedder(model, model_name=model, batch_size=batch_size)
+
+
+def embedder_for_profile(profile: Mapping[str, Any], *, home: str | Path | None = None,
+                         batch_size: int = DEFAULT_BATCH_SIZE) -> Embedder:
+    """The one way to pick a profile's embedder, for indexing, the CLI and the API: its ``model``,
+    through the warm embedding service when ``home`` names one that answers, else in this process."""
+    model = str(profile["model"])
+    if home is not None:
+        from resources.embedding_service import warm_embedder
+
+        return warm_embedder(model, home)
+    return embedder_for_model(model, batch_size=batch_size)
+
+
+class ProfileEmbedders:
+    """For a long-lived process (the HTTP API): the embedder of whichever profile is active *now*,
+    one per model, so ``kbindex profile activate`` to another model is followed by the next request."""
+
+    def __init__(self, *, home: str | Path | None = None) -> None:
+        self.home = home
+        self._by_model: dict[str, Embedder] = {}
+        self._lock = threading.Lock()
+
+    def for_profile(self, profile: Mapping[str, Any]) -> Embedder:
+        model = str(profile["model"])
+        with self._lock:
+            if model not in self._by_model:
+                self._by_model[model] = embedder_for_profile(profile, home=self.home)
+            return self._by_model[model]
+
+
+@lru_cache(maxsize=8)
+def tokenizer_for_model(model: str) -> Any:
+    """The chunker's tokenizer for a model: its own WordPiece, so no chunk is truncated by the model.
+
+    The packaged MiniLM, the models derived from it (same vocabulary) and the fake test models share
+    the packaged tokenizer; any other model brings its own ``tokenizer.json``.
+    """
+    from resources.derived_models import DERIVED_MODELS
+    from resources.tokenizer import ModelTokenizer
+
+    if model == PACKAGED_MODEL_NAME or model in DERIVED_MODELS or model.startswith("fake-"):
+        return ModelTokenizer()
+    return ModelTokenizer(model)

@@ -19,7 +19,6 @@ the document names that version.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import time
@@ -37,7 +36,7 @@ from pipelines.domain.identifiers import validate_profile_name
 from pipelines.domain.parsing.model import ParsedDocument, TextBlock
 from pipelines.domain.retrieval_metrics import DEFAULT_K, RetrievalScores, evaluate, gate_passed
 from resources.database import Database
-from resources.embedder import PACKAGED_MODEL_NAME, Embedder, checked_embed, embedder_for_model
+from resources.embedder import PACKAGED_MODEL_NAME, Embedder, checked_embed, embedder_for_model, tokenizer_for_model
 
 INDEX_DIMENSION = 384  # chunk.embedding is vector(384)
 MIN_CHUNK_TOKENS = 16  # index_profile CHECK
@@ -57,14 +56,9 @@ class ModelInfo:
     max_content_tokens: int
 
 
-@functools.lru_cache(maxsize=8)
 def tokenizer_for(model: str) -> Any:
-    """The chunker's tokenizer for a profile's model (as pipelines.assets does: fake models chunk like MiniLM)."""
-    from resources.tokenizer import ModelTokenizer
-
-    if model == PACKAGED_MODEL_NAME or model.startswith("fake-"):
-        return ModelTokenizer()
-    return ModelTokenizer(model)
+    """The chunker's tokenizer for a profile's model (the same one indexing uses)."""
+    return tokenizer_for_model(model)
 
 
 def probe_model(model: str) -> ModelInfo:

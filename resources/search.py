@@ -17,7 +17,7 @@ from typing import Any
 from pipelines.domain.errors import InvalidRequest
 from pipelines.domain.identifiers import validate_tenant
 from resources.database import Database
-from resources.embedder import Embedder, checked_embed
+from resources.embedder import Embedder, ProfileEmbedders, checked_embed
 
 MAX_K = 1000
 DEFAULT_MAX_SCAN_TUPLES = 20_000
@@ -49,7 +49,7 @@ def ef_search_for(k: int) -> int:
 
 def search(
     db: Database,
-    embedder: Embedder,
+    embedder: Embedder | ProfileEmbedders,
     query: str,
     *,
     tenant_id: str,
@@ -72,6 +72,8 @@ def search(
     profile = db.fetch_one("index_profile_active")
     if profile is None:
         raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
+    if isinstance(embedder, ProfileEmbedders):  # a long-lived caller: whichever profile is active now
+        embedder = embedder.for_profile(profile)
     vector = checked_embed(
         embedder, [query], expected_model=profile["model"], expected_dim=profile["dimension"], batch_size=1
     )[0]

@@ -24,7 +24,7 @@ sees only its tenant's data: another tenant's task or document answers 404. Erro
 
 Environment: ``KBINDEX_DATABASE_URL`` (else the embedded PostgreSQL), ``KBINDEX_API_TOKENS`` (token
 file), ``KBINDEX_API_MAX_UPLOAD_BYTES`` (default 50 MiB), ``KBINDEX_METRICS_TOKEN`` (if set,
-/metrics needs it as a bearer token), ``KBINDEX_BLOB_URL``, ``KBINDEX_MODEL``.
+/metrics needs it as a bearer token), ``KBINDEX_BLOB_URL``.
 """
 
 
@@ -121,11 +121,12 @@ def _default_search() -> SearchFn:
 
 
 def _default_embedder() -> Any:
-    from resources.embedder import SentenceTransformerEmbedder
+    """The active profile's embedder at each request (a warm embedding service if one answers), so
+    `kbindex profile activate` to another model is followed without a restart (issue #12, defect 9)."""
+    from resources.embedder import ProfileEmbedders
     from resources.settings import Settings
 
-    model = Settings.from_env().model
-    return SentenceTransformerEmbedder(model) if model else SentenceTransformerEmbedder()
+    return ProfileEmbedders(home=Settings.from_env().home)
 
 
 def _status_page() -> str:

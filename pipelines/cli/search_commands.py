@@ -17,7 +17,7 @@ def search_command(
     as_json: bool = JsonOption,
 ) -> None:
     """Search the active profile's index: only the versions the search pointers name, best first."""
-    from resources.embedding_service import warm_embedder
+    from resources.embedder import embedder_for_profile
     from resources.search import search
     from resources.settings import Settings
 
@@ -25,7 +25,7 @@ def search_command(
         profile = db.fetch_one("index_profile_active")
         if profile is None:
             raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
-        embedder = warm_embedder(profile["model"], Settings.from_env().home)  # `kbindex dev` keeps one warm
+        embedder = embedder_for_profile(profile, home=Settings.from_env().home)  # `kbindex dev` keeps one warm
         hits = search(db, embedder, query, tenant_id=tenant, k=k)
     if as_json:
         print_json([hit.to_dict() for hit in hits])

@@ -5,13 +5,19 @@ nothing is lost: the leases expire and a later claim takes the tasks over (invar
 requested only while at most KBINDEX_MAX_WAITING_RUNS wait for a slot, and the sensor heartbeats
 the leases of waiting runs each tick, so a queued run does not lose its leases before it starts.
 A deep queue becomes a few big runs spread over the tenant's run slots; a lone publish, one small run.
+Retried versions join those runs: their existing partition keys are moved to the end of the key
+order with the fresh ones (unless a live run still covers them). A crash shared by several tasks is
+bisected (record_crashed_runs), and a launched run that lost every lease is canceled so that it gives
+its run slot back (release_hung_runs).
 """
 
 
 import os
+import signal
 import time
 import uuid
 from collections import defaultdict
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import dagster as dg
@@ -27,6 +33,7 @@ from resources.dagster_resources import (
     DatabaseResource,
     decode_leases,
     encode_leases,
+    run_owner,
 )
 from pipelines.domain.errors import KbindexError
 from resources.task_queue import ClaimedTask, Lease, TaskQueue
@@ -42,6 +49,10 @@ WAITING_LEASE_MAX_SECONDS = float(os.environ.get("KBINDEX_WAITING_LEASE_MAX_SECO
 LEASE_SECONDS = float(os.environ.get("KBINDEX_LEASE_SECONDS", "60"))
 WAITING = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING]
 NOT_LAUNCHED = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED)
+LAUNCHED = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]  # each holds a run slot
+LIVE = [*WAITING, *LAUNCHED]
+ASSET_JOB_NAME = "__ASSET_JOB"  # UI materializations; a re-execution keeps the lease tags of its parent
+PARTITION_TAGS = ("dagster/partition", "dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
 
 
 def split_sizes(n: int, batch_max: int, spread: int = 1, batch_min: int = 1) -> list[int]:
@@ -81,6 +92,17 @@ def balance_sizes(weights: list[int], sizes: list[int], batch_max: int) -> list[
     return out if out[-1] <= batch_max else sizes
 
 
+@dataclass
+class RunPlan:
+    """The run requests of one tick and the partition keys to move or add, in key order."""
+
+    requests: list[dg.RunRequest] = field(default_factory=list)
+    add: list[str] = field(default_factory=list)
+    """Keys to add, in this order: each run's keys end up contiguous (its range)."""
+    delete: list[str] = field(default_factory=list)
+    """Existing keys to delete first so that re-adding them puts them at the end (retries, takeovers)."""
+
+
 def plan_runs(
     claimed: list[ClaimedTask],
     keys: dict[int, str],
@@ -91,34 +113,68 @@ def plan_runs(
     spread: int = 1,
     batch_min: int = 1,
     weights: dict[int, int] | None = None,
-) -> tuple[list[dg.RunRequest], list[str]]:
-    """Group claimed tasks into run requests; returns (requests, partition keys to add, in order).
+    caps: dict[int, int | None] | None = None,
+    pinned: set[str] = frozenset(),  # type: ignore[assignment]
+) -> RunPlan:
+    """Group claimed tasks into run requests over contiguous partition-key ranges.
 
-    New keys of one tenant are added together and so form a contiguous range: one run covers many
-    versions (``split_sizes``). A key that already exists (a retry or a taken-over lease) sits
-    elsewhere in the key order, so it gets a run of its own.
+    A run covers the range of its keys in insertion order, so a key must be (re)added together
+    with its batch-mates. A key that already exists (a retry, a takeover, another profile's task
+    of the same version) is deleted and re-added with the fresh ones, so retried versions share
+    big runs too, unless a run that is not finished still covers it (``pinned``): moving it would
+    change that run's range under it, so it gets a run of its own as before. The tasks of one key
+    always share a run. Tasks with a crash-bisection cap (``caps``) run in groups of the same cap,
+    at most that many tasks per run.
     """
-    by_tenant: dict[str, list[ClaimedTask]] = defaultdict(list)
-    for task in claimed:
-        by_tenant[task.tenant_id].append(task)
-    requests: list[dg.RunRequest] = []
-    to_add: list[str] = []
-    for tenant, tasks in by_tenant.items():
-        fresh = [t for t in tasks if keys[t.lease.task_id] not in existing]
-        again = [t for t in tasks if keys[t.lease.task_id] in existing]
-        start = 0
-        sizes = split_sizes(len(fresh), batch_max, spread, batch_min)
+    caps = caps or {}
+    plan = RunPlan()
+    by_tenant: dict[str, dict[str, list[ClaimedTask]]] = defaultdict(dict)
+    for task in claimed:  # tenant -> key -> its tasks, in claim order
+        by_tenant[task.tenant_id].setdefault(keys[task.lease.task_id], []).append(task)
+    for tenant, units in by_tenant.items():
+        free: list[str] = []
+        capped: dict[int, list[str]] = defaultdict(list)
+        for key, tasks in units.items():
+            if key in existing and key in pinned:
+                plan.requests.append(_request(tasks, [key], owner, tenant))
+                continue
+            if key in existing:
+                plan.delete.append(key)
+            task_caps = [c for c in (caps.get(t.lease.task_id) for t in tasks) if c]
+            (capped[min(task_caps)] if task_caps else free).append(key)
+        sizes = split_sizes(len(free), batch_max, spread, batch_min)
         if weights:
-            sizes = balance_sizes([max(1, weights.get(t.lease.task_id, 1)) for t in fresh], sizes, batch_max)
-        for size in sizes:
-            group = fresh[start : start + size]
-            start += size
-            group_keys = [keys[t.lease.task_id] for t in group]
-            to_add.extend(group_keys)
-            requests.append(_request(group, group_keys, owner, tenant))
-        for task in again:
-            requests.append(_request([task], [keys[task.lease.task_id]], owner, tenant))
-    return requests, to_add
+            unit_weights = [sum(max(1, weights.get(t.lease.task_id, 1)) for t in units[k]) for k in free]
+            sizes = balance_sizes(unit_weights, sizes, batch_max)
+        groups = _cut(free, sizes)
+        for cap, group_keys in sorted(capped.items(), reverse=True):
+            groups.extend(_pack(group_keys, units, min(cap, batch_max)))
+        for group_keys in groups:
+            plan.add.extend(group_keys)
+            plan.requests.append(_request([t for k in group_keys for t in units[k]], group_keys, owner, tenant))
+    return plan
+
+
+def _cut(items: list[str], sizes: list[int]) -> list[list[str]]:
+    out, start = [], 0
+    for size in sizes:
+        out.append(items[start : start + size])
+        start += size
+    return out
+
+
+def _pack(group_keys: list[str], units: dict[str, list[ClaimedTask]], cap: int) -> list[list[str]]:
+    """Consecutive runs of at most ``cap`` tasks (a key's tasks are never split; a key alone may exceed it)."""
+    out: list[list[str]] = []
+    count = 0
+    for key in group_keys:
+        n = len(units[key])
+        if not out or count + n > cap:
+            out.append([])
+            count = 0
+        out[-1].append(key)
+        count += n
+    return out
 
 
 def _request(group: list[ClaimedTask], group_keys: list[str], owner: str, tenant: str) -> dg.RunRequest:
@@ -140,6 +196,8 @@ def _request(group: list[ClaimedTask], group_keys: list[str], owner: str, tenant
 )
 def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SensorResult | dg.SkipReason:
     queue = TaskQueue(database.db, lease_seconds=LEASE_SECONDS)
+    for run_id in release_hung_runs(context.instance, queue):
+        context.log.warning(f"run {run_id} holds none of its leases any more: canceled to free its run slot")
     waiting = keep_waiting_leases(context.instance, queue)
     owner = f"batch-{uuid.uuid4().hex[:12]}"
     # With the run queue full, start no new work, but still take over expired leases (invariant 7:
@@ -151,20 +209,117 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
             return dg.SkipReason(f"{waiting} run(s) still waiting to start; no expired leases to take over")
         return dg.SkipReason("no due index tasks")
     _inject_fault_after_claim()
-    rows = database.db.fetch_all("document_version_partition_keys", {"task_ids": [t.lease.task_id for t in claimed]})
+    rows = database.db.fetch_all("run_plan_inputs", {"task_ids": [t.lease.task_id for t in claimed]})
     keys = {r["task_id"]: r["partition_key"] for r in rows}
     weights = {r["task_id"]: r["byte_size"] for r in rows}
-    existing = {k for k in keys.values() if context.instance.has_dynamic_partition(VERSIONS_PARTITIONS_NAME, k)}
-    requests, to_add = plan_runs(claimed, keys, existing, owner, BATCH_MAX, spread=RUN_SPREAD, batch_min=BATCH_MIN,
-                                 weights=weights)
+    caps = {r["task_id"]: r["run_size_cap"] for r in rows}
+    # One indexed membership query for all keys (has_dynamic_partition costs ~11 ms per key at 100k keys).
+    existing = set(context.instance.get_existing_dynamic_partitions(VERSIONS_PARTITIONS_NAME, list(set(keys.values()))))
+    pinned = live_run_keys(context.instance, database) if existing else set()
+    plan = plan_runs(claimed, keys, existing, owner, BATCH_MAX, spread=RUN_SPREAD, batch_min=BATCH_MIN,
+                     weights=weights, caps=caps, pinned=pinned)
+    # Moved keys are deleted here and re-added, in plan order, by the add request below. One
+    # SensorResult may not both delete and add a key (Dagster refuses it). If the tick dies in
+    # between, the keys are simply missing: the leases expire and the next claim adds them afresh.
+    for key in plan.delete:
+        context.instance.delete_dynamic_partition(VERSIONS_PARTITIONS_NAME, key)
+    requests = plan.requests
     models = _models(database, {t.profile for t in claimed})
     if models:
         requests = [r.with_replaced_attrs(tags={**r.tags, MODELS_TAG: models}) for r in requests]
-    context.log.info(f"claimed {len(claimed)} task(s) as {owner}: {len(requests)} run(s)")
+    context.log.info(f"claimed {len(claimed)} task(s) as {owner}: {len(requests)} run(s), {len(plan.delete)} key(s) moved")
     return dg.SensorResult(
         run_requests=requests,
-        dynamic_partitions_requests=[document_versions.build_add_request(to_add)] if to_add else [],
+        dynamic_partitions_requests=[document_versions.build_add_request(plan.add)] if plan.add else [],
     )
+
+
+def live_run_keys(instance: dg.DagsterInstance, database: DatabaseResource) -> set[str]:
+    """Partition keys that a run not yet finished covers: its range ends, its key, its tagged tasks' keys.
+
+    Such a key must not move: Dagster resolves a run's key range at each step, so moving an end
+    would shrink or stretch the range under the run. O(live runs): the queue plus the run slots.
+    """
+    records = instance.get_run_records(RunsFilter(statuses=LIVE))
+    pinned: set[str] = set()
+    task_ids: list[int] = []
+    for record in records:
+        tags = record.dagster_run.tags
+        pinned.update(v for k in PARTITION_TAGS if (v := tags.get(k)))
+        task_ids.extend(task_id for task_id, _ in decode_leases(tags.get(LEASES_TAG)))
+    if task_ids:
+        pinned.update(r["partition_key"] for r in database.db.fetch_all("run_plan_inputs", {"task_ids": task_ids}))
+    return pinned
+
+
+def release_hung_runs(instance: dg.DagsterInstance, queue: TaskQueue) -> list[str]:
+    """Cancel launched runs that hold none of their leases and lost at least one; returns their ids.
+
+    A run whose process hangs (SIGSTOP, a stuck call) stops heartbeating; its leases expire and are
+    taken over, but Dagster still counts it as started, so it keeps a run slot and due work waits
+    behind the per-tenant run limit. One statement judges every launched run with lease tags
+    (O(run slots)). The launcher is asked to terminate the run (a K8s/Docker launcher stops its
+    pod; the code server signals its run process), a process of this code server that cannot react
+    (stopped) is killed, and the run is marked canceled so the run queue frees the slot at once.
+    """
+    runs = [
+        r.dagster_run
+        for job in (index_versions_job.name, ASSET_JOB_NAME)
+        for r in instance.get_run_records(RunsFilter(job_name=job, statuses=LAUNCHED))
+        if r.dagster_run.tags.get(LEASES_TAG) and r.dagster_run.tags.get(OWNER_TAG)
+    ]
+    if not runs:
+        return []
+    lost = queue.runs_without_leases(
+        [(r.tags[OWNER_TAG], run_owner(r.run_id), decode_leases(r.tags[LEASES_TAG])) for r in runs])
+    released = []
+    for run in (runs[ix] for ix in lost):
+        _terminate(instance, run)
+        released.append(run.run_id)
+    return released
+
+
+def _terminate(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
+    """Stop the run's process where the launcher can, then mark the run canceled (frees its slot)."""
+    try:
+        instance.run_launcher.terminate(run.run_id)
+    except Exception:  # noqa: BLE001 - best effort: the run is marked canceled below either way
+        pass
+    _kill_child_run_process(instance, run.run_id)
+    current = instance.get_run_by_id(run.run_id)
+    if current is not None and not current.is_finished:
+        instance.report_run_canceled(current, message="kbindex: the run lost every lease (hung or taken over)")
+
+
+def _kill_child_run_process(instance: dg.DagsterInstance, run_id: str) -> None:
+    """SIGKILL the run's process if it is a child of this process (the code server that launched it).
+
+    The default run launcher's terminate only sets an event the run process polls; a stopped
+    process never sees it. The pid comes from the run's "Started process" engine event; checking
+    the parent first keeps a recycled pid or a process on another host out of reach.
+    """
+    from dagster import DagsterEventType
+
+    pids = set()
+    for entry in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
+        data = entry.dagster_event.event_specific_data if entry.dagster_event else None
+        value = getattr(getattr(data, "metadata", {}).get("pid"), "value", None)  # MetadataValue.text(str(pid))
+        if isinstance(value, str) and value.isdigit():
+            pids.add(int(value))
+    for pid in pids:
+        if _parent_pid(pid) == os.getpid():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _models(database: DatabaseResource, profiles: set[str]) -> str:
@@ -214,13 +369,13 @@ def _inject_fault_after_claim() -> None:
     monitored_jobs=[index_versions_job],
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=1,
-    description="Records RUN_CRASHED for tasks of runs that died without recording an outcome (retried at once).",
+    description=("Records RUN_CRASHED for tasks of runs that died without recording an outcome (retried at once; "
+                 "a crash shared by several tasks costs none of them an attempt and halves their next run)."),
 )
 def record_crashed_runs(context: dg.RunFailureSensorContext, database: DatabaseResource) -> None:
     queue = TaskQueue(database.db, lease_seconds=LEASE_SECONDS)
-    run = context.dagster_run
-    pairs = decode_leases(run.tags.get(LEASES_TAG))
-    for task_id, attempt in pairs:
-        status = queue.fail_unfenced_crash(task_id, attempt, "RUN_CRASHED", "the run process died before recording an outcome")
-        if status is not None:
-            context.log.info(f"task {task_id} attempt {attempt}: RUN_CRASHED -> {status}")
+    pairs = decode_leases(context.dagster_run.tags.get(LEASES_TAG))
+    outcomes = queue.fail_crashed_run(pairs, "RUN_CRASHED", "the run process died before recording an outcome")
+    for o in outcomes:
+        cap = f" (next run at most {o.run_size_cap} task(s))" if o.run_size_cap and len(outcomes) > 1 else ""
+        context.log.info(f"task {o.task_id}: RUN_CRASHED -> {o.status}{cap}")

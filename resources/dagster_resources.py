@@ -34,6 +34,11 @@ PROFILE_TAG = "kbindex/profile"
 MODELS_TAG = "kbindex/models"  # comma-separated models of the run's tasks: loaded from the run's start
 
 
+def run_owner(run_id: str) -> str:
+    """The lease owner of a Dagster run once it has adopted its leases (or claimed them itself)."""
+    return f"run-{run_id}"
+
+
 def encode_leases(pairs: list[tuple[int, int]]) -> str:
     return json.dumps([[int(t), int(a)] for t, a in pairs], separators=(",", ":"))
 
@@ -219,7 +224,8 @@ class IndexingRunResource(dg.ConfigurableResource):
             db=self.database.db,
             queue=queue,
             keeper=self._keeper,
-            owner=tags.get(OWNER_TAG) or f"run-{run.run_id if run else os.getpid()}",
+            owner=run_owner(run.run_id if run else str(os.getpid())),
+            granted_by=tags.get(OWNER_TAG),
             blobs=self.blobs.get_store(),
             embedder_for=_no_embedder,
             state=RunState(ArtifactStore(self.artifacts or (Settings.from_env().home / "artifacts"))),

@@ -118,6 +118,7 @@ class IndexingRun:
         embedder_for: Callable[[str], Any],
         state: RunState | None = None,
         tagged: Iterable[tuple[int, int]] = (),
+        granted_by: str | None = None,
         profile: str | None = None,
         batch_size: int = 64,
         tokenizer_for: Callable[[str], Any] | None = None,
@@ -127,6 +128,7 @@ class IndexingRun:
         self.embedder_for = embedder_for
         self.state = state or RunState()
         self.tagged = [(int(t), int(a)) for t, a in tagged]
+        self.granted_by = granted_by or owner  # the claiming sensor's owner, whose leases this run adopts
         self.profile = profile
         self.batch_size = batch_size
         self.tokenizer_for = tokenizer_for or _default_tokenizer
@@ -164,28 +166,30 @@ class IndexingRun:
             self._why[key] = "the claiming sensor's leases for this version were lost before the run adopted them"
         return works
 
-    def _tagged_by_version(self) -> dict[tuple[str, str, int], list[tuple[int, int]]]:
-        """The run's tagged leases by version, read once per run (one query per task, not per key x task)."""
+    def _tagged_by_version(self) -> dict[tuple[str, str, int], list[Lease]]:
+        """Adopt every tagged lease in one fenced statement, once per run, and index them by version.
+
+        Adoption hands each lease to this run (``task_adopt``): the run becomes its owner, so a
+        re-execution that copied the tags cannot adopt the same attempt while this run still works,
+        and a lease that no run ever adopted goes back without counting as an attempt.
+        """
         if self._tagged_index is None:
             self._tagged_index = {}
-            for task_id, attempt in self.tagged:
-                try:
-                    task = self.queue.get(task_id)
-                except KbindexError:
-                    continue
+            offered = [Lease(t, a, self.granted_by, None) for t, a in self.tagged]  # type: ignore[arg-type]
+            for lease in self.queue.adopt(offered, self.owner) if offered else []:
+                self.keeper.hold(lease.task_id, lease)
+                task = self.queue.get(lease.task_id)
                 version = (task["tenant_id"], task["document_id"], task["version_number"])
-                self._tagged_index.setdefault(version, []).append((task_id, attempt))
+                self._tagged_index.setdefault(version, []).append(lease)
+            lost = len(offered) - sum(len(v) for v in self._tagged_index.values())
+            if lost:
+                log.warning("%d of the run's %d tagged leases were lost before it started", lost, len(offered))
         return self._tagged_index
 
     def _adopt_tagged(self, version: dict[str, Any]) -> list[Lease]:
-        """Every tagged lease of this version that still holds, one per profile (issue #12, defect 2)."""
-        wanted = (version["tenant_id"], version["document_id"], version["version_number"])
-        adopted = []
-        for task_id, attempt in self._tagged_by_version().get(wanted, []):
-            lease = Lease(task_id=task_id, attempt=attempt, owner=self.owner, lease_until=None)  # type: ignore[arg-type]
-            if self.keeper.adopt(task_id, lease):
-                adopted.append(self.keeper.check(task_id))
-        return adopted
+        """Every adopted lease of this version, one per profile (issue #12, defect 2)."""
+        return list(self._tagged_by_version().get(
+            (version["tenant_id"], version["document_id"], version["version_number"]), []))
 
     def _claim_for(self, version: dict[str, Any]) -> Lease | None:
         """Create-or-claim the task of this version under the run's profile (UI backfills, manual runs)."""
@@ -558,20 +562,6 @@ class SharedVectors:
 
 
 def _default_tokenizer(model: str) -> Any:
-    """The model's own tokenizer, so no chunk is truncated by the model (fake models chunk like MiniLM)."""
-    from resources.embedder import PACKAGED_MODEL_NAME
+    from resources.embedder import tokenizer_for_model
 
-    if model == PACKAGED_MODEL_NAME or model.startswith("fake-"):
-        return _cached_tokenizer(None)
-    return _cached_tokenizer(model)
-
-
-_TOKENIZERS: dict[str | None, Any] = {}
-
-
-def _cached_tokenizer(model: str | None) -> Any:
-    from resources.tokenizer import ModelTokenizer
-
-    if model not in _TOKENIZERS:
-        _TOKENIZERS[model] = ModelTokenizer() if model is None else ModelTokenizer(model)
-    return _TOKENIZERS[model]
+    return tokenizer_for_model(model)

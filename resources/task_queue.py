@@ -64,6 +64,16 @@ class Heartbeats:
     """Fenced out, with the reason: ``TaskCancelled`` or ``LeaseLost``."""
 
 
+@dataclass(frozen=True)
+class CrashOutcome:
+    """What ``fail_crashed_run`` did with one lease of a dead run."""
+
+    task_id: int
+    status: TaskStatus
+    run_size_cap: int | None
+    """The cap on the task's next run size (crash bisection), None for none."""
+
+
 class TaskQueue:
     """Claim, heartbeat, progress, complete, fail, cancel and retry index tasks.
 
@@ -127,13 +137,16 @@ class TaskQueue:
     # -- claiming ----------------------------------------------------------------------------
 
     def claim(
-        self, owner: str, limit: int = 10, session: Session | None = None, *, expired_only: bool = False
+        self, owner: str, limit: int = 10, session: Session | None = None, *, expired_only: bool = False,
+        for_run: bool = False,
     ) -> list[ClaimedTask]:
         """Lease up to ``limit`` due or lease-expired tasks in one atomic statement (invariant 1).
 
         Expired leases with no attempts left end DEAD (LEASE_ATTEMPTS_EXHAUSTED) and are not returned.
         ``expired_only`` takes over abandoned leases without starting new work (the run queue is full,
-        but invariant 7 still wants expired leases reclaimed within a tick).
+        but invariant 7 still wants expired leases reclaimed within a tick). ``for_run``: the leases are
+        for a run that has yet to start (the claiming sensor); the run takes them with ``adopt``, and one
+        that expires before any run adopted it is given back without counting as an attempt.
         A worker looping on claims may pass its own autocommit ``session`` to skip the pool checkout.
         """
         if limit < 1:
@@ -147,6 +160,7 @@ class TaskQueue:
                     "lease_seconds": self.lease_seconds,
                     "now": self.clock(),
                     "take_due": not expired_only,
+                    "unstarted": for_run,
                 },
             )
         return [
@@ -162,6 +176,29 @@ class TaskQueue:
         ]
 
     # -- fenced verbs --------------------------------------------------------------------------
+
+    def adopt(self, leases: Sequence[Lease], run_owner: str) -> list[Lease]:
+        """Hand the claiming sensor's leases (all of one owner) to the run that starts them, in one fenced
+        statement; returns the adopted leases, now owned by ``run_owner``. A lease missing from the
+        result was lost before the run started (expired, taken over, cancelled, or already adopted by
+        another run, e.g. the original of a re-execution)."""
+        if not leases:
+            return []
+        owners = {lease.owner for lease in leases}
+        if len(owners) != 1:
+            raise ValueError("adopt takes the leases of one claiming owner")
+        rows = self.db.fetch_all(
+            "task_adopt",
+            {
+                "task_ids": [lease.task_id for lease in leases],
+                "attempts": [lease.attempt for lease in leases],
+                "owner": owners.pop(),
+                "run_owner": run_owner,
+                "lease_seconds": self.lease_seconds,
+                "now": self.clock(),
+            },
+        )
+        return [Lease(r["task_id"], r["attempts"], r["lease_owner"], r["lease_until"]) for r in rows]
 
     def heartbeat(self, lease: Lease, session: Session | None = None) -> Lease:
         """Extend the lease (fenced); returns the lease with its new ``lease_until``."""
@@ -286,6 +323,50 @@ class TaskQueue:
             },
         )
         return TaskStatus(row["status"]) if row else None
+
+    def fail_crashed_run(
+        self, pairs: Sequence[tuple[int, int]], code: str = "RUN_CRASHED", message: str = ""
+    ) -> builtins.list[CrashOutcome]:
+        """For the run-failure sensor: fail every ``(task_id, attempt)`` of a dead run still RUNNING on it.
+
+        One statement. With several such suspects the crash is nobody's fault yet: each gets its
+        attempt back and a cap of half the suspects on its next run (crash bisection, see
+        sql/queries/run.sql run_fail_crashed); a lone suspect's attempt counts as usual.
+        """
+        if not pairs:
+            return []
+        rows = self.db.fetch_all(
+            "run_fail_crashed",
+            {
+                "task_ids": [int(t) for t, _ in pairs],
+                "attempts": [int(a) for _, a in pairs],
+                "code": code,
+                "message": sanitize_message(message or "the run ended without recording an outcome"),
+                "retryable": is_retryable(code),
+                "now": self.clock(),
+            },
+        )
+        return [CrashOutcome(r["task_id"], TaskStatus(r["status"]), r["run_size_cap"]) for r in rows]
+
+    def runs_without_leases(self, runs: Sequence[tuple[str, str, Sequence[tuple[int, int]]]]) -> builtins.list[int]:
+        """Indexes of the ``(claim owner, run owner, [(task_id, attempt), ...])`` runs that hold none of
+        their leases (under either owner) and lost at least one (taken over, or expired unrenewed):
+        such a run can do nothing useful any more."""
+        flat = [(ix, owner, run_owner, t, a) for ix, (owner, run_owner, pairs) in enumerate(runs) for t, a in pairs]
+        if not flat:
+            return []
+        rows = self.db.fetch_all(
+            "run_leases_lost",
+            {
+                "run_ixs": [f[0] for f in flat],
+                "owners": [f[1] for f in flat],
+                "run_owners": [f[2] for f in flat],
+                "task_ids": [int(f[3]) for f in flat],
+                "attempts": [int(f[4]) for f in flat],
+                "now": self.clock(),
+            },
+        )
+        return [int(r["run_ix"]) for r in rows]
 
     def lock_fenced(self, session: Session, lease: Lease) -> dict[str, Any]:
         """``SELECT ... FOR UPDATE`` of the task row that re-checks the fence (for the publish transaction)."""

@@ -367,7 +367,10 @@ class Chaos:
                          [run_id, LEASES_TAG, OWNER_TAG]))
         from resources.dagster_resources import decode_leases
 
-        return tags.get(OWNER_TAG), decode_leases(tags.get(LEASES_TAG))
+        from resources.dagster_resources import run_owner
+
+        # A started run owns its leases under its own name (task_adopt), not the claiming tick's.
+        return run_owner(run_id), decode_leases(tags.get(LEASES_TAG))
 
     def _held(self, owner: str | None, leases: list[tuple[int, int]]) -> list[tuple[int, int, str | None]]:
         """(task, attempt, stage) of the run's tasks it holds now: RUNNING under its owner.

@@ -18,7 +18,7 @@ clock AS (
 -- backfill comes back for them); never-attempted REINDEX backlog is left to the operator's backfill.
 -- SKIP LOCKED: rows another claimer is taking are passed over instead of waited for.
 due AS (
-    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.next_attempt_at AS since
+    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_unstarted, t.next_attempt_at AS since
     FROM index_task t
     WHERE t.status IN ('PENDING', 'RETRY_WAIT') AND (t.task_type = 'INDEX' OR t.attempts > 0)
       AND t.next_attempt_at <= (SELECT now FROM clock)
@@ -31,7 +31,7 @@ due AS (
 -- A separate walk because one OR-ed predicate over both would not match either partial index
 -- and would scan and sort every due row.
 expired AS (
-    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_until AS since
+    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_unstarted, t.lease_until AS since
     FROM index_task t
     WHERE t.status = 'RUNNING'
       AND t.lease_until <= (SELECT now FROM clock)
@@ -42,30 +42,32 @@ expired AS (
 -- At most 2 x limit locked candidates; keep the longest-waiting %(limit)s of them. The rest are
 -- unlocked when this statement's transaction ends, a moment later.
 picked AS (
-    SELECT c.task_id, c.status, c.attempts, c.max_attempts
+    SELECT c.task_id, c.status, c.attempts, c.max_attempts,
+           -- an expired lease that some run worked on, with no attempts left
+           (c.status = 'RUNNING' AND c.attempts >= c.max_attempts AND NOT c.lease_unstarted) AS exhausted,
+           -- an expired lease no run ever adopted: its attempt was never tried, so it is given back
+           (c.status = 'RUNNING' AND c.lease_unstarted) AS never_started
     FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) c
     ORDER BY c.since, c.task_id
     LIMIT %(limit)s
 ),
 -- The transition itself. An expired lease with no attempts left ends DEAD (LEASE_ATTEMPTS_EXHAUSTED)
 -- instead of being granted; everything else becomes RUNNING with attempts + 1, the new fencing token.
+-- %(unstarted)s: the lease is for a run that has yet to start (the claiming sensor) and must be
+-- adopted by it (task_adopt); direct workers claim started leases.
 moved AS (
     UPDATE index_task t
-    SET status          = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
-                               THEN 'DEAD' ELSE 'RUNNING' END,
-        attempts        = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
-                               THEN t.attempts ELSE t.attempts + 1 END,
-        lease_owner     = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
-                               THEN NULL ELSE %(owner)s END,
-        lease_until     = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
-                               THEN NULL
+    SET status          = CASE WHEN p.exhausted THEN 'DEAD' ELSE 'RUNNING' END,
+        attempts        = CASE WHEN p.exhausted THEN t.attempts ELSE t.attempts + 1 END,
+        max_attempts    = CASE WHEN p.never_started THEN t.max_attempts + 1 ELSE t.max_attempts END,
+        lease_owner     = CASE WHEN p.exhausted THEN NULL ELSE %(owner)s END,
+        lease_until     = CASE WHEN p.exhausted THEN NULL
                                ELSE (SELECT now FROM clock) + make_interval(secs => %(lease_seconds)s) END,
-        error_code      = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
-                               THEN 'LEASE_ATTEMPTS_EXHAUSTED' ELSE t.error_code END,
-        error_message   = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
-                               THEN 'the lease expired and no attempts are left' ELSE t.error_message END,
-        finished_at     = CASE WHEN p.status = 'RUNNING' AND p.attempts >= p.max_attempts
-                               THEN (SELECT now FROM clock) ELSE NULL END,
+        lease_unstarted = CASE WHEN p.exhausted THEN false ELSE %(unstarted)s::boolean END,
+        error_code      = CASE WHEN p.exhausted THEN 'LEASE_ATTEMPTS_EXHAUSTED' ELSE t.error_code END,
+        error_message   = CASE WHEN p.exhausted THEN 'the lease expired and no attempts are left'
+                               ELSE t.error_message END,
+        finished_at     = CASE WHEN p.exhausted THEN (SELECT now FROM clock) ELSE NULL END,
         started_at      = (SELECT now FROM clock),
         stage           = NULL,
         completed       = 0,
@@ -89,6 +91,40 @@ SELECT m.task_id, m.attempts, m.lease_owner, m.lease_until, m.tenant_id, m.docum
 FROM moved m
 WHERE m.status = 'RUNNING'
 ORDER BY m.task_id;
+
+-- name: task_adopt
+-- Fenced hand-over of the claiming sensor's leases to the run that starts them: the run becomes the
+-- owner, so no other run (a re-execution copying the tags) can adopt the same attempt, and the attempt
+-- now counts. Rows back are the leases adopted; a missing one was lost before the run started.
+WITH
+clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+leases AS (
+    SELECT l.task_id, l.attempt
+    FROM unnest(%(task_ids)s::bigint[], %(attempts)s::integer[]) AS l (task_id, attempt)
+),
+moved AS (
+    UPDATE index_task t
+    SET lease_owner     = %(run_owner)s,
+        lease_until     = (SELECT now FROM clock) + make_interval(secs => %(lease_seconds)s),
+        lease_unstarted = false,
+        updated_at      = (SELECT now FROM clock)
+    FROM leases l
+    WHERE t.task_id = l.task_id
+      AND t.status = 'RUNNING'
+      AND t.lease_owner = %(owner)s
+      AND t.attempts = l.attempt
+      AND t.lease_until > (SELECT now FROM clock)
+    RETURNING t.task_id, t.attempts, t.lease_owner, t.lease_until, t.stage
+),
+logged AS (
+    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, stage, lease_owner, message, created_at)
+    SELECT m.task_id, 'run', m.attempts, 'RUNNING', 'RUNNING', m.stage, %(run_owner)s,
+           'started by ' || %(run_owner)s || ' (claimed by ' || %(owner)s || ')', (SELECT now FROM clock)
+    FROM moved m
+)
+SELECT m.task_id, m.attempts, m.lease_owner, m.lease_until FROM moved m ORDER BY m.task_id;
 
 -- name: task_heartbeat
 -- Fenced: extend the lease of the caller's attempt; no row back means the lease is lost.

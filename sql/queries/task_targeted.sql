@@ -37,7 +37,7 @@ clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
 picked AS (
-    SELECT t.task_id, t.status, t.attempts, t.max_attempts
+    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_unstarted
     FROM index_task t
     WHERE t.task_id = %(task_id)s
       AND (t.status IN ('PENDING', 'RETRY_WAIT')
@@ -48,6 +48,10 @@ moved AS (
     UPDATE index_task t
     SET status        = CASE WHEN exhausted THEN 'DEAD' ELSE 'RUNNING' END,
         attempts      = CASE WHEN exhausted THEN t.attempts ELSE t.attempts + 1 END,
+        -- an expired lease no run ever adopted was never tried: its attempt is given back
+        max_attempts  = CASE WHEN p.status = 'RUNNING' AND p.lease_unstarted THEN t.max_attempts + 1
+                             ELSE t.max_attempts END,
+        lease_unstarted = false,
         lease_owner   = CASE WHEN exhausted THEN NULL ELSE %(owner)s END,
         lease_until   = CASE WHEN exhausted THEN NULL
                              ELSE (SELECT now FROM clock) + make_interval(secs => %(lease_seconds)s) END,
@@ -58,7 +62,8 @@ moved AS (
         started_at    = (SELECT now FROM clock),
         stage = NULL, completed = 0, total = 0,
         updated_at    = (SELECT now FROM clock)
-    FROM (SELECT p.*, (p.status = 'RUNNING' AND p.attempts >= p.max_attempts) AS exhausted FROM picked p) p
+    FROM (SELECT p.*, (p.status = 'RUNNING' AND p.attempts >= p.max_attempts AND NOT p.lease_unstarted) AS exhausted
+          FROM picked p) p
     WHERE t.task_id = p.task_id
     RETURNING t.task_id, p.status AS from_status, t.status, t.attempts, t.lease_owner, t.lease_until,
               t.error_code, t.tenant_id, t.document_id, t.version_number, t.profile, t.task_type

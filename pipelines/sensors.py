@@ -48,7 +48,6 @@ MAX_WAITING_RUNS = int(os.environ.get("KBINDEX_MAX_WAITING_RUNS", "1"))
 WAITING_LEASE_MAX_SECONDS = float(os.environ.get("KBINDEX_WAITING_LEASE_MAX_SECONDS", "900"))
 LEASE_SECONDS = float(os.environ.get("KBINDEX_LEASE_SECONDS", "60"))
 WAITING = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING]
-NOT_LAUNCHED = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED)
 LAUNCHED = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]  # each holds a run slot
 LIVE = [*WAITING, *LAUNCHED]
 ASSET_JOB_NAME = "__ASSET_JOB"  # UI materializations; a re-execution keeps the lease tags of its parent
@@ -196,14 +195,17 @@ def _request(group: list[ClaimedTask], group_keys: list[str], owner: str, tenant
 )
 def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SensorResult | dg.SkipReason:
     queue = TaskQueue(database.db, lease_seconds=LEASE_SECONDS)
-    for run_id in release_hung_runs(context.instance, queue):
-        context.log.warning(f"run {run_id} holds none of its leases any more: canceled to free its run slot")
     waiting = keep_waiting_leases(context.instance, queue)
     owner = f"batch-{uuid.uuid4().hex[:12]}"
     # With the run queue full, start no new work, but still take over expired leases (invariant 7:
     # nothing stays RUNNING past its lease plus one claim tick).
     queue_full = waiting >= MAX_WAITING_RUNS
-    claimed = queue.claim(owner, limit=BATCH_MAX * max(1, RUN_SPREAD), expired_only=queue_full)
+    # for_run: each lease waits for its run to adopt it (task_adopt); one that expires unadopted is
+    # given back without counting as an attempt.
+    claimed = queue.claim(owner, limit=BATCH_MAX * max(1, RUN_SPREAD), expired_only=queue_full, for_run=True)
+    # After the claim, so a slow cancel never delays a takeover (invariant 7).
+    for run_id in release_hung_runs(context.instance, queue):
+        context.log.warning(f"run {run_id} holds none of its leases any more: canceled to free its run slot")
     if not claimed:
         if queue_full:
             return dg.SkipReason(f"{waiting} run(s) still waiting to start; no expired leases to take over")
@@ -281,11 +283,17 @@ def release_hung_runs(instance: dg.DagsterInstance, queue: TaskQueue) -> list[st
 
 def _terminate(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
     """Stop the run's process where the launcher can, then mark the run canceled (frees its slot)."""
-    try:
-        instance.run_launcher.terminate(run.run_id)
-    except Exception:  # noqa: BLE001 - best effort: the run is marked canceled below either way
-        pass
-    _kill_child_run_process(instance, run.run_id)
+    from dagster._core.launcher import DefaultRunLauncher
+
+    if isinstance(instance.run_launcher, DefaultRunLauncher):
+        # Its terminate is a gRPC call to the code server that evaluates this very sensor: it can
+        # block the tick (seen: a SIGSTOPped run stalled every later claim). Kill our child instead.
+        _kill_child_run_process(instance, run.run_id)
+    else:
+        try:
+            instance.run_launcher.terminate(run.run_id)  # K8s, Docker, ECS: stop the pod or task
+        except Exception:  # noqa: BLE001 - best effort: the run is marked canceled below either way
+            pass
     current = instance.get_run_by_id(run.run_id)
     if current is not None and not current.is_finished:
         instance.report_run_canceled(current, message="kbindex: the run lost every lease (hung or taken over)")
@@ -333,28 +341,30 @@ def _models(database: DatabaseResource, profiles: set[str]) -> str:
 
 
 def keep_waiting_leases(instance: dg.DagsterInstance, queue: TaskQueue) -> int:
-    """Heartbeat the leases of this job's runs that wait for a run slot; returns how many runs wait.
+    """Heartbeat the leases of this job's runs that have not started work yet; returns how many runs wait.
 
-    A run queued behind the per-tenant limit may wait longer than a lease; without this its leases
-    would expire before it starts and every version would be reclaimed one run each. The heartbeat
-    is the ordinary fenced one under the run's own owner, so a lease already lost stays lost; runs
-    queued longer than WAITING_LEASE_MAX_SECONDS are left to expire (a stuck queue loses nothing).
+    A run queued behind the per-tenant limit, or a run process still starting (imports, model load:
+    seconds, more under load), may take longer than a lease before it adopts its leases; without this
+    they would expire first and every version would be reclaimed one run each. The heartbeat is the
+    fenced one under the claiming owner, one statement per run, so a lease the run already adopted
+    (it is then the run's own, and its process heartbeats it) or already lost is left alone. Runs
+    older than WAITING_LEASE_MAX_SECONDS are left to expire (a stuck queue loses nothing).
     """
-    records = instance.get_run_records(RunsFilter(job_name=index_versions_job.name, statuses=WAITING))
+    records = instance.get_run_records(RunsFilter(job_name=index_versions_job.name, statuses=[*WAITING, *LAUNCHED]))
     now = time.time()
     for record in records:
-        if record.dagster_run.status not in NOT_LAUNCHED:  # a launched run's process keeps its own leases
-            continue
         if now - record.create_timestamp.timestamp() > WAITING_LEASE_MAX_SECONDS:
             continue
         tags = record.dagster_run.tags
         owner = tags.get(OWNER_TAG)
-        for task_id, attempt in decode_leases(tags.get(LEASES_TAG)) if owner else []:
-            try:
-                queue.heartbeat(Lease(task_id, attempt, owner, datetime.now(timezone.utc)))
-            except KbindexError:  # lost, finished, cancelled, or a database hiccup: not ours to keep
-                pass
-    return len(records)
+        leases = [Lease(t, a, owner, datetime.now(timezone.utc)) for t, a in decode_leases(tags.get(LEASES_TAG))]
+        if not owner or not leases:
+            continue
+        try:
+            queue.heartbeat_many(leases)
+        except KbindexError:  # a database hiccup: the next tick tries again
+            pass
+    return sum(1 for r in records if r.dagster_run.status in WAITING)
 
 
 def _inject_fault_after_claim() -> None:

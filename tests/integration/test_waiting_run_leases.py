@@ -72,16 +72,31 @@ def test_a_taken_over_lease_stays_with_its_new_owner(db, publish_task, instance)
 
 
 @pytest.mark.parametrize("status", [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED])
-def test_a_launched_run_keeps_its_own_leases(db, publish_task, instance, status):
+def test_a_launched_run_that_has_not_adopted_yet_keeps_its_leases_alive(db, publish_task, instance, status):
+    """A run process still starting (imports, model load) may outlast a short lease before it adopts:
+    the sensor keeps its unadopted leases alive until it does (seen: runs canceled as hung under load)."""
     publish_task()
-    (claimed,) = TaskQueue(db, lease_seconds=5).claim("batch-a", limit=1)
+    (claimed,) = TaskQueue(db, lease_seconds=5).claim("batch-a", limit=1, for_run=True)
     queued_run(instance, "batch-a", [claimed], status=status)
     before = lease_until(db, claimed.lease.task_id)
 
     waiting = sensors.keep_waiting_leases(instance, TaskQueue(db, lease_seconds=600))
 
-    assert lease_until(db, claimed.lease.task_id) == before
+    assert (lease_until(db, claimed.lease.task_id) - before).total_seconds() > 500
     assert waiting == (1 if status is DagsterRunStatus.STARTING else 0)
+
+
+def test_a_run_that_adopted_its_leases_heartbeats_them_itself(db, publish_task, instance):
+    publish_task()
+    queue = TaskQueue(db, lease_seconds=5)
+    (claimed,) = queue.claim("batch-a", limit=1, for_run=True)
+    queued_run(instance, "batch-a", [claimed], status=DagsterRunStatus.STARTED)
+    (adopted,) = queue.adopt([claimed.lease], "run-x")
+
+    sensors.keep_waiting_leases(instance, TaskQueue(db, lease_seconds=600))
+
+    row = db.fetch_one("task_get", {"task_id": claimed.lease.task_id})
+    assert (row["lease_owner"], row["lease_until"]) == ("run-x", adopted.lease_until)
 
 
 def test_a_run_queued_too_long_is_let_go(db, publish_task, instance, monkeypatch):

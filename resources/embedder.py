@@ -2,7 +2,8 @@
 
     Embedder (protocol)            model_name, dimension, embed(texts) -> (n, dim) float32, L2-normalized
     ├── SentenceTransformerEmbedder   the packaged all-MiniLM-L6-v2, or any local model path; loaded once per process
-    └── FakeEmbedder                  deterministic hashed bag-of-words vectors, with injectable provider faults
+    └── FakeEmbedder                  deterministic hashed bag-of-words vectors (fake-* names other than
+                                      fake-384 salted by name), with injectable provider faults
 
     checked_embed(embedder, texts, expected_model=, expected_dim=, batch_size=)
         embeds in batches and validates EVERY batch (count, order, dimension, model, finite, normalized):
@@ -227,25 +228,34 @@ class ProviderHTTPError(Exception):
 _TOKEN_RE = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]|[^\W_]+", re.UNICODE)
 
 
+FAKE_MODEL = "fake-384"
+"""The plain fake model: its vectors are unsalted (many tests pin them)."""
+
+
 @lru_cache(maxsize=65536)
-def _token_vector(token: str, dimension: int) -> np.ndarray:
-    seed = int.from_bytes(hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest(), "little")
+def _token_vector(token: str, dimension: int, salt: str = "") -> np.ndarray:
+    key = token if not salt else f"{salt}\0{token}"
+    seed = int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little")
     return np.random.default_rng(seed).standard_normal(dimension).astype(np.float32)
 
 
-def fake_vector(text: str, dimension: int = 384) -> np.ndarray:
+def fake_vector(text: str, dimension: int = 384, model: str = FAKE_MODEL) -> np.ndarray:
     """Deterministic unit vector: the normalized sum of per-token hash vectors (CJK: per character).
 
     Same text -> same vector; texts sharing words -> higher cosine, so search tests mean something.
+    Every ``fake-*`` model other than ``fake-384`` salts the per-token hash with its name, so two fake
+    models are really different models (a model migration changes every vector), each still
+    deterministic and word-sensitive. A fake standing in for a real model name stays unsalted.
     """
+    salt = model if model.startswith("fake-") and model != FAKE_MODEL else ""
     tokens = _TOKEN_RE.findall(text.lower())
     if not tokens:
         tokens = [text or "\0"]
     vector = np.zeros(dimension, dtype=np.float32)
     for token in tokens:
-        vector += _token_vector(token, dimension)
+        vector += _token_vector(token, dimension, salt)
     norm = float(np.linalg.norm(vector))
-    return vector / norm if norm > 0 else _token_vector("\0", dimension) / np.float32(math.sqrt(dimension))
+    return vector / norm if norm > 0 else _token_vector("\0", dimension, salt) / np.float32(math.sqrt(dimension))
 
 
 @dataclass
@@ -258,7 +268,7 @@ class FakeEmbedder:
     """
 
     dimension: int = 384
-    model_name: str = "fake-384"
+    model_name: str = FAKE_MODEL
     rates: Mapping[Fault | str, float] = field(default_factory=dict)
     schedule: Mapping[int, Fault | str] = field(default_factory=dict)
     seed: int = 0
@@ -297,7 +307,7 @@ class FakeEmbedder:
             raise ConnectionRefusedError("embedding service refused the connection")
         dimension = self.dimension + 1 if fault is Fault.WRONG_DIMENSION else self.dimension
         vectors = (
-            np.stack([fake_vector(t, dimension) for t in texts])
+            np.stack([fake_vector(t, dimension, self.model_name) for t in texts])
             if texts
             else np.zeros((0, dimension), dtype=np.float32)
         )

@@ -18,6 +18,11 @@ starts ``dagster dev`` with short leases, and then, all at once:
 Then it waits for quiescence (every task SUCCEEDED, DEAD or CANCELLED), runs the verifier and prints
 the figures; the must-be-0 ones and the verifier decide the exit code.
 
+With ``--migration`` a model migration runs through all of it: a building profile with another model
+and chunk size, backfilled through the webserver's GraphQL as the UI does, while new versions keep
+being published and runs of both kinds are killed and stopped; its end checks (coverage, chunk sizes,
+re-embedded vectors, no DEAD task that no run started) are in bench/chaos/migration.py.
+
 The reader's check, and why it is sound. Pointers only move forward (search_pointer_advance), and
 search reads chunks joined to the pointer. Two checks alternate:
 
@@ -66,12 +71,14 @@ from typing import Any
 import psycopg
 
 from bench.dagster_dev import DagsterDev
-from resources.dagster_resources import LEASES_TAG, OWNER_TAG
 from resources.local_postgres import stop_pgdata, with_database
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = ("SUCCEEDED", "DEAD", "CANCELLED")
 STAGES = ("parse", "chunk", "embed", "publish")
+MIGRATION_FAULTS = "timeout=0.05,rate_limit=0.05"
+"""Transient faults only: a migration must reach full coverage, and a permanent fault
+(EMBEDDING_INVALID_RESPONSE from a wrong-dimension answer) rightly leaves its version DEAD."""
 EMBEDDING_CODES = ("EMBEDDING_TIMEOUT", "EMBEDDING_RATE_LIMITED", "EMBEDDING_INVALID_RESPONSE", "EMBEDDING_UNAVAILABLE")
 
 
@@ -102,6 +109,21 @@ class ChaosConfig:
     max_waiting_runs: int = 1
     """KBINDEX_MAX_WAITING_RUNS: how many runs may wait for a slot before the sensor stops claiming."""
     keep: bool = False
+    migration: bool = False
+    """Also migrate to a building profile while the soak runs (bench/chaos/migration.py)."""
+    building_profile: str = "shadow-b64"
+    building_model: str = "fake-b-384"
+    """A really different model: the fake's vectors salted by this name (the active profile uses fake-384)."""
+    building_chunk_tokens: int = 64
+    building_overlap: int = 8
+    migration_at: float = 0.2
+    """Start the migration once this share of the expected tasks has finished."""
+    backfill_partitions: int = 25
+    """Partitions per UI backfill (bounded chunks, as an operator would launch them)."""
+    backfills_in_flight: int = 2
+    backfill_timeout: float = 600.0
+    vector_sample: int = 150
+    """Stored vectors per profile re-embedded at the end."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -224,6 +246,8 @@ class Counters:
     publish_errors: int = 0
     kills: int = 0
     kills_by_stage: Counter = field(default_factory=Counter)
+    kills_by_run_kind: Counter = field(default_factory=Counter)
+    published_while_migrating: int = 0
     kill_misses: int = 0
     stops: list[dict[str, Any]] = field(default_factory=list)
     pg_restarts: list[dict[str, Any]] = field(default_factory=list)
@@ -288,6 +312,12 @@ class Chaos:
         self.abort = threading.Event()
         self._events_seen = 0
         self._pid_runs: dict[int, str] = {}
+        self._run_kinds: dict[str, str] = {}
+        self.migration = None
+        if config.migration:
+            from bench.chaos.migration import MigrationDriver
+
+            self.migration = MigrationDriver(self)
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -362,30 +392,27 @@ class Chaos:
                 self._pid_runs[int(started_pid)] = run_id
         return self._pid_runs.get(pid)
 
-    def _leases_of_run(self, run_id: str) -> tuple[str | None, list[tuple[int, int]]]:
-        tags = dict(_sql(self.dg_url, "SELECT key, value FROM run_tags WHERE run_id = %s AND key IN (%s, %s)",
-                         [run_id, LEASES_TAG, OWNER_TAG]))
-        from resources.dagster_resources import decode_leases
+    def _run_kind(self, run_id: str) -> str:
+        """'backfill' for a run the backfill daemon launched (a UI backfill), else 'sensor'."""
+        if run_id not in self._run_kinds:
+            rows = _sql(self.dg_url, "SELECT 1 FROM run_tags WHERE run_id = %s AND key = 'dagster/backfill'", [run_id])
+            self._run_kinds[run_id] = "backfill" if rows else "sensor"
+        return self._run_kinds[run_id]
 
-        from resources.dagster_resources import run_owner
+    def _held(self, owner: str) -> list[tuple[int, int, str | None]]:
+        """(task, attempt, stage) of the tasks the run holds now: RUNNING under its own owner.
 
-        # A started run owns its leases under its own name (task_adopt), not the claiming tick's.
-        return run_owner(run_id), decode_leases(tags.get(LEASES_TAG))
-
-    def _held(self, owner: str | None, leases: list[tuple[int, int]]) -> list[tuple[int, int, str | None]]:
-        """(task, attempt, stage) of the run's tasks it holds now: RUNNING under its owner.
-
-        Not the tagged attempt: a run whose tagged lease expired before it started claims the task
-        again itself (same owner, attempt + 1)."""
+        A started run owns its leases under its own name: a sensor run adopts its tagged leases
+        (task_adopt), a UI backfill run claims its tasks itself. Before that it holds nothing to kill."""
         return [tuple(r) for r in _sql(
-            self.url,
-            "SELECT task_id, attempts, stage FROM index_task WHERE task_id = ANY(%s) AND status = 'RUNNING'"
-            " AND lease_owner = %s",
-            [[t for t, _ in leases], owner],
+            self.url, "SELECT task_id, attempts, stage FROM index_task WHERE status = 'RUNNING' AND lease_owner = %s",
+            [owner],
         )]
 
-    def _working_victims(self) -> list[tuple[Any, str, str | None, list[tuple[int, int]], list[str]]]:
-        """Run processes one of whose leased tasks is RUNNING on that lease and has reached a stage."""
+    def _working_victims(self) -> list[tuple[Any, str, str, list[tuple[int, int]], list[str]]]:
+        """Run processes one of whose tasks is RUNNING on the run's own lease and has reached a stage."""
+        from resources.dagster_resources import run_owner
+
         out = []
         for proc in self.dagster.run_processes():
             if proc.pid in self.stopped_pids:
@@ -393,12 +420,11 @@ class Chaos:
             run_id = self._run_of_pid(proc.pid)
             if run_id is None:
                 continue
-            owner, leases = self._leases_of_run(run_id)
-            if not leases:
-                continue
-            rows = self._held(owner, leases)
+            owner = run_owner(run_id)
+            rows = self._held(owner)
             if any(stage is not None for _, _, stage in rows):
-                out.append((proc, run_id, owner, leases, [stage for _, _, stage in rows if stage is not None]))
+                out.append((proc, run_id, owner, [(t, a) for t, a, _ in rows],
+                            [stage for _, _, stage in rows if stage is not None]))
         return out
 
     # -- publisher ---------------------------------------------------------------------------------
@@ -455,6 +481,8 @@ class Chaos:
             return
         setattr(self.c, kind, getattr(self.c, kind) + 1)
         self.c.tasks_created += 1
+        if self.migration is not None and self.migration.started.is_set():
+            self.c.published_while_migrating += 1
         self.published.append((tenant, document_id, result.version, result.task_id))
         if prior is None:
             self.ledger[(tenant, document_id)] = DocState(tenant, document_id, filename, data, result.version, result.task_id)
@@ -472,7 +500,10 @@ class Chaos:
         return self._succ
 
     def _unfinished(self) -> int:
-        return int(_sql(self.url, "SELECT count(*) FROM index_task WHERE status NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED')")[0][0])
+        """Unfinished publish tasks (the backlog the publisher keeps): a migration's REINDEX tasks are the
+        backfill's, and must not stop new versions from being published meanwhile."""
+        return int(_sql(self.url, "SELECT count(*) FROM index_task WHERE status NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED')"
+                                  " AND task_type <> 'REINDEX'")[0][0])
 
     def publisher_loop(self) -> None:
         from resources.blob_store import BlobStore
@@ -486,6 +517,11 @@ class Chaos:
                 target_reached = self.c.tasks_created >= self.cfg.tasks
                 if target_reached and self.faults_done.is_set():
                     break
+                # A migration: half of the target before it starts, the rest while the profile builds.
+                migrating = self.migration is not None and self.migration.started.is_set()
+                if self.migration is not None and not migrating and self.c.tasks_created >= self.cfg.tasks // 2:
+                    time.sleep(0.3)
+                    continue
                 try:
                     unfinished = self._unfinished()
                 except psycopg.Error:
@@ -497,11 +533,13 @@ class Chaos:
                     time.sleep(0.3)
                     continue
                 burst = self.rng.choice((1, 1, 2, 3, 5, 8, 13)) if not target_reached else 8
+                if migrating and not target_reached:  # a steady trickle, spread over the backfill
+                    burst = self.rng.choice((1, 1, 2, 3))
                 for _ in range(burst):
                     if not target_reached and self.c.tasks_created >= self.cfg.tasks:
                         break
                     self._publish_one(publisher)
-                time.sleep(self.rng.uniform(0.05, 1.0))
+                time.sleep(self.rng.uniform(0.5, 2.5) if migrating else self.rng.uniform(0.05, 1.0))
         except Exception as exc:  # noqa: BLE001 - reported, and the soak fails
             self.c.errors.append(f"publisher: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         finally:
@@ -516,7 +554,13 @@ class Chaos:
             done = int(_sql(self.url, "SELECT count(*) FROM index_task WHERE status IN ('SUCCEEDED', 'DEAD', 'CANCELLED')")[0][0])
         except psycopg.Error:
             return 0.0
-        return done / max(1, self.cfg.tasks)
+        return done / max(1, self.expected_tasks)
+
+    @property
+    def expected_tasks(self) -> int:
+        """Tasks the target makes: a migration adds a REINDEX task per current version and a second
+        INDEX task per later publish (about 0.8 x the publishes)."""
+        return int(self.cfg.tasks * (1.8 if self.cfg.migration else 1.0))
 
     def injector_loop(self) -> None:
         """SIGKILL working runs, spread over the soak; the stop and the PostgreSQL restart at set points."""
@@ -535,7 +579,7 @@ class Chaos:
                     self._restart_postgres()
                     continue
                 if stop_at and progress >= stop_at[0]:
-                    victim = self._pick_victim()
+                    victim = self._pick_victim(prefer_backfill=self.migration is not None and not self.c.stops)
                     if victim is not None:
                         stop_at.pop(0)
                         t = threading.Thread(target=self._stop_past_lease, args=(victim,), name="chaos-stop", daemon=True)
@@ -557,11 +601,16 @@ class Chaos:
         finally:
             self.faults_done.set()
 
-    def _pick_victim(self) -> Any:
+    def _pick_victim(self, prefer_backfill: bool = False) -> Any:
+        """A random working run; during a migration a UI backfill run half of the time (always when
+        ``prefer_backfill``) when one is working, so both kinds of run are hit."""
         try:
             victims = self._working_victims()
+            backfill = [v for v in victims if self._run_kind(v[1]) == "backfill"]
         except psycopg.Error:
             return None
+        if backfill and (prefer_backfill or (self.migration is not None and self.rng.random() < 0.5)):
+            victims = backfill
         return self.rng.choice(victims) if victims else None
 
     def _kill(self, victim: Any) -> None:
@@ -569,7 +618,7 @@ class Chaos:
 
         proc, run_id, owner, leases, stages = victim
         try:
-            stage_now = [stage for _, _, stage in self._held(owner, leases) if stage is not None]
+            stage_now = [stage for _, _, stage in self._held(owner) if stage is not None]
             proc.send_signal(signal.SIGKILL)
         except psutil.Error:
             self.c.kill_misses += 1  # the run ended meanwhile
@@ -578,6 +627,7 @@ class Chaos:
         furthest = max(stages, key=STAGES.index) if stages else "none"
         self.c.kills += 1
         self.c.kills_by_stage[furthest] += 1
+        self.c.kills_by_run_kind[self._run_kind(run_id)] += 1
         if self.c.kills % 10 == 0 or self.c.kills <= 3:
             self._note(f"kill {self.c.kills}: pid {proc.pid} run {run_id[:8]} ({len(leases)} lease(s), furthest stage {furthest})")
 
@@ -588,11 +638,11 @@ class Chaos:
         self.stopped_pids.add(proc.pid)
         try:
             proc.send_signal(signal.SIGSTOP)
-            held = self._held(owner, tagged)
+            held = self._held(owner)
             leases = [(t, a) for t, a, _ in held]
         except psutil.Error:
             held, leases = [], []
-        record: dict[str, Any] = {"run_id": run_id, "owner": owner, "leases": len(leases),
+        record: dict[str, Any] = {"run_id": run_id, "kind": self._run_kind(run_id), "owner": owner, "leases": len(leases),
                                   "stages": sorted({st for *_, st in held if st})}
         if not leases:
             record["outcome"] = "the run ended or held nothing when stopped"
@@ -761,7 +811,10 @@ class Chaos:
             if threading.current_thread() is threading.main_thread():  # SIGTERM/SIGINT: stop and report
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, lambda *_: self.abort.set())
-            for target, name in ((self.publisher_loop, "publisher"), (self.injector_loop, "injector"), (self.reader_loop, "reader")):
+            loops = [(self.publisher_loop, "publisher"), (self.injector_loop, "injector"), (self.reader_loop, "reader")]
+            if self.migration is not None:
+                loops.append((self.migration.loop, "migration"))
+            for target, name in loops:
                 t = threading.Thread(target=target, name=f"chaos-{name}", daemon=True)
                 t.start()
                 threads.append(t)
@@ -808,7 +861,8 @@ class Chaos:
                 time.sleep(1)
                 continue
             unfinished = sum(v for k, v in counts.items() if k not in TERMINAL)
-            if self.publishing_done.is_set() and self.faults_done.is_set() and unfinished == 0:
+            migrated = self.migration is None or self.migration.done.is_set()
+            if self.publishing_done.is_set() and self.faults_done.is_set() and migrated and unfinished == 0:
                 return time.monotonic(), False
             if time.monotonic() - last_note > 15:
                 last_note = time.monotonic()
@@ -816,6 +870,8 @@ class Chaos:
                     f"tasks {sum(counts.values())} {dict(sorted(counts.items()))} kills {self.c.kills}/{self.cfg.kills}"
                     f" stops {len(self.c.stops)} pg restarts {len(self.c.pg_restarts)}"
                     f" searches {self.c.reader['strict_searches'] + self.c.reader['bracketed_searches']}"
+                    + (f" backfills {self.migration.figures['backfills_launched']} ({len(self.migration.in_flight)} in flight)"
+                       if self.migration is not None and self.migration.started.is_set() else "")
                 )
             time.sleep(1)
 
@@ -867,8 +923,7 @@ class Chaos:
             " = (v.tenant_id, v.document_id, v.version_number))")[0][0]
         pointer_wrong = q(
             "SELECT count(*) FROM (SELECT t.tenant_id, t.document_id, t.profile, max(t.version_number) AS newest"
-            " FROM index_task t JOIN index_profile ip ON ip.name = t.profile AND ip.is_active"
-            " WHERE t.status = 'SUCCEEDED' GROUP BY 1, 2, 3) s LEFT JOIN search_pointer p"
+            " FROM index_task t WHERE t.status = 'SUCCEEDED' GROUP BY 1, 2, 3) s LEFT JOIN search_pointer p"
             " ON (p.tenant_id, p.document_id, p.profile) = (s.tenant_id, s.document_id, s.profile)"
             " WHERE p.version_number IS DISTINCT FROM s.newest")[0][0]
         # the runs' own view of fencing, and shared-window embedding fallbacks, from Dagster's event log
@@ -883,7 +938,27 @@ class Chaos:
             shared_fallbacks[m.group(1) if m else "?"] += 1
         log_text = self.dagster.log_path.read_text(errors="replace") if self.dagster.log_path.exists() else ""
         keeper_lost = len(re.findall(r"lease lost \((LEASE_LOST|TASK_CANCELLED)\)", log_text))
-        runs = dict(_sql(self.dg_url, "SELECT status, count(*) FROM runs GROUP BY 1"))
+        runs = {f"{job} {status}": n for job, status, n in _sql(
+            self.dg_url, "SELECT pipeline_name, status, count(*) FROM runs GROUP BY 1, 2 ORDER BY 1, 2")}
+        migration: dict[str, Any] = {}
+        migration_failures: dict[str, int] = {}
+        if self.migration is not None:
+            from bench.chaos.migration import failures, migration_checks
+
+            m = self.migration
+            if m.started.is_set():
+                migration = migration_checks(self.url, [self.profile, m.name], sample=self.cfg.vector_sample,
+                                             seed=self.cfg.seed)
+                migration_failures = failures(migration)
+            else:
+                migration_failures = {"migration_never_started": 1}
+            migration = {
+                "profile": m.name, "model": self.cfg.building_model, "chunk_tokens": self.cfg.building_chunk_tokens,
+                "reindex_tasks_created": m.reindex_created, "publishes_while_migrating": self.c.published_while_migrating,
+                "started_at_seconds": None if m.started_at is None else round(m.started_at - started, 1),
+                "backfills": dict(m.figures), "backfill_end_states": dict(m.statuses),
+                "driver_error_examples": m.launch_errors, **migration,
+            }
         db = Database(self.url, max_size=2)
         try:
             result = verify(db, claim_interval=self.cfg.lease_seconds + 10)
@@ -899,6 +974,7 @@ class Chaos:
             "writes_from_superseded_lease": stale_writes,
         }
         quiet = None if quiet_at is None else round(quiet_at - started, 1)
+        must_be_zero.update(migration_failures)
         ok = (not timed_out and all(v == 0 for v in must_be_zero.values()) and result.ok and not self.c.errors
               and self.c.kills >= self.cfg.kills)
         return {
@@ -910,6 +986,7 @@ class Chaos:
                       "publish_calls_retried_during_outage": self.c.publish_errors},
             "faults": {
                 "process_kills": self.c.kills, "kills_by_stage_at_kill": dict(self.c.kills_by_stage),
+                "kills_by_run_kind": dict(self.c.kills_by_run_kind),
                 "kill_attempts_missed_run_already_gone": self.c.kill_misses,
                 "sigstops": self.c.stops, "postgres_restarts": self.c.pg_restarts,
                 "embedding_faults_recorded_on_tasks": {c: codes.get(c, 0) for c in EMBEDDING_CODES},
@@ -921,6 +998,7 @@ class Chaos:
             "retries": {"attempts_beyond_first": retries, "transitions": transitions, "failures_by_code": codes},
             "final_states": finals,
             "dagster_runs": runs,
+            **({"migration": migration} if self.migration is not None else {}),
             "reader": dict(self.c.reader), "reader_violation_examples": self.c.reader_violations,
             "checks": {
                 "duplicate_chunk_ordinals": dup_ordinals, "pointed_versions_rows_or_ordinals_wrong": pointed_bad,
@@ -968,4 +1046,4 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ChaosConfig", "format_report", "run_chaos"]
+__all__ = ["MIGRATION_FAULTS", "ChaosConfig", "format_report", "run_chaos"]

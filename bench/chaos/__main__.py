@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from bench.chaos import ChaosConfig, format_report, run_chaos
+from bench.chaos import MIGRATION_FAULTS, ChaosConfig, format_report, run_chaos
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,21 +24,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", type=Path, default=None, help="publish real .txt/.md/.rst files from this folder")
     p.add_argument("--lease-seconds", type=float, default=d.lease_seconds)
     p.add_argument("--fake-delay", type=float, default=d.fake_delay, help="seconds per fake embedding call")
-    p.add_argument("--faults", default=d.faults, help="KBINDEX_FAKE_FAULTS for the run processes")
+    p.add_argument("--faults", default=None,
+                   help=f"KBINDEX_FAKE_FAULTS for the run processes (default {d.faults}; with --migration"
+                        f" {MIGRATION_FAULTS}: a permanent fault would leave the new profile short of full coverage)")
     p.add_argument("--run-batch", type=int, default=d.run_batch, help="KBINDEX_RUN_BATCH")
     p.add_argument("--tenants", type=int, default=d.tenants)
     p.add_argument("--max-concurrent-runs", type=int, default=d.max_concurrent_runs, help="dagster.yaml run slots")
     p.add_argument("--tenant-run-limit", type=int, default=d.tenant_run_limit, help="dagster.yaml run slots per tenant")
     p.add_argument("--max-waiting-runs", type=int, default=d.max_waiting_runs, help="KBINDEX_MAX_WAITING_RUNS")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--migration", action="store_true",
+                   help="also migrate to a building profile (another model, another chunk size) backfilled from the UI")
+    p.add_argument("--building-model", default=d.building_model)
+    p.add_argument("--building-chunk-tokens", type=int, default=d.building_chunk_tokens)
+    p.add_argument("--migration-at", type=float, default=d.migration_at,
+                   help="start the migration once this share of the expected tasks finished (default %(default)s)")
+    p.add_argument("--backfill-partitions", type=int, default=d.backfill_partitions, help="partitions per UI backfill")
+    p.add_argument("--vector-sample", type=int, default=d.vector_sample, help="stored vectors per profile re-embedded")
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
     a = p.parse_args(argv)
     config = ChaosConfig(
         tasks=a.tasks, kills=a.kills, stops=a.stops, pg_restarts=a.pg_restarts, seconds_limit=a.seconds_limit,
-        corpus=a.corpus, lease_seconds=a.lease_seconds, fake_delay=a.fake_delay, faults=a.faults,
+        corpus=a.corpus, lease_seconds=a.lease_seconds, fake_delay=a.fake_delay,
+        faults=a.faults if a.faults is not None else (MIGRATION_FAULTS if a.migration else d.faults),
         run_batch=a.run_batch, run_batch_min=max(1, a.run_batch // 2), seed=a.seed, keep=a.keep, tenants=a.tenants,
         max_concurrent_runs=a.max_concurrent_runs, tenant_run_limit=a.tenant_run_limit, max_waiting_runs=a.max_waiting_runs,
+        migration=a.migration, building_model=a.building_model, building_chunk_tokens=a.building_chunk_tokens,
+        migration_at=a.migration_at, backfill_partitions=a.backfill_partitions, vector_sample=a.vector_sample,
     )
     report = run_chaos(config, out=lambda line: print(line, flush=True))
     print(format_report(report), flush=True)

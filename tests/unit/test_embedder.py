@@ -232,3 +232,32 @@ def test_rows_come_back_in_input_order_whatever_the_lengths():
     texts = [("word " * n).strip() + f" {n}" for n in (3, 40, 1, 17, 8, 25, 2)]
     out = checked_embed(FakeEmbedder(), texts, expected_model="fake-384", expected_dim=384, batch_size=3)
     np.testing.assert_array_equal(out, np.stack([fake_vector(t) for t in texts]))
+
+
+def _unsalted_fake_vector(text: str) -> np.ndarray:
+    """fake-384's vectors as they were before fake models were salted (tests and benches pin them)."""
+    import hashlib
+    import re
+
+    vector = np.zeros(384, dtype=np.float32)
+    for token in re.findall(r"[\u3400-\u9fff\uf900-\ufaff]|[^\W_]+", text.lower()):
+        seed = int.from_bytes(hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest(), "little")
+        vector += np.random.default_rng(seed).standard_normal(384).astype(np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+def test_fake_384_is_unsalted_and_every_other_fake_model_is_a_really_different_model():
+    texts = ["refund policy for damaged goods", "员工假期安排", "travel per-diem and hotel booking"]
+    plain = FakeEmbedder().embed(texts)
+    np.testing.assert_array_equal(plain, np.stack([_unsalted_fake_vector(t) for t in texts]))
+    other = FakeEmbedder(model_name="fake-b-384")
+    salted = other.embed(texts)
+    np.testing.assert_array_equal(salted, other.embed(texts))  # deterministic
+    np.testing.assert_array_equal(salted, np.stack([fake_vector(t, model="fake-b-384") for t in texts]))
+    np.testing.assert_allclose(np.linalg.norm(salted, axis=1), 1.0, atol=1e-5)
+    assert np.abs(np.sum(plain * salted, axis=1)).max() < 0.3  # same text, another model: unrelated vectors
+    assert np.abs(np.sum(salted * FakeEmbedder(model_name="fake-c-384").embed(texts), axis=1)).max() < 0.3
+    q = fake_vector("refund policy", model="fake-b-384")  # still a bag of words within its own model
+    assert q @ salted[0] > q @ salted[2]
+    # A fake standing in for a real model's name keeps the plain vectors (tests index with it).
+    np.testing.assert_array_equal(FakeEmbedder(model_name="all-MiniLM-L6-v2").embed(texts), plain)

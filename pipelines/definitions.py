@@ -9,6 +9,7 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
 from pipelines.assets import indexing_assets
 from pipelines.jobs import index_versions_job
+from pipelines.lineage_job import backfill_profile_job, prune_lineage_keys_hourly, prune_lineage_keys_job
 from pipelines.quality_gate import gate_assets, gate_jobs
 from pipelines.retention_job import apply_retention_hourly, apply_retention_job
 from pipelines.sensors import claim_index_tasks, record_crashed_runs
@@ -16,8 +17,8 @@ from resources.dagster_resources import default_resources
 
 defs = dg.Definitions(
     assets=[*indexing_assets, *gate_assets],
-    jobs=[index_versions_job, apply_retention_job, *gate_jobs],
-    schedules=[apply_retention_hourly],
+    jobs=[index_versions_job, apply_retention_job, prune_lineage_keys_job, backfill_profile_job, *gate_jobs],
+    schedules=[apply_retention_hourly, prune_lineage_keys_hourly],
     sensors=[claim_index_tasks, record_crashed_runs],
     resources=default_resources(),
     # Every job, the UI's implicit asset job included (backfills, "Materialize"), runs its steps in one

@@ -36,6 +36,7 @@ from resources.dagster_resources import (
     run_owner,
 )
 from pipelines.domain.errors import KbindexError
+from resources.partition_keys import record_added
 from resources.task_queue import ClaimedTask, Lease, TaskQueue
 
 BATCH_MAX = int(os.environ.get("KBINDEX_RUN_BATCH", "160"))  # versions per run, at most
@@ -202,7 +203,11 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
     queue_full = waiting >= MAX_WAITING_RUNS
     # for_run: each lease waits for its run to adopt it (task_adopt); one that expires unadopted is
     # given back without counting as an attempt.
-    claimed = queue.claim(owner, limit=BATCH_MAX * max(1, RUN_SPREAD), expired_only=queue_full, for_run=True)
+    limit = BATCH_MAX * max(1, RUN_SPREAD)
+    claimed = queue.claim(owner, limit=limit, expired_only=queue_full, for_run=True)
+    if not queue_full and len(claimed) < limit:
+        # Capacity live work left free goes to requested profile backfills (a model migration).
+        claimed += queue.claim_backfill(owner, limit - len(claimed), for_run=True)
     # After the claim, so a slow cancel never delays a takeover (invariant 7).
     for run_id in release_hung_runs(context.instance, queue):
         context.log.warning(f"run {run_id} holds none of its leases any more: canceled to free its run slot")
@@ -233,6 +238,7 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
     if models:
         requests = [r.with_replaced_attrs(tags={**r.tags, MODELS_TAG: models}) for r in requests]
     context.log.info(f"claimed {len(claimed)} task(s) as {owner}: {len(requests)} run(s), {len(plan.delete)} key(s) moved")
+    record_added(database.db, plan.add)  # the lineage window counts from here (prune_lineage_keys)
     return dg.SensorResult(
         run_requests=requests,
         dynamic_partitions_requests=[document_versions.build_add_request(plan.add)] if plan.add else [],

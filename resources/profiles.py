@@ -293,6 +293,21 @@ def why_not_activatable(session: Any, name: str, active: str | None) -> list[str
     return reasons
 
 
+def request_backfill(db: Database, name: str) -> dict[str, Any]:
+    """Ask the claiming sensor to build a building profile's backlog (its never-attempted REINDEX tasks).
+
+    Idempotent. From then on each claiming tick fills the run capacity live indexing leaves free with
+    that backlog, in ordinary bounded runs, so a migration of 10^5-10^6 versions needs no run or
+    backfill record that lists them all. Returns the profile name and its backlog; InvalidRequest if
+    the profile does not exist or is not building.
+    """
+    validate_profile_name(name)
+    row = db.fetch_one("index_profile_request_backfill", {"name": name})
+    if row is None:
+        raise InvalidRequest(f"profile {name!r} is not a profile being built: create it with `kbindex profile create`")
+    return dict(row)
+
+
 def activate_profile(db: Database, name: str, *, force: bool = False) -> dict[str, Any]:
     """Make ``name`` the profile search reads, in one transaction (old: not active; new: active, not building,
     previous_active = old, activated_at = now).

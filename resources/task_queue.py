@@ -177,6 +177,30 @@ class TaskQueue:
 
     # -- fenced verbs --------------------------------------------------------------------------
 
+    def claim_backfill(self, owner: str, limit: int, *, for_run: bool = False) -> list[ClaimedTask]:
+        """Lease up to ``limit`` never-attempted REINDEX tasks of profiles whose backfill was requested
+        (``profiles.request_backfill``), oldest first; the claiming sensor calls it with the capacity live
+        indexing left free in its tick."""
+        if limit < 1:
+            return []
+        rows = self.db.fetch_all(
+            "task_claim_backfill",
+            {"owner": owner, "limit": limit, "lease_seconds": self.lease_seconds, "now": self.clock(),
+             "unstarted": for_run},
+        )
+        return [
+            ClaimedTask(
+                lease=Lease(r["task_id"], r["attempts"], r["lease_owner"], r["lease_until"]),
+                tenant_id=r["tenant_id"], document_id=r["document_id"], version_number=r["version_number"],
+                profile=r["profile"], task_type=r["task_type"],
+            )
+            for r in rows
+        ]
+
+    def dagster_runs(self, task_id: int) -> builtins.list[dict[str, Any]]:
+        """The Dagster run ids that worked on the task, with the attempt each worked on (from its history)."""
+        return self.db.fetch_all("task_dagster_runs", {"task_id": task_id})
+
     def adopt(self, leases: Sequence[Lease], run_owner: str) -> list[Lease]:
         """Hand the claiming sensor's leases (all of one owner) to the run that starts them, in one fenced
         statement; returns the adopted leases, now owned by ``run_owner``. A lease missing from the

@@ -1,7 +1,8 @@
 """`kbindex profile create | list | activate | rollback | gate`: model migration (resources/profiles.py).
 
-A migration: ``create`` a shadow profile (REINDEX tasks for every current version), backfill it from the
-Dagster UI (Materialize all over ``document_versions``, run tag ``kbindex/profile=NAME``), ``gate`` it on
+A migration: ``create`` a shadow profile (REINDEX tasks for every current version), ``backfill`` it (or
+launch the ``backfill_profile`` job in the Dagster UI; the claiming sensor builds it in bounded runs),
+``gate`` it on
 an eval set, ``activate`` it (one transaction), and ``rollback`` if it disappoints. Exit codes: 0 ok,
 1 error (or a gate that did not pass), 2 usage, 3 conflict (activation refused, nothing to roll back).
 """
@@ -98,6 +99,20 @@ def list_command(as_json: bool = JsonOption) -> None:
     for r in rows:
         if r["migration"]:
             console.print(f"migration to {r['name']}: {progress_line(r['migration'])}", highlight=False)
+
+
+@profile_app.command("backfill")
+def backfill_command(name: str = typer.Argument(...), as_json: bool = JsonOption) -> None:
+    """Build NAME's backlog with the claiming sensor, in bounded runs beside live indexing (any size)."""
+    from resources.profiles import request_backfill
+
+    with open_database() as db, errors_to_exit():
+        row = request_backfill(db, name)
+    if as_json:
+        print_json(row)
+        return
+    console.print(f"backfill of {row['name']} requested: {row['backlog']} version(s) to build; "
+                  "follow it with `kbindex profile list`", highlight=False)
 
 
 @profile_app.command("activate")

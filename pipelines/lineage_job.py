@@ -1,0 +1,60 @@
+"""Jobs that keep the Dagster side bounded at enterprise size (issue #14).
+
+``prune_lineage_keys`` (hourly) deletes the partition keys of versions with nothing in flight once
+their lineage window has passed, a bounded batch per run: the live key set follows the churn, not
+the corpus (Dagster's UI and every call that lists keys slow down with it). ``backfill_profile`` is
+how an operator starts a model migration from the UI: it asks the claiming sensor to build the
+profile's backlog in ordinary bounded runs beside live indexing, whatever its size.
+"""
+
+import dagster as dg
+from pydantic import Field
+
+from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+from resources.dagster_resources import DatabaseResource
+from resources.partition_keys import DEFAULT_LINEAGE_SECONDS, forget, prunable
+from resources.profiles import request_backfill
+
+
+class PruneConfig(dg.Config):
+    window_seconds: float = Field(default=DEFAULT_LINEAGE_SECONDS, ge=0,
+                                  description="Keep a finished version's partition key (its UI lineage) this long.")
+    batch: int = Field(default=5000, ge=1, le=100_000, description="Keys deleted per run at most (~12 ms each).")
+
+
+@dg.op(out=dg.Out(dg.Nothing), description="Delete the partition keys of finished versions past the lineage window.")
+def prune_partition_keys(context: dg.OpExecutionContext, config: PruneConfig, database: DatabaseResource) -> dg.Output:
+    keys = prunable(database.db, window_seconds=config.window_seconds, limit=config.batch)
+    for key in keys:
+        context.instance.delete_dynamic_partition(VERSIONS_PARTITIONS_NAME, key)
+    forget(database.db, keys)
+    return dg.Output(None, metadata={"partition_keys_deleted": len(keys), "window_seconds": config.window_seconds})
+
+
+@dg.job(name="prune_lineage_keys", executor_def=dg.in_process_executor,
+        description="Keep Dagster's partition keys bounded: versions in flight plus a lineage window.")
+def prune_lineage_keys_job() -> None:
+    prune_partition_keys()
+
+
+prune_lineage_keys_hourly = dg.ScheduleDefinition(
+    job=prune_lineage_keys_job, cron_schedule="30 * * * *", default_status=dg.DefaultScheduleStatus.RUNNING,
+)
+
+
+class BackfillConfig(dg.Config):
+    profile: str = Field(description="The building profile to backfill (see `kbindex profile list`).")
+
+
+@dg.op(out=dg.Out(dg.Nothing), description="Ask the claiming sensor to build the profile's backlog.")
+def request_profile_backfill(context: dg.OpExecutionContext, config: BackfillConfig,
+                             database: DatabaseResource) -> dg.Output:
+    row = request_backfill(database.db, config.profile)
+    context.log.info(f"backfill of {row['name']} requested: {row['backlog']} version(s) to build")
+    return dg.Output(None, metadata={"profile": row["name"], "backlog": int(row["backlog"])})
+
+
+@dg.job(name="backfill_profile", executor_def=dg.in_process_executor,
+        description="Start a model migration: the claiming sensor builds the profile in bounded runs beside live work.")
+def backfill_profile_job() -> None:
+    request_profile_backfill()

@@ -1,0 +1,107 @@
+"""Model migrations at any size (issue #14): the claiming sensor builds a requested profile's backlog in
+bounded runs with the capacity live indexing leaves free; live work always goes first. And the Dagster
+partition keys stay bounded: keys of finished versions past the lineage window are pruned, while the
+versions' Dagster run ids stay reachable from their history."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pytest
+
+from pipelines import sensors
+from pipelines.lineage_job import backfill_profile_job, prune_lineage_keys_job
+from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+from resources.dagster_resources import LEASES_TAG, DatabaseResource
+from resources.partition_keys import prunable
+from resources.profiles import create_profile, request_backfill
+from resources.task_queue import TaskQueue
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def tick(instance, db_url) -> dg.SensorResult:
+    with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
+        result = sensors.claim_index_tasks(ctx)
+    for request in getattr(result, "dynamic_partitions_requests", None) or []:
+        instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, list(request.partition_keys))
+    return result
+
+
+def claimed_task_ids(result) -> list[int]:
+    return [t for r in getattr(result, "run_requests", None) or [] for t, _ in json.loads(r.tags[LEASES_TAG])]
+
+
+def types(db, task_ids) -> list[str]:
+    return [db.fetch_one("task_get", {"task_id": t})["task_type"] for t in task_ids]
+
+
+def finish(db, task_ids) -> None:
+    """Mark tasks SUCCEEDED as a run would have (the publish path itself is tested elsewhere)."""
+    import psycopg
+
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        conn.execute("UPDATE index_task SET status = 'SUCCEEDED', lease_owner = NULL, lease_until = NULL,"
+                     " finished_at = now() WHERE task_id = ANY(%s)", [list(task_ids)])
+
+
+def test_a_requested_backfill_fills_the_capacity_live_work_leaves(db, db_url, publish_task, instance, monkeypatch):
+    monkeypatch.setattr(sensors, "BATCH_MAX", 4)
+    monkeypatch.setattr(sensors, "RUN_SPREAD", 1)
+    monkeypatch.setattr(sensors, "MAX_WAITING_RUNS", 100)
+    old = [publish_task() for _ in range(6)]
+    finish(db, [r.task_id for r in old])
+    create_profile(db, "shadow-c64", model="fake-384", chunk_tokens=64, overlap=8)
+
+    assert claimed_task_ids(tick(instance, db_url)) == []  # a backlog nobody asked to build stays put
+    assert request_backfill(db, "shadow-c64")["backlog"] == 6
+    live = [publish_task() for _ in range(2)]  # each: INDEX tasks under the active and the building profile
+    live_ids = {t["task_id"] for t in TaskQueue(db).list(limit=1000) if t["task_type"] == "INDEX"
+                and t["status"] == "PENDING"}
+    assert len(live_ids) == 4 and {t.task_id for t in live} <= live_ids
+
+    first = claimed_task_ids(tick(instance, db_url))
+    assert set(first) == live_ids  # live work first: the tick's whole capacity
+    second = claimed_task_ids(tick(instance, db_url))
+    third = claimed_task_ids(tick(instance, db_url))
+    assert (types(db, second), types(db, third)) == (["REINDEX"] * 4, ["REINDEX"] * 2)  # then the backlog
+    assert claimed_task_ids(tick(instance, db_url)) == []
+    reindex = {t["task_id"] for t in TaskQueue(db).list(limit=1000) if t["task_type"] == "REINDEX"}
+    assert reindex == set(second) | set(third)
+
+
+def test_the_ui_job_requests_the_backfill(db, db_url, publish_task, instance):
+    finish(db, [publish_task().task_id])
+    create_profile(db, "shadow-c64", model="fake-384", chunk_tokens=64, overlap=8)
+    result = backfill_profile_job.execute_in_process(
+        run_config={"ops": {"request_profile_backfill": {"config": {"profile": "shadow-c64"}}}},
+        resources={"database": DatabaseResource(url=db_url)}, instance=instance)
+    assert result.success
+    (reindex,) = [t["task_id"] for t in TaskQueue(db).list() if t["task_type"] == "REINDEX"]
+    assert claimed_task_ids(tick(instance, db_url)) == [reindex]  # the sensor now builds it
+    bad = backfill_profile_job.execute_in_process(
+        run_config={"ops": {"request_profile_backfill": {"config": {"profile": "minilm-v1"}}}},
+        resources={"database": DatabaseResource(url=db_url)}, instance=instance, raise_on_error=False)
+    assert not bad.success  # the active profile is not being built: a clear refusal
+
+
+def test_finished_versions_lose_their_partition_key_after_the_window(db, db_url, publish_task, instance):
+    done, busy = publish_task(), publish_task()
+    result = tick(instance, db_url)
+    assert sorted(claimed_task_ids(result)) == sorted([done.task_id, busy.task_id])
+    finish(db, [done.task_id])
+    assert prunable(db, window_seconds=3600) == []  # inside the lineage window
+    keys = {r["task_id"]: r["partition_key"] for r in db.fetch_all(
+        "document_version_partition_keys", {"task_ids": [done.task_id, busy.task_id]})}
+    assert prunable(db, window_seconds=0) == [keys[done.task_id]]  # the busy version keeps its key
+    out = prune_lineage_keys_job.execute_in_process(
+        run_config={"ops": {"prune_partition_keys": {"config": {"window_seconds": 0}}}},
+        resources={"database": DatabaseResource(url=db_url)}, instance=instance)
+    assert out.success
+    assert instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME) == [keys[busy.task_id]]
+    assert prunable(db, window_seconds=0) == []

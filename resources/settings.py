@@ -45,3 +45,9 @@ def resolve_database_url(settings: Settings | None = None, *, start: bool = True
     if url is None:
         raise RuntimeError("the embedded PostgreSQL is not running: start it with `kbindex db start`")
     return url
+
+
+def dagster_ui_url(env: dict[str, str] | None = None) -> str:
+    """Where the Dagster UI answers (KBINDEX_DAGSTER_URL, default http://127.0.0.1:3000, as `kbindex dev`)."""
+    env = dict(os.environ if env is None else env)
+    return (env.get("KBINDEX_DAGSTER_URL") or "http://127.0.0.1:3000").rstrip("/")

@@ -56,6 +56,15 @@ def tasks_command(
         console.print(table)
 
 
+def dagster_runs(queue: object, task_id: int) -> list[dict]:
+    """The Dagster runs that worked on the task, each with its page in the Dagster UI (KBINDEX_DAGSTER_URL)."""
+    from resources.settings import dagster_ui_url
+
+    base = dagster_ui_url()
+    return [{"run_id": r["run_id"], "attempt": r["attempt"], "url": f"{base}/runs/{r['run_id']}"}
+            for r in queue.dagster_runs(task_id)]  # type: ignore[attr-defined]
+
+
 @app.command("task")
 def task_command(task_id: int, as_json: bool = JsonOption) -> None:
     """Show one task: state, progress, attempts, last error and its recent events (--json: everything)."""
@@ -63,6 +72,7 @@ def task_command(task_id: int, as_json: bool = JsonOption) -> None:
         queue = _queue(db)
         view = task_view(queue.get(task_id))
         view["events"] = queue.events(task_id)
+        view["dagster_runs"] = dagster_runs(queue, task_id)
     if as_json:
         print_json(view)
         return

@@ -143,6 +143,8 @@ def summary_grid(view: dict[str, Any]) -> Table:
     if view.get("chunk_count") is not None:
         grid.add_row("chunks", Text(str(view["chunk_count"])))
     grid.add_row("created", Text(format_time(view.get("created_at"))))
+    for run in view.get("dagster_runs") or []:  # kept in the task's history, even after its partition key is pruned
+        grid.add_row("run", Text(f"attempt {run['attempt']}: {run['url']}"))
     step = _next_step(view)
     if step:
         grid.add_row("next", Text(step))

@@ -68,3 +68,25 @@ def test_a_run_that_crashes_before_adopting_its_lease_costs_no_attempt(publish_t
     queue.fail_crashed_run([(claimed.lease.task_id, claimed.lease.attempt)], "RUN_CRASHED", "the run died at start")
     task = queue.get(r.task_id)
     assert (task["status"], task["max_attempts"]) == ("RETRY_WAIT", before + 1)
+
+
+def test_kbindex_task_names_the_dagster_runs_that_worked_on_it(db, db_url, publish_task, make_queue, monkeypatch):
+    """A version's history keeps its Dagster run ids (with UI links), even once its partition key is pruned."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    queue = make_queue(lease_seconds=30.0)
+    r = publish_task()
+    (claimed,) = queue.claim("batch-y", limit=1, for_run=True)
+    queue.adopt([claimed.lease], "run-0f3c2a")
+    monkeypatch.setenv("KBINDEX_DATABASE_URL", db_url)
+    monkeypatch.setenv("KBINDEX_DAGSTER_URL", "http://dagster.example:3000/")
+    out = CliRunner().invoke(app, ["task", str(r.task_id), "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["dagster_runs"] == [
+        {"run_id": "0f3c2a", "attempt": 1, "url": "http://dagster.example:3000/runs/0f3c2a"}]
+    text = CliRunner().invoke(app, ["task", str(r.task_id)], env={"COLUMNS": "100"})
+    assert "http://dagster.example:3000/runs/0f3c2a" in text.output

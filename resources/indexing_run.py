@@ -39,6 +39,10 @@ from resources.task_queue import Lease, TaskQueue
 
 log = logging.getLogger("kbindex.run")
 
+PARSE_FIGURES = ("pdf_engine", "ocr_pages", "ocr_seconds", "ocr_failed_pages", "ocr_skipped_pages",
+                 "sheets", "attachments_failed")
+"""What the parse step reports of a document's parse (its cost, OCR included) as metadata."""
+
 PASS_PROGRESS_SECONDS = 30.0
 """How often the shared pass reports each live task's embedded chunks (one fenced write per task)."""
 
@@ -60,6 +64,8 @@ class TaskWork:
     content_hash: str
     filename: str
     media_type: str
+    ocr: bool = True
+    """OCR scanned pages (a profile setting: OCR costs seconds and ~600 MB per worker)."""
 
     @property
     def task_id(self) -> int:
@@ -71,7 +77,7 @@ class TaskWork:
 
     def fingerprint(self, stage: str) -> tuple[Any, ...]:
         """What a stage's output depends on: a stored output is reused only for the same inputs."""
-        source = (self.content_hash, self.filename, self.media_type)
+        source = (self.content_hash, self.filename, self.media_type, self.ocr)
         if stage == "parsed_document":
             return source
         chunked = (*source, self.task_id, self.profile, self.model, self.chunk_tokens, self.chunk_overlap)
@@ -225,7 +231,7 @@ class IndexingRun:
             version_number=version["version_number"], profile=profile["name"], model=profile["model"],
             dimension=profile["dimension"], chunk_tokens=profile["chunk_tokens"],
             chunk_overlap=profile["chunk_overlap"], content_hash=version["content_hash"],
-            filename=version["filename"], media_type=version["media_type"],
+            filename=version["filename"], media_type=version["media_type"], ocr=bool(profile.get("ocr", True)),
         )
 
     def models(self, keys: Iterable[str]) -> set[str]:
@@ -236,7 +242,9 @@ class IndexingRun:
         def step(work: TaskWork) -> dict[str, Any]:
             parsed = self._parse(work)
             self.state.put("parsed_document", work.task_id, work.fingerprint("parsed_document"), parsed)
-            return {"blocks": len(parsed.blocks), "pages": parsed.page_count or 0, "media_type": parsed.media_type}
+            return {"blocks": len(parsed.blocks), "pages": parsed.page_count or 0, "media_type": parsed.media_type,
+                    **{k: v for k, v in (getattr(parsed, "metadata", None) or {}).items() if k in PARSE_FIGURES},
+                    **({"warnings": "; ".join(parsed.warnings[:5])} if getattr(parsed, "warnings", ()) else {})}
 
         return self._each(keys, Stage.PARSE, step)
 
@@ -286,10 +294,11 @@ class IndexingRun:
     def _parse(self, work: TaskWork) -> Any:
         from pipelines.domain.parsing import parse_document
 
-        source = (work.content_hash, work.filename, work.media_type)
+        source = (work.content_hash, work.filename, work.media_type, work.ocr)
         if source not in self._parsed:
             data = self.blobs.get(work.content_hash)
-            self._parsed[source] = parse_document(data, filename=work.filename, media_type=work.media_type)
+            self._parsed[source] = parse_document(data, filename=work.filename, media_type=work.media_type,
+                                                  ocr=work.ocr)
         return self._parsed[source]
 
     def _parsed_of(self, work: TaskWork) -> Any:

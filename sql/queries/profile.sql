@@ -1,6 +1,7 @@
 -- name: index_profile_get
--- One profile's recipe (model, dimension, chunker parameters).
-SELECT name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, activated_at, created_at
+-- One profile's recipe (model, dimension, chunker parameters, OCR).
+SELECT name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, activated_at, created_at,
+       ocr
 FROM index_profile
 WHERE name = %(name)s;
 

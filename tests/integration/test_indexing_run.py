@@ -173,3 +173,26 @@ def test_an_invalid_embedding_never_reaches_the_index_through_the_real_steps(db,
     assert db_rows(db_url, "SELECT count(*) FROM search_pointer")[0][0] == 0
     publish = run.publish([m["key"]])[m["key"]]
     assert [r.outcome for r in publish] == ["skipped"] and publish[0].error_code == "EMBEDDING_INVALID_RESPONSE"
+
+
+def test_a_profile_with_ocr_off_leaves_scanned_pages_unread(db, db_url, tmp_path):
+    """OCR is a profile setting (index_profile.ocr): off, a scanned PDF ends EMPTY_DOCUMENT saying so,
+    and the parse fingerprint keeps an OCR-off parse from being reused by an OCR-on profile."""
+    from pathlib import Path
+
+    scan = Path(__file__).resolve().parents[1] / "fixtures" / "documents" / "scanned-zh-debian-reference.pdf"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE index_profile SET model = 'fake-a', ocr = false WHERE is_active")
+    blobs = BlobStore(str(tmp_path / "blobs"))
+    published = Publisher(db, blobs).publish("acme", "scan.pdf", scan.read_bytes(), "scan.pdf")
+    queue = TaskQueue(db, lease_seconds=60)
+    (claimed,) = queue.claim("run-ocr", limit=1)
+    key = db_rows(db_url, "SELECT partition_key FROM document_version")[0][0]
+    run = IndexingRun(db=db, queue=queue, keeper=LeaseKeeper(queue), owner="run-ocr", blobs=blobs,
+                      embedder_for=embedder_for, tagged=[(claimed.lease.task_id, claimed.lease.attempt)])
+    (work,) = run.acquire([key])[key]
+    assert work.ocr is False and work.fingerprint("parsed_document")[-1] is False
+    (result,) = run.parse([key])[key]
+    task = queue.get(published.task_id)
+    assert (result.outcome, task["status"], task["error_code"]) == ("failed", "DEAD", "EMPTY_DOCUMENT")
+    assert "OCR" in task["error_message"]

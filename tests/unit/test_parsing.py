@@ -266,7 +266,9 @@ def test_limits_bytes_pages_chars_time() -> None:
     with pytest.raises(DocumentTooLarge, match="characters"):
         parse("pep-0257.rst", limits=ParseLimits(max_chars=500))
     with pytest.raises(DocumentTooLarge, match="longer than"):
-        parse("pdflatex-4-pages.pdf", limits=ParseLimits(time_limit_s=1e-9))
+        parse("pdflatex-4-pages.pdf", limits=ParseLimits(time_limit_s=1e-9, seconds_per_page=0))
+    with pytest.raises(DocumentTooLarge, match="longer than"):  # the overall cap bounds the per-page budget
+        parse("pdflatex-4-pages.pdf", limits=ParseLimits(time_limit_s=1e-9, seconds_per_page=100, max_time_s=1e-9))
 
 
 def test_messages_do_not_leak_server_paths() -> None:

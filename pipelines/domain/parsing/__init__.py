@@ -6,24 +6,33 @@ maps every failure to a typed ``DocumentError`` (never a silent skip):
     UNSUPPORTED_DOCUMENT  not a format kbindex reads (images, archives, legacy .doc, ...)
     PARSE_ERROR           damaged, truncated, binary-as-text, or unsafe (XML entities)
     ENCRYPTED_DOCUMENT    a PDF that needs a password
-    EMPTY_DOCUMENT        no visible text (whitespace or zero-width characters only, or a scanned PDF without OCR)
+    EMPTY_DOCUMENT        no visible text (whitespace or zero-width characters only, or a scanned PDF whose
+                          OCR is switched off or read nothing); a document of headings only is its headings
     DOCUMENT_TOO_LARGE    over a ``ParseLimits`` bound (bytes, pages, characters incl. headings, time, zip bomb)
     DEPENDENCY_MISSING    the file is fine but needs a package that is not installed (named in the message)
+
+What was recovered or skipped without failing (a truncated PDF, a page OCR could not read, an e-mail
+attachment that failed) is in ``ParsedDocument.warnings``; OCR cost and similar facts in ``.metadata``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 
 from pipelines.domain.errors import DocumentTooLarge, EmptyDocument, KbindexError, ParseError, UnsupportedDocument
 from pipelines.domain.parsing import detect
 from pipelines.domain.parsing.detect import guess_media_type
 from pipelines.domain.parsing.docx_format import parse_docx
+from pipelines.domain.parsing.eml_format import parse_eml
 from pipelines.domain.parsing.html_format import parse_html
 from pipelines.domain.parsing.markdown_format import parse_markdown
 from pipelines.domain.parsing.model import BlockCollector, ParsedDocument, ParseLimits, TextBlock
 from pipelines.domain.parsing.pdf_format import parse_pdf
+from pipelines.domain.parsing.pptx_format import parse_pptx
 from pipelines.domain.parsing.rst_format import parse_rst
+from pipelines.domain.parsing.sheet_format import parse_csv, parse_xlsx
 from pipelines.domain.parsing.text_format import parse_text
 
 __all__ = ["ParseLimits", "ParsedDocument", "TextBlock", "guess_media_type", "parse_document"]
@@ -36,6 +45,11 @@ PARSERS: dict[str, Parser] = {
     detect.HTML: parse_html,
     detect.PDF: parse_pdf,
     detect.DOCX: parse_docx,
+    detect.XLSX: parse_xlsx,
+    detect.PPTX: parse_pptx,
+    detect.CSV: parse_csv,
+    detect.TSV: parse_csv,
+    detect.EML: parse_eml,
 }
 
 
@@ -45,20 +59,63 @@ def parse_document(
     filename: str,
     media_type: str | None = None,
     limits: ParseLimits = ParseLimits(),
+    ocr: bool = True,
 ) -> ParsedDocument:
-    """Parse ``data`` into blocks with heading paths and pages, or raise a ``DocumentError``."""
+    """Parse ``data`` into blocks with heading paths and pages, or raise a ``DocumentError``.
+    ``ocr=False`` (an index profile's choice) leaves scanned PDF pages unread."""
     label = _label(filename)
+    kind = _checked_kind(data, label, filename, media_type, limits)
+    return _run(kind, data, BlockCollector(limits=limits, label=label, ocr=ocr))
+
+
+def parse_embedded(
+    data: bytes, *, filename: str, media_type: str | None, parent: BlockCollector, heading_path: tuple[str, ...]
+) -> None:
+    """Parse a file inside another (an e-mail attachment) into ``parent``, under ``heading_path``, within
+    what is left of the parent's limits: its characters and time are charged to the parent."""
+    label = _label(filename)
+    kind = _checked_kind(data, label, filename, media_type, parent.limits)
+    elapsed = time.monotonic() - parent.started
+    limits = dataclasses.replace(
+        parent.limits,
+        max_chars=max(parent.limits.max_chars - parent.chars, 0),
+        time_limit_s=max(parent.time_left(), 0.0),
+        max_time_s=max(parent.limits.max_time_s - elapsed, 0.0),
+    )
+    child = BlockCollector(limits=limits, label=label, ocr=parent.ocr, depth=parent.depth + 1)
+    granted = child.budget_s
+    try:
+        doc = _run(kind, data, child)
+    finally:
+        parent.add_time(child.budget_s - granted)  # the pages it brought earn their time
+    for block in doc.blocks:
+        parent.blocks.append(TextBlock(block.text, heading_path + block.heading_path, block.page))
+    parent.chars += doc.char_count
+    parent.check_time()
+    for warning in doc.warnings:
+        parent.warn(f"{label}: {warning}")
+    for key in ("ocr_pages", "ocr_seconds"):
+        if key in doc.metadata:
+            parent.metadata[key] = round(parent.metadata.get(key, 0) + doc.metadata[key], 2)
+
+
+def _checked_kind(data: bytes, label: str, filename: str, media_type: str | None, limits: ParseLimits) -> str:
+    """The media type to parse ``data`` as, after the checks every file gets (size, blank, supported)."""
     if len(data) > limits.max_bytes:
         raise DocumentTooLarge(f"{label}: {len(data):,} bytes, more than the {limits.max_bytes:,} byte limit")
     if not data.strip():
         raise EmptyDocument(f"{label}: the file is empty" if not data else f"{label}: the file is only whitespace")
     kind = guess_media_type(filename, data, media_type)
-    parser = PARSERS.get(kind)
-    if parser is None:
+    if kind not in PARSERS:
         raise UnsupportedDocument(f"{label}: {kind} is not a supported document type")
-    collector = BlockCollector(limits=limits, label=label)
+    return kind
+
+
+def _run(kind: str, data: bytes, collector: BlockCollector) -> ParsedDocument:
+    """Run the parser for ``kind``; anything but a typed error becomes one."""
+    label = collector.label
     try:
-        return parser(data, collector)
+        return PARSERS[kind](data, collector)
     except KbindexError:
         raise
     except RecursionError as exc:

@@ -15,24 +15,29 @@ RST = "text/x-rst"
 HTML = "text/html"
 PDF = "application/pdf"
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
+CSV = "text/csv"
+TSV = "text/tab-separated-values"
+EML = "message/rfc822"
 OCTET_STREAM = "application/octet-stream"
 
-SUPPORTED = frozenset({PLAIN, MARKDOWN, RST, HTML, PDF, DOCX})
+SUPPORTED = frozenset({PLAIN, MARKDOWN, RST, HTML, PDF, DOCX, XLSX, PPTX, CSV, TSV, EML})
 
 _EXTENSIONS = {
-    ".txt": PLAIN, ".text": PLAIN, ".log": PLAIN, ".csv": PLAIN,
+    ".txt": PLAIN, ".text": PLAIN, ".log": PLAIN, ".csv": CSV, ".tsv": TSV, ".tab": TSV, ".eml": EML,
     ".md": MARKDOWN, ".markdown": MARKDOWN, ".mdown": MARKDOWN,
     ".rst": RST, ".rest": RST,
     ".html": HTML, ".htm": HTML, ".xhtml": HTML,
     ".pdf": PDF,
     ".docx": DOCX,
-    ".doc": "application/msword", ".xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
-    ".pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+    ".doc": "application/msword", ".xlsx": XLSX, ".xlsm": XLSX, ".pptx": PPTX,
 }
 _ALIASES = {
     "text/x-markdown": MARKDOWN, "text/md": MARKDOWN,
     "text/prs.fallenstein.rst": RST, "text/x-restructuredtext": RST, "text/restructuredtext": RST,
     "application/xhtml+xml": HTML, "application/x-pdf": PDF,
+    "application/csv": CSV, "text/comma-separated-values": CSV, "text/x-csv": CSV, "application/vnd.ms-excel.sheet.macroenabled.12": XLSX,
 }
 # (prefix, media type): binary signatures that override names. None can start real text.
 _MAGIC: tuple[tuple[bytes, str], ...] = (
@@ -84,9 +89,9 @@ def _sniff_zip(data: bytes) -> str | None:
     if "word/document.xml" in names:
         return DOCX
     if "xl/workbook.xml" in names:
-        return _EXTENSIONS[".xlsx"]
+        return XLSX
     if "ppt/presentation.xml" in names:
-        return _EXTENSIONS[".pptx"]
+        return PPTX
     return "application/zip"
 
 

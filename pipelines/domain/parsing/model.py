@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 import time
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipelines.domain.errors import DocumentTooLarge, EmptyDocument
 
@@ -26,11 +27,17 @@ class TextBlock:
 
 @dataclass(frozen=True, slots=True)
 class ParsedDocument:
-    """What a parser returns: non-empty blocks in reading order."""
+    """What a parser returns: non-empty blocks in reading order.
+
+    ``warnings`` say what was recovered or skipped (a truncated PDF read as far as possible, a page OCR
+    could not read, an attachment that failed); ``metadata`` carries facts worth showing on the parse
+    step (which PDF engine read the file, OCR pages and seconds, e-mail headers)."""
 
     blocks: list[TextBlock]
     page_count: int | None
     media_type: str
+    warnings: tuple[str, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def char_count(self) -> int:
@@ -45,7 +52,14 @@ class ParseLimits:
     max_pages: int = 2000
     max_chars: int = 5_000_000
     time_limit_s: float = 60.0
-    """Checked cooperatively between pages/blocks: one pathological PDF page can still overrun it."""
+    """Time for any document, checked cooperatively between pages/blocks (one pathological PDF page can
+    still overrun it). Paged formats get ``seconds_per_page`` more per page, up to ``max_time_s``."""
+    seconds_per_page: float = 0.5
+    max_time_s: float = 900.0
+    """Overall cap, whatever the page count or OCR work."""
+    ocr_seconds_per_page: float = 30.0
+    """Extra time per page that needs OCR; a page that overruns it is reported, the next ones still run
+    while the overall cap allows."""
     max_zip_members: int = 2000
     max_zip_uncompressed_bytes: int = 200 * 1024 * 1024
     max_zip_ratio: float = 100.0
@@ -188,16 +202,40 @@ class BlockCollector:
 
     limits: ParseLimits
     label: str
+    ocr: bool = True
+    """Whether scanned pages may be OCRed (an index profile can switch it off: it costs seconds a page)."""
     started: float = field(default_factory=time.monotonic)
     blocks: list[TextBlock] = field(default_factory=list)
     chars: int = 0
+    warnings: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    budget_s: float = -1.0
+    """Seconds this parse may take; ``limits.time_limit_s`` until a parser adds pages (``add_time``)."""
+    depth: int = 0
+    """How many containers (e-mail messages) this parse is inside."""
+    orphan_headings: list[tuple[str, ...]] = field(default_factory=list)
+    """Heading paths (ending in the heading) seen so far: the text of a document made only of headings."""
+
+    def __post_init__(self) -> None:
+        if self.budget_s < 0:
+            self.budget_s = min(self.limits.time_limit_s, self.limits.max_time_s)
+
+    def add_time(self, seconds: float) -> None:
+        """Grow the time budget (per page, per OCR page), never past ``limits.max_time_s``."""
+        self.budget_s = min(self.budget_s + seconds, self.limits.max_time_s)
+
+    def time_left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.started)
 
     def check_time(self) -> None:
-        """Raise DOCUMENT_TOO_LARGE when the per-document time limit has passed."""
-        if time.monotonic() - self.started > self.limits.time_limit_s:
-            raise DocumentTooLarge(
-                f"{self.label}: parsing took longer than the {self.limits.time_limit_s:g} s limit"
-            )
+        """Raise DOCUMENT_TOO_LARGE when this document's time budget has passed."""
+        if self.time_left() < 0:
+            raise DocumentTooLarge(f"{self.label}: parsing took longer than its {self.budget_s:g} s limit")
+
+    def warn(self, message: str) -> None:
+        """Record something recovered or skipped; it is kept on the parsed document (at most 50)."""
+        if len(self.warnings) < 50:
+            self.warnings.append(message[:300])
 
     def _too_large(self) -> DocumentTooLarge:
         return DocumentTooLarge(f"{self.label}: more than {self.limits.max_chars:,} characters of text")
@@ -242,11 +280,21 @@ class BlockCollector:
             title = title[: MAX_HEADING_CHARS - 1].rstrip() + "\u2026"
         return title
 
+    def note_heading(self, path: tuple[str, ...]) -> None:
+        """Remember a heading (its full path): if nothing but headings is found, they are the text."""
+        if path and len(self.orphan_headings) < 10_000:
+            self.orphan_headings.append(path)
+
     def finish(self, media_type: str, page_count: int | None = None, empty_hint: str = "") -> ParsedDocument:
-        """The parsed document, or EMPTY_DOCUMENT when no text was found."""
+        """The parsed document, or EMPTY_DOCUMENT when no text was found. A document whose only
+        content is headings is its headings (each under its parents)."""
+        if not self.blocks:
+            for path in self.orphan_headings:
+                self.blocks.append(TextBlock(text=path[-1], heading_path=path[:-1]))
         if not self.blocks:
             raise EmptyDocument(f"{self.label}: no text found" + (f"; {empty_hint}" if empty_hint else ""))
-        return ParsedDocument(blocks=self.blocks, page_count=page_count, media_type=media_type)
+        return ParsedDocument(blocks=self.blocks, page_count=page_count, media_type=media_type,
+                              warnings=tuple(self.warnings), metadata=dict(self.metadata))
 
 
 class HeadingStack:
@@ -263,6 +311,7 @@ class HeadingStack:
             self._stack.pop()
         if title:
             self._stack.append((level, title))
+            self._collector.note_heading(self.path)
 
     @property
     def path(self) -> tuple[str, ...]:

@@ -80,6 +80,8 @@ def parse_rst(data: bytes, collector: BlockCollector, media_type: str = "text/x-
             title = next((child for child in node.children if isinstance(child, nodes.title)), None)
             heading = collector.heading(title.astext()) if title is not None else ""
             path = (*path, heading) if heading else path
+            if heading:
+                collector.note_heading(path)
             children = [child for child in node.children if child is not title]
         elif isinstance(node, nodes.row):
             cells = (collector.cell(entry.astext()) for entry in node.children)

@@ -2,7 +2,9 @@
 
 ``apply_retention`` (job) runs one op that calls resources.retention.apply_retention, deletes the
 reported keys from the ``document_versions`` dynamic partitions (one at a time, as Dagster allows),
-confirms them in the database, and reports the counts as output metadata. ``apply_retention_hourly``
+confirms them in the database, then deletes stored document bytes no version needs any more
+(resources.blob_gc: superseded past the window, or orphaned by a failed publish, older than an
+hour), and reports the counts as output metadata. ``apply_retention_hourly``
 runs it at the top of every hour with the default 7-day window; launch it from the UI with
 ``ops: {retention_pass: {config: {window_seconds: ...}}}`` to use another one.
 """
@@ -11,7 +13,8 @@ import dagster as dg
 from pydantic import Field
 
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
-from resources.dagster_resources import DatabaseResource
+from resources.blob_gc import collect_blobs
+from resources.dagster_resources import BlobStoreResource, DatabaseResource
 from resources.retention import DEFAULT_WINDOW_SECONDS, apply_retention, confirm_partition_keys_deleted
 
 
@@ -27,7 +30,9 @@ class RetentionConfig(dg.Config):
     out=dg.Out(dg.Nothing),
     description="Delete chunks of versions superseded longer ago than the window, and their partition keys.",
 )
-def retention_pass(context: dg.OpExecutionContext, config: RetentionConfig, database: DatabaseResource) -> dg.Output:
+def retention_pass(
+    context: dg.OpExecutionContext, config: RetentionConfig, database: DatabaseResource, blobs: BlobStoreResource
+) -> dg.Output:
     report = apply_retention(database.db, window_seconds=config.window_seconds)
     existing = set(context.instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME))
     deleted = 0
@@ -36,7 +41,13 @@ def retention_pass(context: dg.OpExecutionContext, config: RetentionConfig, data
             context.instance.delete_dynamic_partition(VERSIONS_PARTITIONS_NAME, key)
             deleted += 1
     confirm_partition_keys_deleted(database.db, report.partition_keys_to_delete)
-    summary = {**report.to_metadata(), "partition_keys_deleted": deleted, "window_seconds": config.window_seconds}
+    gc = collect_blobs(database.db, blobs.get_store(), window_seconds=config.window_seconds)
+    summary = {
+        **report.to_metadata(),
+        **gc.to_metadata(),
+        "partition_keys_deleted": deleted,
+        "window_seconds": config.window_seconds,
+    }
     context.log.info(f"retention: {summary}")
     return dg.Output(None, metadata=summary)
 

@@ -3,7 +3,8 @@
 Dagster's built-in IO managers refuse outputs that cover several partitions; a run here covers
 many versions, so each asset returns ``{partition_key: value}`` and this store keeps one file per
 key. Keys are user data, so the file name is a digest of the key, never the key itself.
-Re-execution from failure reads these back instead of redoing finished steps.
+Re-execution from failure reads these back instead of redoing finished steps. Files are 0600 in
+0700 folders: they hold document text, and they are pickles (whoever can write one runs code here).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import pickle
 import uuid
 from pathlib import Path
 from typing import Any
+
+from resources.private_files import make_private_dirs
 
 
 class ArtifactStore:
@@ -29,9 +32,9 @@ class ArtifactStore:
 
     def put(self, asset: str, key: str, value: Any) -> None:
         path = self._path(asset, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(path.parent)
         tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
-        with open(tmp, "wb") as fh:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
             pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
 

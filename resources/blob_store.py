@@ -1,7 +1,10 @@
 """Content-addressed storage of document bytes: a local folder by default, any fsspec URL in production.
 
 Blobs are written under their SHA-256, so a name from a user never becomes a path: ``../`` or an
-absolute filename cannot leave the store. Writing the same bytes twice stores them once.
+absolute filename cannot leave the store. Writing the same bytes twice stores them once (and marks
+the blob as just written, so garbage collection leaves it to the publish that is using it). In a
+local folder, blobs are 0600 files in 0700 folders: other local users cannot read documents.
+``stored()`` and ``delete()`` serve the retention job's garbage collection (resources/blob_gc.py).
 """
 
 from __future__ import annotations
@@ -9,11 +12,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import time
 import uuid
+from collections.abc import Iterator
 
 import fsspec
 
 from pipelines.domain.errors import BlobNotFound, InvalidRequest
+from resources.private_files import make_private_dirs
 
 _HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -40,20 +46,44 @@ class BlobStore:
         """Store ``data``; returns its SHA-256 hex digest (the key)."""
         digest = content_hash(data)
         path = self._path(digest)
-        if self.fs.exists(path):
-            return digest
-        parent = path.rsplit("/", 1)[0]
-        self.fs.makedirs(parent, exist_ok=True)
         if self._local:
+            if os.path.exists(path):
+                os.utime(path)  # fresh again: garbage collection spares blobs younger than its grace period
+                return digest
+            make_private_dirs(path.rsplit("/", 1)[0])
             tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "wb") as fh:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)  # atomic: readers never see a partial blob
         else:
-            self.fs.pipe_file(path, data)
+            self.fs.pipe_file(path, data)  # always written: that also renews its modification time
         return digest
+
+    def stored(self) -> Iterator[tuple[str, float, str]]:
+        """Every stored file as (digest or "" for a leftover temporary file, age in seconds, path)."""
+        top = f"{self.root}/sha256"
+        if not self.fs.exists(top):
+            return
+        now = time.time()
+        for path, info in self.fs.find(top, detail=True).items():
+            name = path.rsplit("/", 1)[-1]
+            modified = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("created")
+            if hasattr(modified, "timestamp"):
+                modified = modified.timestamp()
+            age = now - float(modified) if modified is not None else 0.0  # unknown age: treated as new
+            yield (name if _HASH_RE.match(name) else "", age, path)
+
+    def delete(self, path: str) -> None:
+        """Remove one stored file named by ``stored()`` (missing is fine)."""
+        if not path.startswith(f"{self.root}/sha256/"):
+            raise InvalidRequest("not a path of this blob store")
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
 
     def get(self, digest: str) -> bytes:
         path = self._path(digest)

@@ -13,7 +13,11 @@ run fall back to its own model: the service is a shortcut, never a dependency.
 
 Transport: ``multiprocessing.connection`` on a Unix socket, authenticated with a random key in
 ``home/embedder.key`` (mode 0600): only a process that can read the key may send a request (the
-messages are pickles, so the key is what keeps strangers out). One request is encoded at a time,
+messages are pickles, so the key is what keeps strangers out, both ways: a client unpickles the
+replies). So a key is refused, by the service and by its clients, when it is empty (the standard
+library would then skip authentication), a symlink, not owned by this user, or readable or
+writable by group or others; ``home`` is created 0700. Each connection's handshake runs on its own
+thread and must finish within ``HANDSHAKE_TIMEOUT`` seconds: a silent client cannot block the service. One request is encoded at a time,
 with every core: requests of several runs queue instead of fighting over the cores.
 """
 
@@ -35,10 +39,12 @@ from typing import Any
 import numpy as np
 
 from pipelines.domain.errors import EmbeddingError, EmbeddingTimeout, EmbeddingUnavailable
+from resources.private_files import make_private_dirs
 
 SOCKET_NAME = "embedder.sock"
 KEY_NAME = "embedder.key"
 REQUEST_TIMEOUT = float(os.environ.get("KBINDEX_EMBED_SERVICE_TIMEOUT", "60"))
+HANDSHAKE_TIMEOUT = 5.0
 
 
 def socket_path(home: str | Path) -> Path:
@@ -46,16 +52,38 @@ def socket_path(home: str | Path) -> Path:
 
 
 def _key(home: Path, *, create: bool) -> bytes:
+    """The service key, created (0600, in a 0700 home) if asked; refused unless private and not empty."""
     path = home / KEY_NAME
     if create and not path.exists():
-        home.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        make_private_dirs(home)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(secrets.token_hex(32))
     try:
-        return path.read_text().strip().encode()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
         raise EmbeddingUnavailable(f"the embedding service key cannot be read ({type(exc).__name__})") from exc
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if info.st_uid != os.geteuid():
+            raise EmbeddingUnavailable("the embedding service key belongs to another user; refused")
+        if info.st_mode & 0o077:
+            raise EmbeddingUnavailable("the embedding service key is readable or writable by others (want 0600); refused")
+        key = fh.read().strip()
+    if len(key) < 32:  # empty would turn authentication off in multiprocessing.connection
+        raise EmbeddingUnavailable("the embedding service key is empty or too short; refused")
+    return key
+
+
+def _set_timeouts(conn: Connection, seconds: float) -> None:
+    """SO_RCVTIMEO/SO_SNDTIMEO on the connection's socket (0 = none)."""
+    limit = struct.pack("ll", int(seconds), int((seconds % 1) * 1_000_000))
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+    finally:
+        sock.close()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -95,8 +123,16 @@ class _Service:
         except Exception as exc:  # noqa: BLE001 - the client classifies it; the service keeps serving
             return ("error", "EMBEDDING_UNAVAILABLE", f"the embedding service failed ({type(exc).__name__})")
 
-    def handle(self, conn: Connection) -> None:
+    def handle(self, conn: Connection, key: bytes | None = None) -> None:
         with conn:
+            if key is not None:  # authenticate here, on this connection's thread, within HANDSHAKE_TIMEOUT
+                try:
+                    _set_timeouts(conn, HANDSHAKE_TIMEOUT)
+                    deliver_challenge(conn, key)
+                    answer_challenge(conn, key)
+                    _set_timeouts(conn, 0)
+                except (OSError, EOFError, AuthenticationError):
+                    return
             while True:
                 try:
                     request = conn.recv()
@@ -115,15 +151,16 @@ def serve(home: str | Path, *, preload: list[str] | None = None, ready: threadin
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    home = Path(home)
-    home.mkdir(parents=True, exist_ok=True)
+    home = make_private_dirs(Path(home))
     key = _key(home, create=True)
     if preload is None:  # KBINDEX_EMBED_SERVICE_PRELOAD: comma-separated models to load at start
         preload = [m for m in os.environ.get("KBINDEX_EMBED_SERVICE_PRELOAD", PACKAGED_MODEL_NAME).split(",") if m]
     service = _Service(preload)
     path = socket_path(home)
     path.unlink(missing_ok=True)  # a socket left by a killed service
-    with Listener(str(path), family="AF_UNIX", authkey=key) as listener:
+    # No authkey on the listener: its accept() would run the handshake on this thread, where one silent
+    # client blocks every other. Each connection authenticates on its own thread (_Service.handle).
+    with Listener(str(path), family="AF_UNIX") as listener:
         os.chmod(path, 0o600)
         if ready is not None:
             ready.set()
@@ -132,12 +169,12 @@ def serve(home: str | Path, *, preload: list[str] | None = None, ready: threadin
         while stop is None or not stop.is_set():
             try:
                 conn = listener.accept()
-            except (OSError, EOFError, AuthenticationError):
-                continue  # a client that failed authentication or hung up during the handshake
+            except OSError:
+                continue  # a client that hung up at once
             if stop is not None and stop.is_set():
                 conn.close()
                 break
-            threading.Thread(target=service.handle, args=(conn,), daemon=True).start()
+            threading.Thread(target=service.handle, args=(conn, key), daemon=True).start()
     path.unlink(missing_ok=True)
 
 

@@ -3,6 +3,7 @@
 ``create_app(db_url=None, ...)`` builds the FastAPI app (OpenAPI at ``/docs`` and ``/openapi.json``):
 
     GET    /                                  status page (overview, upload, live progress, documents, search)
+    GET    /whoami                            the tenant this token acts as
     GET    /overview                          tasks by status, work in flight (bar, rate, ETA), failures by code
     POST   /documents/{document_id}/versions  multipart 'file' -> 202 + task (new, or CANCELLED re-queued) | 200 + same task
     GET    /documents                         the tenant's documents with their status, a page at a time
@@ -14,7 +15,7 @@
     DELETE /tasks/{task_id}                   cancel (409 with the reason when not allowed)
     POST   /tasks/{task_id}/retry             manual retry of a DEAD or CANCELLED task (409 otherwise)
     GET    /search?q=&k=                      tenant-scoped search over the active profile
-    GET    /metrics                           Prometheus text, computed from the database at scrape time
+    GET    /metrics                           Prometheus text from the database, cached KBINDEX_METRICS_CACHE_SECONDS (15)
     GET    /healthz                           liveness + database reachability
 
 Document ids may contain '/': the routes use ``{document_id:path}``. Every route but ``/``,
@@ -23,8 +24,13 @@ sees only its tenant's data: another tenant's task or document answers 404. Erro
 ``{"error": {"code": CODE, "message": sanitized}}`` (pipelines.api.errors).
 
 Environment: ``KBINDEX_DATABASE_URL`` (else the embedded PostgreSQL), ``KBINDEX_API_TOKENS`` (token
-file), ``KBINDEX_API_MAX_UPLOAD_BYTES`` (default 50 MiB), ``KBINDEX_METRICS_TOKEN`` (if set,
-/metrics needs it as a bearer token), ``KBINDEX_BLOB_URL``.
+file), ``KBINDEX_API_MAX_UPLOAD_BYTES`` (default 50 MiB), ``KBINDEX_METRICS_TOKEN`` (/metrics needs
+it as a bearer token; without it /metrics answers 401 unless ``KBINDEX_METRICS_PUBLIC=1``),
+``KBINDEX_BLOB_URL``, ``KBINDEX_TENANT_QUOTA_BYTES``.
+
+One tenant cannot take the service down for the others: event streams share one LISTEN connection
+and are capped per tenant (429) and per process (503); uploads are capped per tenant (429) and per
+process (503), spooled to disk, parsed off the event loop and timed out (408); /metrics is cached.
 """
 
 
@@ -37,19 +43,21 @@ from dataclasses import asdict, is_dataclass
 from importlib import resources as importlib_resources
 from typing import Annotated, Any
 
+from anyio import CapacityLimiter, to_thread
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipelines.api.auth import TokenAuth
+from pipelines.api.auth import TokenAuth, install_log_redaction
 from pipelines.api.errors import NotFound, ServiceUnavailable, Unauthorized, error_body, status_for
-from pipelines.api.metrics import build_registry
-from pipelines.api.sse import task_event_stream
+from pipelines.api.limits import Admission
+from pipelines.api.metrics import ScrapeCache, build_registry
+from pipelines.api.sse import EventHub, TaskStream
 from pipelines.api.uploads import read_upload
 from pipelines.api.views import (
     RATE_WINDOW_SECONDS,
@@ -70,6 +78,7 @@ from resources.task_queue import TaskQueue
 log = logging.getLogger("kbindex.api")
 
 DEFAULT_MAX_UPLOAD_BYTES = 50 * 1024 * 1024
+DEFAULT_METRICS_CACHE_SECONDS = 15.0
 HTTP_CODES = {400: "INVALID_REQUEST", 401: "UNAUTHORIZED", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED",
               413: "DOCUMENT_TOO_LARGE", 415: "INVALID_REQUEST"}
 SearchFn = Callable[..., Any]
@@ -129,6 +138,20 @@ def _default_embedder() -> Any:
     return ProfileEmbedders(home=Settings.from_env().home)
 
 
+class _StreamResponse(EventSourceResponse):
+    """An event stream that gives its admission back however it ends, even if its body never started."""
+
+    def __init__(self, stream: TaskStream, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stream = stream
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stream.close()
+
+
 def _status_page() -> str:
     return importlib_resources.files("pipelines.api").joinpath("templates/index.html").read_text(encoding="utf-8")
 
@@ -144,9 +167,16 @@ def create_app(
     search_fn: SearchFn | None = None,
     max_upload_bytes: int | None = None,
     metrics_token: str | None = None,
+    metrics_public: bool | None = None,
+    metrics_cache_seconds: float | None = None,
     ping_seconds: float = 15.0,
     poll_seconds: float = 5.0,
     max_streams: int = 200,
+    max_streams_per_tenant: int = 20,
+    max_uploads: int = 8,
+    max_uploads_per_tenant: int = 2,
+    upload_idle_timeout: float = 30.0,
+    upload_total_timeout: float = 300.0,
 ) -> FastAPI:
     """The API on ``db`` or ``db_url`` (default: KBINDEX_DATABASE_URL or the embedded server)."""
     from resources.settings import Settings, resolve_database_url
@@ -160,11 +190,19 @@ def create_app(
     if metrics_token is None:
         metrics_token = os.environ.get("KBINDEX_METRICS_TOKEN") or None
     auth = TokenAuth.from_sources(db, tokens, tokens_file)
+    install_log_redaction()
     queue = TaskQueue(db)
     publisher = Publisher(db, BlobStore(blob_url or settings.blob_url), max_bytes=max_upload_bytes)
-    registry = build_registry(db)
+    if metrics_public is None:
+        metrics_public = os.environ.get("KBINDEX_METRICS_PUBLIC", "").lower() in ("1", "true", "yes")
+    if metrics_cache_seconds is None:
+        metrics_cache_seconds = float(os.environ.get("KBINDEX_METRICS_CACHE_SECONDS") or DEFAULT_METRICS_CACHE_SECONDS)
+    scrapes = ScrapeCache(build_registry(db), metrics_cache_seconds)
+    metrics_limiter = CapacityLimiter(1)  # one scrape computation at a time; other scrapers wait without a thread
     page = _status_page()
-    state: dict[str, Any] = {"embedder": embedder, "streams": 0}
+    state: dict[str, Any] = {"embedder": embedder}
+    uploads = Admission("uploads", per_tenant=max_uploads_per_tenant, total=max_uploads)
+    hub = EventHub(db, max_streams=max_streams, max_streams_per_tenant=max_streams_per_tenant)
 
     def close() -> None:
         if owns_db:
@@ -187,6 +225,7 @@ def create_app(
     )
     app.state.db = db
     app.state.queue = queue
+    app.state.event_hub = hub
     app.state.close = close
 
     # -- errors ------------------------------------------------------------------------------
@@ -195,7 +234,8 @@ def create_app(
     async def kbindex_error(_: Request, exc: KbindexError) -> JSONResponse:
         status = status_for(exc)
         if status >= 500:
-            log.warning("request failed: %s", exc.code, exc_info=exc)
+            # A refusal to admit more work is routine under load: no traceback for it.
+            log.warning("request failed: %s", exc.code, exc_info=None if isinstance(exc, ServiceUnavailable) else exc)
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
         return JSONResponse(error_body(exc.code, exc.message), status_code=status, headers=headers)
 
@@ -246,6 +286,15 @@ def create_app(
         db.fetch_one("index_profile_active")
         return {"status": "ok"}
 
+    @app.get(
+        "/whoami",
+        tags=["operations"],
+        summary="The tenant this token acts as (the status page shows it)",
+        responses=COMMON_ERRORS,
+    )
+    def whoami(tenant_id: Tenant) -> dict[str, str]:
+        return {"tenant_id": tenant_id}
+
     # -- documents ---------------------------------------------------------------------------
 
     @app.post(
@@ -282,17 +331,21 @@ def create_app(
         },
     )
     async def publish_version(document_id: DocumentId, request: Request, tenant_id: Tenant) -> JSONResponse:
-        validate_document_id(document_id)
-        upload = await read_upload(
-            request.headers.get("content-type"),
-            request.headers.get("content-length"),
-            request.stream(),
-            max_bytes=max_upload_bytes,
-        )
-        media_type = upload.content_type if upload.content_type not in (None, "application/octet-stream") else None
-        result = await run_in_threadpool(
-            publisher.publish, tenant_id, document_id, upload.data, upload.filename, media_type
-        )
+        document_id = validate_document_id(document_id)
+        with uploads.slot(tenant_id):  # counted before the body is read: 429 for the tenant, 503 for all
+            upload = await read_upload(
+                request.headers.get("content-type"),
+                request.headers.get("content-length"),
+                request.stream(),
+                max_bytes=max_upload_bytes,
+                idle_timeout=upload_idle_timeout,
+                total_timeout=upload_total_timeout,
+            )
+            media_type = upload.content_type if upload.content_type not in (None, "application/octet-stream") else None
+            result = await run_in_threadpool(
+                publisher.publish, tenant_id, document_id, upload.data, upload.filename, media_type
+            )
+            del upload
         task = await run_in_threadpool(queue.get, result.task_id)
         return JSONResponse(
             _jsonable(task_json(task)),
@@ -414,7 +467,7 @@ def create_app(
         responses={**COMMON_ERRORS, 404: _err("No such document for this tenant (NOT_FOUND)")},
     )
     def get_document(document_id: DocumentId, tenant_id: Tenant) -> dict[str, Any]:
-        validate_document_id(document_id)
+        document_id = validate_document_id(document_id)
         row = db.fetch_one("api_document_status", {"tenant_id": tenant_id, "document_ids": [document_id]})
         if row is None:
             raise NotFound("no such document")
@@ -490,22 +543,20 @@ def create_app(
             last = int(last_event_id) if last_event_id not in (None, "") else (after or 0)
         except ValueError as exc:
             raise InvalidRequest("Last-Event-ID must be an event id") from exc
-        row = await run_in_threadpool(owned_task, task_id, tenant_id)
-        if TaskStatus(row["status"]) in TERMINAL and not await run_in_threadpool(queue.events, task_id, last):
-            return Response(status_code=204)
-        if state["streams"] >= max_streams:
-            raise ServiceUnavailable("too many open event streams; try again shortly")
-
-        async def counted() -> AsyncIterator[dict[str, Any]]:
-            state["streams"] += 1
-            try:
-                async for message in task_event_stream(db.url, task_id, last, poll_seconds=poll_seconds):
-                    yield message
-            finally:
-                state["streams"] -= 1
-
-        return EventSourceResponse(
-            counted(), ping=ping_seconds, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        stream = hub.admit(tenant_id, task_id, last)  # counted before any await: a burst cannot all pass
+        try:
+            row = await run_in_threadpool(owned_task, task_id, tenant_id)
+            if TaskStatus(row["status"]) in TERMINAL and not await run_in_threadpool(queue.events, task_id, last):
+                stream.close()
+                return Response(status_code=204)
+        except BaseException:
+            stream.close()
+            raise
+        return _StreamResponse(
+            stream,
+            stream.messages(poll_seconds),
+            ping=ping_seconds,
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
     # -- search ------------------------------------------------------------------------------
@@ -552,12 +603,15 @@ def create_app(
         response_class=Response,
         responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
     )
-    def metrics(authorization: Annotated[str | None, Header()] = None) -> Response:
+    async def metrics(authorization: Annotated[str | None, Header()] = None) -> Response:
+        if metrics_token is None and not metrics_public:
+            raise Unauthorized("metrics need KBINDEX_METRICS_TOKEN (or KBINDEX_METRICS_PUBLIC=1 to open them)")
         if metrics_token is not None:
             from hmac import compare_digest
 
             if not compare_digest((authorization or "").encode(), f"Bearer {metrics_token}".encode()):
                 raise Unauthorized("the metrics token is not valid")
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        text = scrapes.fresh() or await to_thread.run_sync(scrapes.get, limiter=metrics_limiter)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -10,9 +10,12 @@ Two sources, checked in this order:
    TOML: a ``[tokens]`` table of ``"token" = "tenant"`` lines. A key written as ``sha256:<hex>``
    is the SHA-256 of the token, so the file need not hold the secret itself.
 2. The ``api_token`` table (sql/migrations/0004_api.sql): ``token_sha256``, ``tenant_id``,
-   ``revoked_at``. Only hashes are stored.
+   ``revoked_at``. Only hashes are stored. A token revoked in the table is refused even when the
+   file still lists it.
 
-Tokens are compared by their SHA-256, never logged. A request without a valid token gets 401
+Tokens are compared by their SHA-256, never logged: ``install_log_redaction`` puts a filter on the
+uvicorn loggers that blanks ``token=`` query values and ``Bearer`` credentials in every record
+(uvicorn's access log prints the query string). A request without a valid token gets 401
 ``UNAUTHORIZED``; no token sees another tenant's data (it answers 404 as if it did not exist).
 """
 
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -105,9 +110,12 @@ class TokenAuth:
             raise Unauthorized("a bearer token is required: send 'Authorization: Bearer <token>'")
         digest = token_hash(token)
         tenant = self.file_tokens.get(digest)
-        if tenant is None and self.use_table:
-            row = self.db.fetch_one("api_token_tenant", {"token_sha256": digest})
-            tenant = row["tenant_id"] if row else None
+        if self.use_table:  # asked even for a file token: revoked_at in the table wins over the file
+            row = self.db.fetch_one("api_token_state", {"token_sha256": digest})
+            if row is not None and row["revoked"]:
+                raise Unauthorized("the bearer token is not valid")
+            if tenant is None and row is not None:
+                tenant = row["tenant_id"]
         if tenant is None:
             raise Unauthorized("the bearer token is not valid")
         return tenant
@@ -121,3 +129,34 @@ def bearer_token(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not value.strip():
         return None
     return value.strip()
+
+
+_TOKEN_IN_TEXT = re.compile(r"(?i)((?:[?&;]|\b)(?:access_|api_|metrics_)?token=)[^&\s\"']*|(\bbearer\s+)[^\s\"',]+")
+REDACTED = "<redacted>"
+LOGGERS = ("uvicorn", "uvicorn.access", "uvicorn.error", "kbindex.api", "fastapi")
+
+
+def redact_tokens(text: str) -> str:
+    """``text`` with every ``token=...`` value and ``Bearer ...`` credential replaced by <redacted>."""
+    return _TOKEN_IN_TEXT.sub(lambda m: (m.group(1) or m.group(2)) + REDACTED, text)
+
+
+class RedactTokens(logging.Filter):
+    """Blanks tokens in a record's message and arguments (uvicorn's access log passes the path as an argument)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact_tokens(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_tokens(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {k: redact_tokens(v) if isinstance(v, str) else v for k, v in record.args.items()}
+        return True
+
+
+def install_log_redaction() -> None:
+    """Put one RedactTokens filter on each API logger (idempotent; uvicorn's loggers do not propagate)."""
+    for name in LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactTokens) for f in logger.filters):
+            logger.addFilter(RedactTokens())

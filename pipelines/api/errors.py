@@ -13,6 +13,7 @@ from pipelines.domain.errors import (
     IndexWriteFailed,
     InvalidRequest,
     KbindexError,
+    QuotaExceeded,
     TaskNotFound,
     sanitize_message,
 )
@@ -38,6 +39,18 @@ class ServiceUnavailable(KbindexError):
     code = "SERVICE_UNAVAILABLE"
 
 
+class TooManyRequests(KbindexError):
+    """This tenant has too many of these open at once; close one or try again shortly (HTTP 429)."""
+
+    code = "TOO_MANY_REQUESTS"
+
+
+class UploadTimeout(KbindexError):
+    """The request body did not arrive in time (HTTP 408)."""
+
+    code = "UPLOAD_TIMEOUT"
+
+
 def status_for(exc: KbindexError) -> int:
     if isinstance(exc, Unauthorized):
         return 401
@@ -49,6 +62,12 @@ def status_for(exc: KbindexError) -> int:
         return 413
     if isinstance(exc, InvalidRequest):
         return 400
+    if isinstance(exc, TooManyRequests):
+        return 429
+    if isinstance(exc, UploadTimeout):
+        return 408
+    if isinstance(exc, QuotaExceeded):
+        return 507
     if isinstance(exc, (IndexWriteFailed, EmbeddingError, ServiceUnavailable)):
         return 503
     return 500

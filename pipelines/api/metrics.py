@@ -1,7 +1,10 @@
-"""Prometheus metrics computed from the database at scrape time (custom collectors, no in-process state).
+"""Prometheus metrics computed from the database (custom collectors), at most once per cache period.
 
 Every API process reports the same numbers because they come from PostgreSQL, not from counters
-kept in memory. Families (no tenant labels: aggregates only):
+kept in memory. ``ScrapeCache`` computes them at most once every ``ttl`` seconds (default 15, a
+scrape interval), on one thread at a time: any number of scrapers cost the database one set of
+counts per period and at most one pool connection, so tenants' requests are not starved.
+Families (no tenant labels: aggregates only):
 
     kbindex_queue_depth{status}               gauge    PENDING / RETRY_WAIT tasks (due or not)
     kbindex_queue_due                         gauge    tasks due now (claimable)
@@ -15,7 +18,11 @@ kept in memory. Families (no tenant labels: aggregates only):
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
+
+from prometheus_client import generate_latest
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -85,3 +92,28 @@ def build_registry(db: Database) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(KbindexCollector(db))
     return registry
+
+
+class ScrapeCache:
+    """The exposition text, recomputed only when older than ``ttl`` seconds, by one caller at a time."""
+
+    def __init__(self, registry: CollectorRegistry, ttl: float) -> None:
+        self.registry, self.ttl = registry, ttl
+        self._lock = threading.Lock()
+        self._text: bytes | None = None
+        self._at = 0.0
+
+    def fresh(self) -> bytes | None:
+        """The cached text if it is younger than ``ttl`` (no database work), else None."""
+        if self._text is not None and time.monotonic() - self._at < self.ttl:
+            return self._text
+        return None
+
+    def get(self) -> bytes:
+        """The cached text, or a new one (callers that wait for the lock reuse the one just made)."""
+        with self._lock:
+            text = self.fresh()
+            if text is None:
+                text = generate_latest(self.registry)
+                self._text, self._at = text, time.monotonic()
+            return text

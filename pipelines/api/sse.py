@@ -1,16 +1,20 @@
-"""Server-Sent Events of one task, read from the task_event table and woken by LISTEN/NOTIFY.
+"""Server-Sent Events of index tasks: every open stream of the process shares one LISTEN connection.
 
-The table is the source of truth; a notification only says "look again". Each stream:
+The task_event table is the source of truth; a notification only says "look again". One
+``EventHub`` per API process:
 
-1. opens its own psycopg async connection and runs ``LISTEN kbindex_task_event`` *before* the
-   first read, so nothing committed after that read can be missed;
-2. sends every event with ``event_id > last`` (the ``Last-Event-ID`` of a reconnecting client),
-   each as ``id: <event_id>``: a resumed stream has no gaps and no duplicates;
-3. waits for a notification, or ``poll_seconds`` at most (a safety net if one is lost), and reads again;
-4. ends after a terminal transition (SUCCEEDED, DEAD, CANCELLED) once nothing newer exists.
+1. holds the only ``LISTEN kbindex_task_event`` connection (opened when the first stream is admitted,
+   closed when the last one ends), so open streams cost no database connection of their own: the
+   server's ``max_connections`` is shared with Dagster, the run workers and the API pool;
+2. on a notification asks once, for every open stream's task together, which of them have an event
+   newer than that stream has sent (``api_task_event_heads``), and wakes only those streams;
+3. admits streams with a per-tenant cap (429) and a process cap (503), counted *before* the stream
+   starts, so a burst of concurrent requests cannot all pass the check.
 
-Keep-alive comments (``: ping``) are sent by sse-starlette every ``ping_seconds``. One database
-connection per open stream; ``max_streams`` bounds them (503 beyond it).
+Each stream (``TaskStream.messages``) sends every event with ``event_id > last`` as ``id: <event_id>``
+(a resumed stream has no gaps and no duplicates), reading through the API's connection pool; it
+waits for a wake-up, or ``poll_seconds`` at most (a safety net if a notification is lost), and ends
+after a terminal transition once nothing newer exists.
 """
 
 from __future__ import annotations
@@ -18,47 +22,171 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from anyio import CapacityLimiter, to_thread
 
+from pipelines.api.errors import ServiceUnavailable, TooManyRequests
 from pipelines.api.views import event_json, is_terminal_event
+from resources.database import Database
 from sql import queries
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "kbindex_task_event"
 APPLICATION_NAME = "kbindex-api-sse"
+RECONNECT_SECONDS = 1.0
 
 
-async def task_event_stream(
-    db_url: str, task_id: int, after_event_id: int, *, poll_seconds: float = 5.0
-) -> AsyncIterator[dict[str, Any]]:
-    """SSE messages (dicts for sse-starlette) for ``task_id`` after ``after_event_id``, until terminal."""
-    last = after_event_id
-    conn = await psycopg.AsyncConnection.connect(db_url, autocommit=True, application_name=APPLICATION_NAME)
-    try:
-        await conn.execute(queries["api_listen_task_event"])
-        while True:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(queries["task_events"], {"task_id": task_id, "after_event_id": last})
-                rows = await cur.fetchall()
-            for row in rows:
-                last = row["event_id"]
-                yield {
-                    "id": str(row["event_id"]),
-                    "event": row["kind"],
-                    "data": json.dumps(event_json(row), ensure_ascii=False),
-                }
-            if rows and is_terminal_event(rows[-1]):
-                return
-            # Wait for any task's events to commit (or the poll interval), then read again.
-            async for _ in conn.notifies(timeout=poll_seconds, stop_after=1):
-                pass
-    finally:
+class TaskStream:
+    """One admitted stream: its task, what it has sent, and the event that wakes it."""
+
+    def __init__(self, hub: EventHub, tenant_id: str, task_id: int, last: int) -> None:
+        self.hub, self.tenant_id, self.task_id, self.last = hub, tenant_id, task_id, last
+        self.wake = asyncio.Event()
+        self.closed = False
+
+    def close(self) -> None:
+        """Give the admission back (idempotent: the response and the generator may both call it)."""
+        if not self.closed:
+            self.closed = True
+            self.hub._release(self)
+
+    async def messages(self, poll_seconds: float) -> AsyncIterator[dict[str, Any]]:
+        """SSE messages (dicts for sse-starlette) after ``last``, until a terminal transition."""
         try:
-            await asyncio.shield(conn.close())
-        except Exception:  # noqa: BLE001 - closing a dead connection
-            log.debug("closing the SSE listen connection failed", exc_info=True)
+            await self.hub._listening()  # LISTEN before the first read: nothing committed later is missed
+            while True:
+                self.wake.clear()
+                rows = await self.hub._read(self.task_id, self.last)
+                for row in rows:
+                    self.last = row["event_id"]
+                    yield {
+                        "id": str(row["event_id"]),
+                        "event": row["kind"],
+                        "data": json.dumps(event_json(row), ensure_ascii=False),
+                    }
+                if rows and is_terminal_event(rows[-1]):
+                    return
+                try:
+                    await asyncio.wait_for(self.wake.wait(), timeout=poll_seconds)
+                except TimeoutError:
+                    pass
+        finally:
+            self.close()
+
+
+class EventHub:
+    """Admission and wake-ups of every event stream of one API process (see the module docstring)."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        max_streams: int = 200,
+        max_streams_per_tenant: int = 20,
+        connect: Callable[[], Any] | None = None,
+    ) -> None:
+        self.db = db
+        self.max_streams = max_streams
+        self.max_streams_per_tenant = max_streams_per_tenant
+        self.streams: set[TaskStream] = set()
+        self.per_tenant: Counter[str] = Counter()
+        self._connect = connect or (
+            lambda: psycopg.AsyncConnection.connect(db.url, autocommit=True, application_name=APPLICATION_NAME)
+        )
+        self._listener: asyncio.Task[None] | None = None
+        self._ready: asyncio.Event | None = None
+        self._reads = CapacityLimiter(4)  # stream reads never take more than 4 pool connections at once
+
+    # -- admission --------------------------------------------------------------------------
+
+    def admit(self, tenant_id: str, task_id: int, last: int) -> TaskStream:
+        """Count the stream now (no await between check and count) or refuse it: 429 for the tenant, 503 for all."""
+        if self.per_tenant[tenant_id] >= self.max_streams_per_tenant:
+            raise TooManyRequests(
+                f"this tenant already has {self.max_streams_per_tenant} open event streams; close one or try again shortly"
+            )
+        if len(self.streams) >= self.max_streams:
+            raise ServiceUnavailable("too many open event streams; try again shortly")
+        stream = TaskStream(self, tenant_id, task_id, last)
+        self.streams.add(stream)
+        self.per_tenant[tenant_id] += 1
+        return stream
+
+    def _release(self, stream: TaskStream) -> None:
+        self.streams.discard(stream)
+        self.per_tenant[stream.tenant_id] -= 1
+        if self.per_tenant[stream.tenant_id] <= 0:
+            del self.per_tenant[stream.tenant_id]
+        if not self.streams and self._listener is not None:
+            self._listener.cancel()  # the last stream ended: give the LISTEN connection back
+            self._listener, self._ready = None, None
+
+    # -- reads and wake-ups -----------------------------------------------------------------
+
+    async def _read(self, task_id: int, after: int) -> list[dict[str, Any]]:
+        return await to_thread.run_sync(self._read_sync, task_id, after, limiter=self._reads)
+
+    def _read_sync(self, task_id: int, after: int) -> list[dict[str, Any]]:
+        return self.db.fetch_all("task_events", {"task_id": task_id, "after_event_id": after})
+
+    async def _listening(self) -> None:
+        """Start the shared listener if none runs, and wait until it has LISTENed (or failed once)."""
+        if self._listener is None or self._listener.done():
+            self._ready = asyncio.Event()
+            self._listener = asyncio.create_task(self._listen(self._ready))
+        assert self._ready is not None
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout=5.0)
+        except TimeoutError:
+            log.warning("the event listener is not ready; streams poll until it is")
+
+    async def _listen(self, ready: asyncio.Event) -> None:
+        """The one LISTEN connection: on each notification wake the streams with newer events; reconnect on loss."""
+        while True:
+            conn = None
+            try:
+                conn = await self._connect()
+                await conn.execute(queries["api_listen_task_event"])
+                ready.set()
+                self._wake(None)  # anything committed while (re)connecting
+                gen = conn.notifies()
+                async for _ in gen:
+                    await asyncio.sleep(0.02)  # coalesce a burst of notifications into one look
+                    await self._wake_changed()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a lost connection: wake everyone (they re-read) and reconnect
+                log.warning("the event listener lost its connection; reconnecting", exc_info=True)
+                ready.set()
+                self._wake(None)
+                await asyncio.sleep(RECONNECT_SECONDS)
+            finally:
+                if conn is not None:
+                    try:
+                        await asyncio.shield(conn.close())
+                    except Exception:  # noqa: BLE001 - closing a dead connection
+                        log.debug("closing the SSE listen connection failed", exc_info=True)
+
+    async def _wake_changed(self) -> None:
+        open_streams = list(self.streams)
+        if not open_streams:
+            return
+        task_ids = sorted({s.task_id for s in open_streams})
+        heads = await to_thread.run_sync(self._heads_sync, task_ids, limiter=self._reads)
+        for s in open_streams:
+            if heads.get(s.task_id, 0) > s.last:
+                s.wake.set()
+
+    def _heads_sync(self, task_ids: list[int]) -> dict[int, int]:
+        rows = self.db.fetch_all("api_task_event_heads", {"task_ids": task_ids})
+        return {r["task_id"]: r["event_id"] for r in rows}
+
+    def _wake(self, task_id: int | None) -> None:
+        for s in list(self.streams):
+            if task_id is None or s.task_id == task_id:
+                s.wake.set()

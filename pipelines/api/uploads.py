@@ -1,21 +1,37 @@
-"""Reading a multipart upload without trusting its size: the body is parsed as it streams in.
+"""Reading a multipart upload without trusting its size, its pace or its shape.
 
-A declared ``Content-Length`` over the limit is refused before a byte is read; otherwise the
-stream is fed to python-multipart chunk by chunk and refused (413 ``DOCUMENT_TOO_LARGE``) as soon
-as the body or the file part passes the limit. At most ``max_bytes`` of file data are held.
+A declared ``Content-Length`` over the limit is refused before a byte is read. The body is then
+received into a spooled temporary file (memory up to ``SPOOL_MEMORY_BYTES``, then a 0600 file on
+disk), refused with 413 ``DOCUMENT_TOO_LARGE`` as soon as it passes the limit and with 408
+``UPLOAD_TIMEOUT`` when a chunk takes longer than ``idle_timeout`` or the whole body longer than
+``total_timeout``. Only then is it parsed, in a worker thread (never on the event loop: a body of
+many tiny parts costs CPU), the file part going to a second spool; more than ``max_parts`` parts is
+400. The caller gets the file part's bytes once: memory per upload is about one copy of the file.
 """
 
 from __future__ import annotations
 
+import asyncio
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import IO
 
+from anyio import CapacityLimiter, to_thread
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from pipelines.api.errors import UploadTimeout
 from pipelines.domain.errors import DocumentTooLarge, InvalidRequest
 
 # Room for the multipart boundaries and part headers around the file bytes.
 ENVELOPE_BYTES = 64 * 1024
+SPOOL_MEMORY_BYTES = 1024 * 1024
+READ_BLOCK = 256 * 1024
+MAX_PARTS = 16
+IDLE_TIMEOUT = 30.0
+TOTAL_TIMEOUT = 300.0
+_PARSE_LIMITER = CapacityLimiter(2)
+"""At most two bodies are parsed at once, on their own threads: the shared thread pool stays free."""
 
 
 @dataclass
@@ -37,8 +53,11 @@ async def read_upload(
     *,
     field: str = "file",
     max_bytes: int,
+    max_parts: int = MAX_PARTS,
+    idle_timeout: float = IDLE_TIMEOUT,
+    total_timeout: float = TOTAL_TIMEOUT,
 ) -> Upload:
-    """The one file part named ``field`` of a multipart/form-data body, size-checked while streaming."""
+    """The one file part named ``field`` of a multipart/form-data body, checked while it streams in."""
     ctype, params = parse_options_header(content_type or "")
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise InvalidRequest(f"send the document as multipart/form-data with a '{field}' part")
@@ -50,22 +69,82 @@ async def read_upload(
             raise InvalidRequest("Content-Length is not a number") from exc
         if declared > max_body:
             raise _too_large(max_bytes)
+    body = await _spool_body(stream, max_body, max_bytes, idle_timeout, total_timeout, b"--" + params[b"boundary"], max_parts)
+    try:
+        return await to_thread.run_sync(
+            _parse, body, params[b"boundary"], field, max_bytes, max_parts, limiter=_PARSE_LIMITER
+        )
+    finally:
+        body.close()
 
-    state: dict[str, object] = {"headers": {}, "field": b"", "value": b""}
+
+async def _spool_body(
+    stream: AsyncIterator[bytes],
+    max_body: int,
+    max_bytes: int,
+    idle_timeout: float,
+    total_timeout: float,
+    delimiter: bytes,
+    max_parts: int,
+) -> IO[bytes]:
+    """The whole body in a spooled temporary file, size-, time- and part-checked chunk by chunk.
+
+    Delimiters are counted as the body arrives (``bytes.count``: C speed, with the chunk seams
+    covered), so a body of many tiny parts is refused after its first chunk, not after 50 MB.
+    """
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115 - closed by the caller
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + total_timeout
+    chunks = stream.__aiter__()
+    received = 0
+    delimiters = 0
+    seam = b""
+    try:
+        while True:
+            wait = min(idle_timeout, deadline - loop.time())
+            try:
+                if wait <= 0:
+                    raise TimeoutError
+                chunk = await asyncio.wait_for(chunks.__anext__(), wait)
+            except StopAsyncIteration:
+                break
+            except TimeoutError as exc:
+                raise UploadTimeout("the upload body did not arrive in time; send it again") from exc
+            received += len(chunk)
+            if received > max_body:
+                raise _too_large(max_bytes)
+            delimiters += (seam + chunk).count(delimiter)
+            seam = chunk[-(len(delimiter) - 1):] if len(chunk) >= len(delimiter) - 1 else (seam + chunk)[-(len(delimiter) - 1):]
+            if delimiters > max_parts + 1:  # n parts have n + 1 delimiters
+                raise InvalidRequest(f"the form has more than {max_parts} parts")
+            spool.write(chunk)
+    except BaseException:
+        spool.close()
+        raise
+    spool.seek(0)
+    return spool
+
+
+def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_parts: int) -> Upload:
+    """Parse the spooled body (in a worker thread); the ``field`` part's data go to a second spool."""
+    state: dict[str, object] = {"headers": {}, "field": b"", "value": b"", "parts": 0}
     found: list[Upload] = []
     current: dict[str, object] = {}
-    buffer = bytearray()
+    data = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115 - closed below
+    size = [0]
 
     def on_part_begin() -> None:
+        state["parts"] = int(state["parts"]) + 1  # type: ignore[call-overload]
+        if int(state["parts"]) > max_parts:  # type: ignore[call-overload]
+            raise InvalidRequest(f"the form has more than {max_parts} parts")
         state["headers"] = {}
         current.clear()
-        buffer.clear()
 
-    def on_header_field(data: bytes, start: int, end: int) -> None:
-        state["field"] = bytes(state["field"]) + data[start:end]  # type: ignore[arg-type]
+    def on_header_field(chunk: bytes, start: int, end: int) -> None:
+        state["field"] = bytes(state["field"]) + chunk[start:end]  # type: ignore[arg-type]
 
-    def on_header_value(data: bytes, start: int, end: int) -> None:
-        state["value"] = bytes(state["value"]) + data[start:end]  # type: ignore[arg-type]
+    def on_header_value(chunk: bytes, start: int, end: int) -> None:
+        state["value"] = bytes(state["value"]) + chunk[start:end]  # type: ignore[arg-type]
 
     def on_header_end() -> None:
         headers = state["headers"]
@@ -82,26 +161,27 @@ async def read_upload(
         part_type = headers.get(b"content-type")
         current["content_type"] = part_type.decode("latin-1") if part_type else None
 
-    def on_part_data(data: bytes, start: int, end: int) -> None:
-        if current.get("name") != field:
+    def on_part_data(chunk: bytes, start: int, end: int) -> None:
+        if current.get("name") != field or found:
             return
-        buffer.extend(data[start:end])
-        if len(buffer) > max_bytes:
+        size[0] += end - start
+        if size[0] > max_bytes:
             raise _too_large(max_bytes)
+        data.write(chunk[start:end])
 
     def on_part_end() -> None:
         if current.get("name") == field and not found:
+            data.seek(0)
             found.append(
                 Upload(
                     filename=str(current.get("filename") or "upload"),
                     content_type=current.get("content_type"),  # type: ignore[arg-type]
-                    data=bytes(buffer),
+                    data=data.read(),
                 )
             )
-        buffer.clear()
 
     parser = MultipartParser(
-        params[b"boundary"],
+        boundary,
         {
             "on_part_begin": on_part_begin,
             "on_header_field": on_header_field,
@@ -112,21 +192,15 @@ async def read_upload(
             "on_part_end": on_part_end,
         },
     )
-    received = 0
-    async for chunk in stream:
-        received += len(chunk)
-        if received > max_body:
-            raise _too_large(max_bytes)
+    with data:
         try:
-            parser.write(chunk)
+            while block := body.read(READ_BLOCK):
+                parser.write(block)
+            parser.finalize()
         except (DocumentTooLarge, InvalidRequest):
             raise
         except Exception as exc:  # noqa: BLE001 - python-multipart raises its own parse errors
             raise InvalidRequest("the multipart body is malformed") from exc
-    try:
-        parser.finalize()
-    except Exception as exc:  # noqa: BLE001
-        raise InvalidRequest("the multipart body is malformed") from exc
     if not found:
         raise InvalidRequest(f"the form has no '{field}' file part")
     return found[0]

@@ -18,6 +18,7 @@
     ├── RunCrashed                    RUN_CRASHED (transient)
     ├── InternalError                 INTERNAL_ERROR (retried a bounded number of times)
     ├── InvalidRequest                INVALID_REQUEST: bad tenant, document id, profile name... (HTTP 400)
+    ├── QuotaExceeded                 QUOTA_EXCEEDED: the tenant's stored bytes would pass its quota (HTTP 507)
     └── QueueError                    refusals of the task queue, not task failures
         ├── FenceRejected             a fenced write changed nothing
         │   ├── LeaseLost             the lease expired or was taken over
@@ -65,6 +66,7 @@ def is_retryable(code: str) -> bool:
     return code not in PERMANENT_CODES and code not in BOOKKEEPING_CODES
 
 
+_URL_CREDENTIALS_RE = re.compile(r"\b([A-Za-z][A-Za-z0-9+.\-]*://)[^/\s@]*@")
 _PATH_RE = re.compile(r"(?:[A-Za-z]:)?(?:/[\w.\-+@~ ]+){2,}/?")
 _SQL_RE = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|FROM|WHERE)\b.*", re.IGNORECASE | re.DOTALL)
 
@@ -73,6 +75,7 @@ def sanitize_message(message: str) -> str:
     """Short, single-line, no server paths, no SQL, no traceback: safe to show an API caller."""
     first = next((line.strip() for line in str(message).splitlines() if line.strip()), "")
     first = first.replace("Traceback (most recent call last):", "").strip()
+    first = _URL_CREDENTIALS_RE.sub(r"\1<credentials>@", first)  # https://AKIA:secret@host -> https://<credentials>@host
     first = _PATH_RE.sub("<path>", first)
     first = _SQL_RE.sub("<sql>", first)
     if len(first) > MAX_MESSAGE_CHARS:
@@ -200,6 +203,13 @@ class InvalidRequest(KbindexError):
     """The request itself is malformed (an identifier, a limit, a name)."""
 
     code = "INVALID_REQUEST"
+    retryable = False
+
+
+class QuotaExceeded(KbindexError):
+    """The tenant's stored document bytes would pass its quota."""
+
+    code = "QUOTA_EXCEEDED"
     retryable = False
 
 

@@ -14,6 +14,9 @@ from pipelines.domain.errors import InvalidRequest
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _PROFILE_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 MAX_DOCUMENT_ID = 1000
+MAX_DOCUMENT_ID_BYTES = 1000
+"""UTF-8 bytes: 1,000 four-byte characters would pass a character count and then exceed PostgreSQL's
+btree entry limit (~2.7 kB) in the document indexes, after the bytes were stored."""
 
 
 def validate_tenant(tenant_id: str) -> str:
@@ -31,11 +34,15 @@ def validate_profile_name(name: str) -> str:
 
 
 def validate_document_id(document_id: str) -> str:
-    """Any printable text up to 1000 characters; no control characters, not blank."""
+    """The id in Unicode NFC (so "é" typed two ways is one document): printable, not blank, at most
+    1000 characters and 1000 UTF-8 bytes. Callers must use the returned value."""
     if not isinstance(document_id, str) or not document_id.strip():
         raise InvalidRequest("document id must not be empty")
-    if len(document_id) > MAX_DOCUMENT_ID:
-        raise InvalidRequest(f"document id must be at most {MAX_DOCUMENT_ID} characters")
     if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in document_id):
         raise InvalidRequest("document id must not contain control characters")
+    document_id = unicodedata.normalize("NFC", document_id)
+    if len(document_id) > MAX_DOCUMENT_ID:
+        raise InvalidRequest(f"document id must be at most {MAX_DOCUMENT_ID} characters")
+    if len(document_id.encode("utf-8")) > MAX_DOCUMENT_ID_BYTES:
+        raise InvalidRequest(f"document id must be at most {MAX_DOCUMENT_ID_BYTES} bytes in UTF-8")
     return document_id

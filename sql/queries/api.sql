@@ -1,11 +1,5 @@
 -- Reads of the HTTP API (pipelines/api). Every statement that touches tenant data takes %(tenant_id)s.
 
--- name: api_token_tenant
--- The tenant of a live (not revoked) API token, looked up by the token's SHA-256 hex.
-SELECT tenant_id
-FROM api_token
-WHERE token_sha256 = %(token_sha256)s AND revoked_at IS NULL;
-
 -- name: api_document_status
 -- The listed documents of one tenant (%(document_ids)s): each one's latest version, that version's INDEX
 -- task under the active profile, and the version search serves (search_pointer). Every part is a
@@ -223,3 +217,17 @@ SELECT ARRAY(SELECT (SELECT count(*) FROM lat WHERE lat.s <= b)::bigint
 -- name: api_listen_task_event
 -- Subscribe this connection to the task_event trigger's wake-ups (the payload is the newest event id).
 LISTEN kbindex_task_event;
+
+-- name: api_task_event_heads
+-- The newest event id of each listed task (one backward step of task_event_task_idx per task): the SSE
+-- hub wakes only the streams whose task has an event newer than what they have sent.
+SELECT t.task_id,
+       (SELECT max(e.event_id) FROM task_event e WHERE e.task_id = t.task_id) AS event_id
+FROM unnest(%(task_ids)s::bigint[]) AS t (task_id);
+
+-- name: api_token_state
+-- The api_token row of a token hash, revoked or not: a revocation here also revokes the same token in the
+-- token file.
+SELECT tenant_id, revoked_at IS NOT NULL AS revoked
+FROM api_token
+WHERE token_sha256 = %(token_sha256)s;

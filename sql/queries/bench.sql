@@ -13,3 +13,11 @@ SELECT tenant_id, document_id, version_number, 'REINDEX', 'bench-shadow'
 FROM document_version
 WHERE version_number >= %(first)s
 ON CONFLICT DO NOTHING;
+
+-- name: abuse_bench_finish_tasks
+-- Benchmark only (bench/abuse): mark a bulk-loaded slice SUCCEEDED with a spread of publish-to-searchable
+-- times, so /metrics' histogram has a million rows to count.
+UPDATE index_task t
+SET status = 'SUCCEEDED', finished_at = t.created_at + make_interval(secs => mod(t.task_id, 600)::float8),
+    updated_at = now()
+WHERE t.tenant_id = %(tenant)s AND t.status = 'PENDING';

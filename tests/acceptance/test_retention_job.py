@@ -9,7 +9,7 @@ from pipelines.definitions import defs
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from pipelines.retention_job import apply_retention_hourly, apply_retention_job
 from resources.blob_store import BlobStore
-from resources.dagster_resources import DatabaseResource
+from resources.dagster_resources import BlobStoreResource, DatabaseResource
 from resources.database import Database
 from resources.index_sink import IndexSink
 from resources.publisher import Publisher
@@ -35,10 +35,14 @@ def _keys(instance: dg.DagsterInstance) -> set[str]:
     return set(instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME))
 
 
-def _run(instance, db_url, window_seconds: float):
+def _resources(db_url, tmp_path) -> dict:
+    return {"database": DatabaseResource(url=db_url), "blobs": BlobStoreResource(url=str(tmp_path / "blobs"))}
+
+
+def _run(instance, db_url, window_seconds: float, tmp_path):
     return apply_retention_job.execute_in_process(
         instance=instance,
-        resources={"database": DatabaseResource(url=db_url)},
+        resources=_resources(db_url, tmp_path),
         run_config={"ops": {"retention_pass": {"config": {"window_seconds": window_seconds}}}},
     )
 
@@ -53,7 +57,7 @@ def test_the_job_deletes_superseded_chunks_and_the_partition_keys_it_reports(db_
     instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, ["acme/policy/v1", "acme/policy/v2", "acme/broken/v1"])
 
     # within the default 7-day window nothing goes
-    kept = apply_retention_job.execute_in_process(instance=instance, resources={"database": DatabaseResource(url=db_url)})
+    kept = apply_retention_job.execute_in_process(instance=instance, resources=_resources(db_url, tmp_path))
     assert kept.success
     assert _keys(instance) == {"acme/policy/v1", "acme/policy/v2", "acme/broken/v1"}
 
@@ -61,7 +65,7 @@ def test_the_job_deletes_superseded_chunks_and_the_partition_keys_it_reports(db_
     with psycopg.connect(db_url, autocommit=True) as conn:  # tasks changed in the last second: age them
         conn.execute("UPDATE index_task SET updated_at = updated_at - interval '1 minute'")
         conn.execute("UPDATE document_version SET published_at = published_at - interval '1 minute'")
-    result = _run(instance, db_url, 0)
+    result = _run(instance, db_url, 0, tmp_path)
     assert result.success
     (materialized,) = [
         e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT" and e.step_key == "retention_pass"
@@ -75,7 +79,7 @@ def test_the_job_deletes_superseded_chunks_and_the_partition_keys_it_reports(db_
     assert rows == [(2, 5)]
 
     # confirmed: the next pass reports nothing and deletes nothing
-    again = _run(instance, db_url, 0)
+    again = _run(instance, db_url, 0, tmp_path)
     (output,) = [e for e in again.all_node_events if e.event_type_value == "STEP_OUTPUT"]
     assert {k: v.value for k, v in output.event_specific_data.metadata.items()}["partition_keys_to_delete"] == 0
     assert _keys(instance) == {"acme/policy/v2"}

@@ -49,6 +49,8 @@ def make_app(db_url: str, tmp_path, embedder) -> Iterator[Callable[..., FastAPI]
             "max_upload_bytes": MAX_UPLOAD,
             "poll_seconds": 2.0,
             "ping_seconds": 15.0,
+            "metrics_public": True,  # tests of /metrics protection pass metrics_public=False
+            "metrics_cache_seconds": 0.0,
         }
         options.update(overrides)
         app = create_app(db_url, **options)

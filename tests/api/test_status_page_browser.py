@@ -47,6 +47,32 @@ def browser():
         shutil.rmtree(profile, ignore_errors=True)
 
 
+def sign_in(browser, live_url: str, token: str) -> None:
+    """Enter ``token`` in the page's form (a token in the URL is never taken: issue #17)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{live_url}/")
+    field = browser.find_element(By.ID, "token")
+    field.clear()
+    field.send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "#token-form button").click()
+    tenant = {"tok-acme": "acme", "tok-globex": "globex"}[token]
+    WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "tenant").text == tenant)
+
+
+def test_a_token_in_a_link_is_ignored_and_the_page_shows_its_tenant(browser, live_url):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    sign_in(browser, live_url, "tok-acme")
+    browser.get(f"{live_url}/?token=tok-globex")  # an attacker's link
+    WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "tenant").text == "acme")
+    assert "token=" not in browser.current_url
+    assert browser.find_element(By.ID, "token-link-warning").is_displayed()
+    assert browser.execute_script("return localStorage.getItem('kbindex.token')") == "tok-acme"
+
+
 def test_upload_watch_searchable_search(browser, live_url, db, queue, embedder, tmp_path: Path):
     from selenium.webdriver.common.by import By
     from selenium.common.exceptions import StaleElementReferenceException
@@ -58,8 +84,7 @@ def test_upload_watch_searchable_search(browser, live_url, db, queue, embedder, 
     def progress() -> float:
         return float(find(By.ID, "progress").get_property("value"))
 
-    browser.get(f"{live_url}/?token=tok-acme")
-    assert "token=" not in browser.current_url  # taken into localStorage, out of the address bar
+    sign_in(browser, live_url, "tok-acme")
     wait.until(lambda d: "no documents yet" in find(By.ID, "documents-body").text)
 
     document = tmp_path / "refund-policy.md"
@@ -128,7 +153,7 @@ def test_overview_failures_filters_and_pages(browser, live_url, client, db, queu
     for name in bulk:
         assert publish(client, name, name.encode()).status_code == 202
 
-    browser.get(f"{live_url}/?token=tok-acme")
+    sign_in(browser, live_url, "tok-acme")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#counts .count[data-status="DEAD"]'))
     assert (count("PENDING"), count("RETRY_WAIT"), count("SUCCEEDED"), count("DEAD"), count("CANCELLED")) == ("52", "1", "1", "1", "0")
     assert find(By.CSS_SELECTOR, "#counts .count .n").text == "55"  # documents
@@ -177,7 +202,7 @@ def test_overview_failures_filters_and_pages(browser, live_url, client, db, queu
     assert "?" not in browser.current_url
 
     # Another tenant's token: its own figures and failures only.
-    browser.get(f"{live_url}/?token=tok-globex")
+    sign_in(browser, live_url, "tok-globex")
     wait.until(lambda d: listed() == ["globex-secret.md"])
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#failures-body tr[data-code]"))
     codes = [r.get_attribute("data-code") for r in browser.find_elements(By.CSS_SELECTOR, "#failures-body tr[data-code]")]

@@ -60,7 +60,7 @@ def test_the_service_answers_what_the_model_answers_and_checked_embed_accepts_it
 
 
 def test_a_client_without_the_key_is_refused(service):
-    (service / "embedder.key").write_text("not-the-key")
+    (service / "embedder.key").write_text("0" * 64)  # a well-formed, private, wrong key
     with pytest.raises(EmbeddingUnavailable, match="cannot be reached"):
         ServiceEmbedder("fake-384", service).embed(TEXTS)
     assert not service_available(service)
@@ -176,3 +176,26 @@ def test_a_small_run_embeds_through_the_service_and_publishes_the_models_vectors
         db.close()
         stop.set()
         thread.join(10)
+
+
+def test_a_silent_client_does_not_block_the_service(service, monkeypatch):
+    """Issue #17: the handshake runs on the connection's own thread, with a timeout."""
+    import socket
+    import time
+
+    from resources import embedding_service
+
+    monkeypatch.setattr(embedding_service, "HANDSHAKE_TIMEOUT", 1.0)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(str(socket_path(service)))  # connects, then never answers the challenge
+    try:
+        started = time.monotonic()
+        client = ServiceEmbedder("fake-384", service, timeout=5)
+        assert client.ping()["pid"] == os.getpid()
+        assert time.monotonic() - started < 3
+        client.close()
+        silent.settimeout(5)
+        silent.recv(4096)  # the challenge
+        assert silent.recv(4096) == b""  # then the service hangs up on it after HANDSHAKE_TIMEOUT
+    finally:
+        silent.close()

@@ -5,6 +5,7 @@ part (entity-expansion bombs, external entities). Declared sizes bound what zipf
 from __future__ import annotations
 
 import io
+import struct
 import zipfile
 import zlib
 
@@ -21,12 +22,15 @@ _RATIO_MIN_BYTES = 1024 * 1024
 
 def check_ooxml_container(data: bytes, limits: ParseLimits, label: str) -> None:
     """Raise DOCUMENT_TOO_LARGE for a zip bomb, PARSE_ERROR for a broken zip or unsafe XML."""
+    declared = _declared_members(data)
+    if declared is not None and declared > limits.max_zip_members:  # before zipfile reads the whole list
+        raise DocumentTooLarge(f"{label}: {declared} zip members, more than {limits.max_zip_members}")
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, ValueError, OSError) as exc:
         raise ParseError(f"{label}: not a valid zip container") from exc
     with archive:
-        members = archive.infolist()
+        members = archive.infolist()  # the list zipfile read once when it opened; not read again
         if len(members) > limits.max_zip_members:
             raise DocumentTooLarge(f"{label}: {len(members)} zip members, more than {limits.max_zip_members}")
         total = sum(member.file_size for member in members)
@@ -53,3 +57,18 @@ def _check_xml(archive: zipfile.ZipFile, member: zipfile.ZipInfo, label: str) ->
     except (zipfile.BadZipFile, zlib.error, OSError, EOFError, RuntimeError, NotImplementedError) as exc:
         raise ParseError(f"{label}: corrupt zip member {member.filename[:80]}") from exc
 
+
+
+def _declared_members(data: bytes) -> int | None:
+    """The member count the end-of-central-directory record declares (zip64 too), or None if unreadable.
+
+    Read from the last few kilobytes only: a container declaring a million members is refused without
+    building a million ZipInfo objects first.
+    """
+    try:
+        end = zipfile._EndRecData(io.BytesIO(data))  # noqa: SLF001 - the stdlib's own EOCD reader
+    except (OSError, ValueError, struct.error):
+        return None
+    if not end:
+        return None
+    return int(end[zipfile._ECD_ENTRIES_TOTAL])  # noqa: SLF001

@@ -1,0 +1,79 @@
+"""Garbage collection of stored document bytes, run by the retention job after the chunks are gone.
+
+A blob may be deleted when no version needs it any more (statement ``blob_live_hashes``): none of its
+versions is its document's latest, named by a search pointer, published or touched by a task within
+the retention window, or has an open task. That covers the bytes of long-superseded versions, and
+the orphans of publishes that failed after storing their bytes (no version at all).
+
+A blob younger than ``grace_seconds`` is never deleted: a publish stores its bytes *before* its
+transaction commits, and ``BlobStore.put`` renews the age of bytes it finds already stored, so a
+publish in flight never loses its file. Versions whose bytes are deleted are marked
+(``bytes_released_at``) and their bytes given back to the tenant's quota (``blob_release_versions``);
+marking comes first, so a crash between the two steps only leaves a file for the next pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from resources.blob_store import BlobStore
+from resources.database import Database
+
+DEFAULT_GRACE_SECONDS = 3600.0
+BATCH = 500
+
+
+@dataclass(frozen=True)
+class BlobGcReport:
+    blobs_deleted: int = 0
+    bytes_released: int = 0
+    temporary_files_deleted: int = 0
+
+    def to_metadata(self) -> dict[str, int]:
+        return {
+            "blobs_deleted": self.blobs_deleted,
+            "blob_bytes_released": self.bytes_released,
+            "blob_temporary_files_deleted": self.temporary_files_deleted,
+        }
+
+
+def collect_blobs(
+    db: Database,
+    blobs: BlobStore,
+    *,
+    window_seconds: float,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    now: datetime | None = None,
+) -> BlobGcReport:
+    """Delete blobs no version needs (see the module docstring); returns what was removed."""
+    deleted = released = temporary = 0
+    batch: list[tuple[str, str]] = []
+
+    def flush() -> None:
+        nonlocal deleted, released
+        hashes = [h for h, _ in batch]
+        live = {r["content_hash"] for r in db.fetch_all(
+            "blob_live_hashes", {"hashes": hashes, "now": now, "window_seconds": float(window_seconds)})}
+        dead = [(h, p) for h, p in batch if h not in live]
+        if dead:
+            rows = db.fetch_all("blob_release_versions", {"hashes": [h for h, _ in dead], "now": now})
+            released += sum(int(r["released_bytes"]) for r in rows)
+            for _, path in dead:
+                blobs.delete(path)
+            deleted += len(dead)
+        batch.clear()
+
+    for digest, age, path in blobs.stored():
+        if age < grace_seconds:
+            continue
+        if not digest:  # a temporary file left by a put() that died midway
+            blobs.delete(path)
+            temporary += 1
+            continue
+        batch.append((digest, path))
+        if len(batch) >= BATCH:
+            flush()
+    if batch:
+        flush()
+    return BlobGcReport(blobs_deleted=deleted, bytes_released=released, temporary_files_deleted=temporary)

@@ -1,0 +1,53 @@
+-- Stored document bytes per tenant (quota) and garbage collection of unreferenced blobs (resources/blob_gc.py).
+
+-- name: tenant_storage_charge
+-- Add a new version's bytes to its tenant's total, in the publish transaction; the caller compares the
+-- returned total with the quota and rolls the publish back when it is passed. The row lock serializes one
+-- tenant's concurrent publishes for the rest of their (short) transactions, so the quota holds exactly.
+INSERT INTO tenant_storage AS s (tenant_id, stored_bytes)
+VALUES (%(tenant_id)s, %(byte_size)s)
+ON CONFLICT (tenant_id) DO UPDATE SET stored_bytes = s.stored_bytes + EXCLUDED.stored_bytes
+RETURNING s.stored_bytes;
+
+-- name: tenant_storage_get
+SELECT coalesce((SELECT stored_bytes FROM tenant_storage WHERE tenant_id = %(tenant_id)s), 0)::bigint AS stored_bytes;
+
+-- name: blob_live_hashes
+-- Of the listed content hashes, those some version still needs: its document's latest version, a version a
+-- search pointer names, one with an open task or a task changed within the window, one published within
+-- the window. Any other blob (no version at all: a publish that failed after storing its bytes; or only
+-- long-superseded versions) may be deleted.
+SELECT DISTINCT v.content_hash
+FROM document_version v
+JOIN document d ON d.tenant_id = v.tenant_id AND d.document_id = v.document_id
+WHERE v.content_hash = ANY(%(hashes)s::text[])
+  AND v.bytes_released_at IS NULL
+  AND (d.latest_version = v.version_number
+       OR v.published_at > coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_seconds)s::float8)
+       OR EXISTS (SELECT 1 FROM search_pointer p
+                  WHERE p.tenant_id = v.tenant_id AND p.document_id = v.document_id
+                    AND p.version_number = v.version_number)
+       OR EXISTS (SELECT 1 FROM index_task t
+                  WHERE t.tenant_id = v.tenant_id AND t.document_id = v.document_id
+                    AND t.version_number = v.version_number
+                    AND (t.status IN ('PENDING', 'RUNNING', 'RETRY_WAIT')
+                         OR t.updated_at > coalesce(%(now)s::timestamptz, now())
+                                           - make_interval(secs => %(window_seconds)s::float8))));
+
+-- name: blob_release_versions
+-- Mark every version of these (no longer needed) hashes as having lost its bytes and give the bytes back
+-- to each tenant's total, in one statement. Marked once: running it again changes nothing.
+WITH released AS (
+    UPDATE document_version v
+    SET bytes_released_at = coalesce(%(now)s::timestamptz, now())
+    WHERE v.content_hash = ANY(%(hashes)s::text[]) AND v.bytes_released_at IS NULL
+    RETURNING v.tenant_id, v.byte_size
+),
+per_tenant AS (
+    SELECT tenant_id, sum(byte_size)::bigint AS bytes FROM released GROUP BY tenant_id
+)
+UPDATE tenant_storage s
+SET stored_bytes = greatest(s.stored_bytes - p.bytes, 0)
+FROM per_tenant p
+WHERE s.tenant_id = p.tenant_id
+RETURNING s.tenant_id, p.bytes AS released_bytes;

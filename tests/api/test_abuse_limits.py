@@ -1,0 +1,289 @@
+"""Issue #17 over HTTP: one tenant, or one link, cannot take the service down for the others."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import httpx
+import psycopg
+import pytest
+from starlette.testclient import TestClient
+
+from pipelines.api.sse import APPLICATION_NAME
+from tests.api.conftest import ACME, GLOBEX, TOKENS, publish, serve
+from tests.api.test_api_contract import assert_error
+
+TIMEOUT = httpx.Timeout(10.0, read=8.0)
+
+
+def _listen_connections(db_url: str) -> int:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
+            (APPLICATION_NAME,),
+        ).fetchone()[0]
+
+
+async def _open_streams(base: str, headers: dict, task_id: int, n: int) -> tuple[list[int], list]:
+    """Open ``n`` event streams at once; returns their statuses and the open (200) responses."""
+    client = httpx.AsyncClient(base_url=base, timeout=TIMEOUT)
+
+    async def one():
+        request = client.build_request("GET", f"/tasks/{task_id}/events", headers=headers)
+        return await client.send(request, stream=True)
+
+    responses = await asyncio.gather(*(one() for _ in range(n)))
+    return [r.status_code for r in responses], (client, responses)
+
+
+async def _close(handle) -> None:
+    client, responses = handle
+    for r in responses:
+        await r.aclose()
+    await client.aclose()
+
+
+# -- 1. event streams ------------------------------------------------------------------------------
+
+def test_streams_share_one_connection_are_capped_per_tenant_and_counted_before_they_start(make_app, db_url):
+    app = make_app(max_streams_per_tenant=5, max_streams=8)
+    for base in serve(app):
+        with httpx.Client(base_url=base, timeout=TIMEOUT) as http:
+            acme_task = publish(http, "a.md", b"a").json()["task_id"]
+            globex_task = publish(http, "g.md", b"g", headers=GLOBEX).json()["task_id"]
+
+            async def scenario():
+                statuses, acme = await _open_streams(base, ACME, acme_task, 20)  # a burst: all at once
+                try:
+                    assert sorted(statuses).count(200) == 5, statuses
+                    assert set(statuses) == {200, 429}
+                    assert _listen_connections(db_url) == 1  # 5 streams, one LISTEN connection
+                    statuses, globex = await _open_streams(base, GLOBEX, globex_task, 4)
+                    try:
+                        assert statuses.count(200) == 3 and statuses.count(503) == 1  # the process cap: 8
+                        assert _listen_connections(db_url) == 1
+                    finally:
+                        await _close(globex)
+                finally:
+                    await _close(acme)
+
+            asyncio.run(scenario())
+            deadline = time.monotonic() + 5
+            while _listen_connections(db_url) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _listen_connections(db_url) == 0  # the last stream gave the connection back
+            assert len(app.state.event_hub.streams) == 0 and not app.state.event_hub.per_tenant
+
+
+def test_an_event_wakes_only_the_streams_of_its_task(make_app, queue):
+    app = make_app(poll_seconds=30.0)
+    hub = app.state.event_hub
+    reads: dict[int, int] = {}
+    real = hub._read_sync
+
+    def counted(task_id, after):
+        reads[task_id] = reads.get(task_id, 0) + 1
+        return real(task_id, after)
+
+    hub._read_sync = counted
+    for base in serve(app):
+        with httpx.Client(base_url=base, timeout=TIMEOUT) as http:
+            busy = publish(http, "busy.md", b"busy").json()["task_id"]
+            quiet = publish(http, "quiet.md", b"quiet").json()["task_id"]
+            with http.stream("GET", f"/tasks/{quiet}/events", headers=ACME), \
+                    http.stream("GET", f"/tasks/{busy}/events", headers=ACME):
+                deadline = time.monotonic() + 5
+                while (reads.get(busy, 0) < 1 or reads.get(quiet, 0) < 1) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                for _ in range(3):
+                    queue.cancel(busy) if _ == 0 else queue.retry(busy) if _ == 1 else queue.cancel(busy)
+                    time.sleep(0.3)
+                assert reads[busy] >= 2
+                assert reads[quiet] == 1  # never woken by another task's events
+
+
+# -- 2. the status page and the logs ---------------------------------------------------------------
+
+def test_the_page_never_takes_a_token_from_the_url_and_shows_the_tenant(client):
+    html = client.get("/").text
+    assert 'localStorage.setItem("kbindex.token", fromUrl)' not in html
+    assert 'params.has("token")' in html and 'id="tenant"' in html
+    assert client.get("/whoami", headers=ACME).json() == {"tenant_id": "acme"}
+    assert_error(client.get("/whoami"), 401, "UNAUTHORIZED")
+
+
+def test_no_token_reaches_any_log_line(make_app):
+    import uvicorn
+
+    app = make_app(metrics_public=False, metrics_token="metrics-secret-1")
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    sock = __import__("socket").socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=True, lifespan="off"))
+    handler = Keep(level=logging.DEBUG)
+    loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.access", "uvicorn.error", "kbindex.api", "")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=base, timeout=TIMEOUT) as http:
+            http.get("/?token=link-secret-2")
+            http.get("/tasks?token=query-secret-3&limit=1", headers={"Authorization": "Bearer header-secret-4"})
+            http.get("/tasks", headers=ACME)
+            http.get("/metrics?access_token=metrics-secret-1", headers={"Authorization": "Bearer metrics-secret-1"})
+        time.sleep(0.2)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+        for logger in loggers:
+            logger.removeHandler(handler)
+    lines = [r.getMessage() for r in records]
+    assert any("GET /?token=" in line for line in lines), lines  # the access log did record the requests
+    for line in lines:
+        for secret in ("link-secret-2", "query-secret-3", "header-secret-4", "metrics-secret-1", "tok-acme"):
+            assert secret not in line, line
+
+
+# -- 3. uploads ------------------------------------------------------------------------------------
+
+def _tiny_parts_body(parts: int, boundary: str = "b0und") -> bytes:
+    part = f"--{boundary}\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\ny\r\n".encode()
+    tail = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.md\"\r\n\r\nhello\r\n"
+            f"--{boundary}--\r\n").encode()
+    return part * parts + tail
+
+
+def test_a_body_of_many_tiny_parts_is_refused(client):
+    body = _tiny_parts_body(100)
+    response = client.post("/documents/a.md/versions", content=body, headers={
+        **ACME, "Content-Type": "multipart/form-data; boundary=b0und"})
+    assert_error(response, 400, "INVALID_REQUEST")
+    assert "parts" in response.json()["error"]["message"]
+
+
+def test_concurrent_uploads_are_capped_per_tenant(make_app):
+    app = make_app(max_uploads_per_tenant=1, upload_idle_timeout=5.0)
+    for base in serve(app):
+        slow_started = threading.Event()
+
+        def slow_body():
+            yield b"--b0und\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.md\"\r\n\r\n"
+            slow_started.set()
+            time.sleep(1.5)
+            yield b"hello\r\n--b0und--\r\n"
+
+        results = {}
+
+        def slow_upload():
+            with httpx.Client(base_url=base, timeout=TIMEOUT) as h:
+                results["slow"] = h.post("/documents/slow.md/versions", content=slow_body(), headers={
+                    **ACME, "Content-Type": "multipart/form-data; boundary=b0und"}).status_code
+
+        thread = threading.Thread(target=slow_upload)
+        thread.start()
+        assert slow_started.wait(5)
+        time.sleep(0.2)
+        with httpx.Client(base_url=base, timeout=TIMEOUT) as http:
+            second = publish(http, "b.md", b"b")
+            assert_error(second, 429, "TOO_MANY_REQUESTS")
+            assert publish(http, "g.md", b"g", headers=GLOBEX).status_code == 202  # another tenant is not held up
+        thread.join(10)
+        assert results["slow"] == 202
+
+
+def test_a_slow_body_times_out_with_408(make_app):
+    app = make_app(upload_idle_timeout=0.5)
+    for base in serve(app):
+        def stalled():
+            yield b"--b0und\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.md\"\r\n\r\n"
+            time.sleep(2.0)
+            yield b"late\r\n--b0und--\r\n"
+
+        with httpx.Client(base_url=base, timeout=TIMEOUT) as http:
+            response = http.post("/documents/a.md/versions", content=stalled(), headers={
+                **ACME, "Content-Type": "multipart/form-data; boundary=b0und"})
+            assert_error(response, 408, "UPLOAD_TIMEOUT")
+            assert http.get("/tasks", headers=ACME).json() == []
+
+
+def test_parsing_runs_off_the_event_loop(make_app, monkeypatch):
+    """A slow parse (simulated) must not stall other requests."""
+    from pipelines.api import uploads
+
+    real = uploads._parse
+
+    def slow_parse(*args):
+        time.sleep(1.5)  # CPU-bound work on a worker thread; on the event loop this would block /healthz
+        return real(*args)
+
+    monkeypatch.setattr(uploads, "_parse", slow_parse)
+    app = make_app()
+    for base in serve(app):
+        thread = threading.Thread(target=lambda: httpx.post(
+            f"{base}/documents/a.md/versions", files={"file": ("a.md", b"x", "text/markdown")}, headers=ACME, timeout=10))
+        thread.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+        assert time.monotonic() - started < 0.5
+        thread.join(10)
+
+
+# -- 4. metrics ------------------------------------------------------------------------------------
+
+def test_metrics_need_the_token_unless_switched_off(make_app):
+    closed = TestClient(make_app(metrics_public=False), raise_server_exceptions=False)
+    assert_error(closed.get("/metrics"), 401, "UNAUTHORIZED")
+    assert_error(closed.get("/metrics", headers=ACME), 401, "UNAUTHORIZED")  # a tenant token is not enough
+    opened = TestClient(make_app(metrics_public=True), raise_server_exceptions=False)
+    assert opened.get("/metrics").status_code == 200
+
+
+def test_concurrent_scrapes_share_one_computation_within_the_cache_period(make_app, monkeypatch):
+    from resources.task_queue import TaskQueue
+
+    calls = []
+    real = TaskQueue.stats
+    monkeypatch.setattr(TaskQueue, "stats", lambda self: (calls.append(1), time.sleep(0.3), real(self))[2])
+    app = make_app(metrics_public=False, metrics_token="m", metrics_cache_seconds=30.0)
+    for base in serve(app):
+        async def scrape_many():
+            async with httpx.AsyncClient(base_url=base, timeout=TIMEOUT) as client:
+                return await asyncio.gather(*(
+                    client.get("/metrics", headers={"Authorization": "Bearer m"}) for _ in range(10)))
+
+        responses = asyncio.run(scrape_many())
+        assert {r.status_code for r in responses} == {200}
+        assert len({r.text for r in responses}) == 1
+        assert len(calls) == 1
+
+
+# -- 8. a token revoked in the table ---------------------------------------------------------------
+
+def test_a_token_revoked_in_the_table_is_refused_even_if_the_file_lists_it(client, db_url):
+    from pipelines.api.auth import token_hash
+
+    assert client.get("/tasks", headers=ACME).status_code == 200
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO api_token (token_sha256, tenant_id, label, revoked_at) VALUES (%s, 'acme', 'x', now())",
+            (token_hash("tok-acme"),),
+        )
+    assert_error(client.get("/tasks", headers=ACME), 401, "UNAUTHORIZED")
+    assert client.get("/tasks", headers=GLOBEX).status_code == 200
+    assert TOKENS["tok-acme"] == "acme"

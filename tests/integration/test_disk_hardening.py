@@ -1,0 +1,125 @@
+"""Issue #17, disk: stored bytes are garbage-collected, orphans too, and a tenant has a quota."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.domain.errors import InvalidRequest, QuotaExceeded
+from resources.blob_gc import collect_blobs
+from resources.blob_store import BlobStore, content_hash
+from resources.database import DatabaseError
+from resources.publisher import Publisher
+from resources.task_queue import TaskQueue
+from tests.integration.test_retention import World
+
+
+def _blob_files(root: Path) -> set[str]:
+    return {p.name for p in (root / "sha256").rglob("*") if p.is_file()} if (root / "sha256").exists() else set()
+
+
+def _age(root: Path, seconds: float) -> None:
+    """Make every stored file look ``seconds`` old (the grace period counts from the file's mtime)."""
+    past = time.time() - seconds
+    for p in (root / "sha256").rglob("*"):
+        if p.is_file():
+            os.utime(p, (past, past))
+
+
+def test_a_publish_that_fails_after_storing_its_bytes_leaves_no_file_for_long(db, tmp_path):
+    root = tmp_path / "blobs"
+    publisher = Publisher(db, BlobStore(str(root)))
+    blobs = publisher.blobs
+
+    # The database refuses the version after the bytes were stored.
+    def refused():
+        raise DatabaseError("database error UndefinedColumn (54000)")
+
+    publisher.db = type("RefusingDb", (), {"transaction": staticmethod(refused), "fetch_one": db.fetch_one})()
+    with pytest.raises(DatabaseError):
+        publisher.publish("acme", "doc.md", b"orphaned bytes", "doc.md")
+    orphan = content_hash(b"orphaned bytes")
+    assert orphan in _blob_files(root)
+
+    assert collect_blobs(db, blobs, window_seconds=0).blobs_deleted == 0  # younger than the grace period
+    _age(root, 2 * 3600)
+    report = collect_blobs(db, blobs, window_seconds=0)
+    assert report.blobs_deleted == 1 and orphan not in _blob_files(root)
+
+
+def test_a_document_id_over_the_byte_limit_is_refused_before_its_bytes_are_stored(db, tmp_path):
+    root = tmp_path / "blobs"
+    publisher = Publisher(db, BlobStore(str(root)))
+    with pytest.raises(InvalidRequest, match="bytes"):
+        publisher.publish("acme", "\U0001f600" * 1000, b"some bytes", "x.md")
+    assert _blob_files(root) == set()
+
+
+def test_bytes_of_versions_superseded_past_the_window_are_deleted_and_given_back(db, db_url, tmp_path):
+    root = tmp_path / "blobs"
+    publisher = Publisher(db, BlobStore(str(root)))
+    world = World(db, db_url, TaskQueue(db, lease_seconds=60), publisher)
+    v1 = world.publish("policy")
+    world.index("policy", v1)
+    v2 = world.publish("policy")
+    world.index("policy", v2)
+    hashes = dict(world.sql("SELECT version_number, content_hash FROM document_version WHERE document_id = 'policy'"))
+    sizes = dict(world.sql("SELECT version_number, byte_size FROM document_version WHERE document_id = 'policy'"))
+    stored_before = world.sql("SELECT stored_bytes FROM tenant_storage WHERE tenant_id = 'acme'")[0][0]
+    assert stored_before == sizes[1] + sizes[2]
+    _age(root, 2 * 3600)
+
+    # Within the window both stay; past it (window 0) v1's bytes go, the latest version's never.
+    assert collect_blobs(db, publisher.blobs, window_seconds=7 * 24 * 3600).blobs_deleted == 0
+    report = collect_blobs(db, publisher.blobs, window_seconds=0)
+    assert report.blobs_deleted == 1 and report.bytes_released == sizes[1]
+    assert _blob_files(root) == {hashes[2]}
+    assert world.sql("SELECT stored_bytes FROM tenant_storage WHERE tenant_id = 'acme'")[0][0] == sizes[2]
+    released = world.sql("SELECT version_number FROM document_version WHERE bytes_released_at IS NOT NULL")
+    assert released == [(1,)]
+    assert collect_blobs(db, publisher.blobs, window_seconds=0).blobs_deleted == 0  # nothing twice
+
+
+def test_republishing_old_bytes_renews_them_so_collection_spares_the_publish_in_flight(db, tmp_path):
+    root = tmp_path / "blobs"
+    blobs = BlobStore(str(root))
+    digest = blobs.put(b"old bytes")
+    _age(root, 2 * 3600)
+    assert blobs.put(b"old bytes") == digest  # a publish of the same bytes, before its transaction commits
+    assert collect_blobs(db, blobs, window_seconds=0).blobs_deleted == 0
+    assert digest in _blob_files(root)
+
+
+def test_a_tenant_over_its_quota_gets_quota_exceeded_and_stores_nothing(db, tmp_path):
+    root = tmp_path / "blobs"
+    publisher = Publisher(db, BlobStore(str(root)), quota_bytes=100)
+    publisher.publish("acme", "a.md", b"x" * 60, "a.md")
+    with pytest.raises(QuotaExceeded) as caught:
+        publisher.publish("acme", "b.md", b"y" * 60, "b.md")
+    assert caught.value.code == "QUOTA_EXCEEDED"
+    assert content_hash(b"y" * 60) not in _blob_files(root)
+    publisher.publish("globex", "b.md", b"y" * 60, "b.md")  # another tenant has its own quota
+    publisher.publish("acme", "a.md", b"x" * 60, "a.md")  # the same bytes again cost nothing
+
+
+def test_the_quota_holds_inside_the_publish_transaction(db, tmp_path):
+    """Checked again after the version row is written: a stale pre-check cannot let a publish through."""
+    publisher = Publisher(db, BlobStore(str(tmp_path / "blobs")), quota_bytes=100)
+    publisher.publish("acme", "a.md", b"x" * 60, "a.md")
+    real = db.fetch_one
+
+    def stale(name, params=None):
+        if name == "tenant_storage_get":
+            return {"stored_bytes": 0}
+        return real(name, params)
+
+    db.fetch_one = stale
+    try:
+        with pytest.raises(QuotaExceeded):
+            publisher.publish("acme", "b.md", b"y" * 60, "b.md")
+    finally:
+        db.fetch_one = real
+    assert db.fetch_one("tenant_storage_get", {"tenant_id": "acme"})["stored_bytes"] == 60

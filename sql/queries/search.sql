@@ -3,7 +3,11 @@
 -- name: search_settings
 -- Per-transaction HNSW settings: iterative scans keep walking the graph until k rows pass the filters
 -- (tenant, active profile, current version), bounded by max_scan_tuples (pgvector >= 0.8).
-SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true) AS iterative_scan,
+-- force_custom_plan: psycopg prepares a statement after 5 runs on a connection, and PostgreSQL then
+-- switches to a generic plan that knows neither the tenant nor k and sorts the whole table exhaustively
+-- (~45 ms at 20k chunks, seconds at 1M; bench/scale/search.py); a custom plan per search keeps the graph.
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
+       set_config('hnsw.iterative_scan', 'relaxed_order', true) AS iterative_scan,
        set_config('hnsw.ef_search', %(ef_search)s::text, true) AS ef_search,
        set_config('hnsw.max_scan_tuples', %(max_scan_tuples)s::text, true) AS max_scan_tuples;
 

@@ -1,0 +1,272 @@
+"""The deployment path (deploy/): what can be checked without a Docker engine or a Kubernetes cluster.
+
+- The Helm values parse and use only keys of Dagster's official chart (its pydantic schema, fields
+  listed below from helm/dagster/schema in dagster-io/dagster), with the K8s run launcher, an external
+  PostgreSQL and the code location this project defines.
+- The instance config the chart renders from these values (mirrored here for the run launcher, run
+  coordinator and run monitoring) passes Dagster's own schema and loads a real K8sRunLauncher and
+  QueuedRunCoordinator (with a throwaway kubeconfig instead of the in-cluster one).
+- Every command the image and the manifests run exists and answers ``--help``; the code location loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+BIN = Path(sys.executable).parent
+
+# Top-level and nested keys of the official chart's values schema (dagster 1.13; extra keys are refused
+# by the chart's JSON schema for the run launcher and daemon: `Extra.forbid`).
+CHART_TOP_LEVEL = {
+    "global", "nameOverride", "fullnameOverride", "rbacEnabled", "dagsterWebserver", "dagster-user-deployments",
+    "postgresql", "generatePostgresqlPasswordSecret", "generateCeleryConfigSecret", "rabbitmq", "redis", "flower",
+    "ingress", "imagePullSecrets", "computeLogManager", "scheduler", "runLauncher", "pythonLogs", "dagsterDaemon",
+    "busybox", "migrate", "telemetry", "serviceAccount", "retention", "additionalInstanceConfig", "concurrency",
+}
+K8S_RUN_LAUNCHER_KEYS = {
+    "image", "imagePullPolicy", "jobNamespace", "loadInclusterConfig", "kubeconfigFile", "envConfigMaps", "envSecrets",
+    "envVars", "volumeMounts", "volumes", "labels", "failPodOnRunFailure", "resources", "schedulerName",
+    "securityContext", "runK8sConfig",
+}
+USER_DEPLOYMENT_KEYS = {
+    "name", "image", "dagsterApiGrpcArgs", "codeServerArgs", "includeConfigInLaunchedRuns", "port", "env",
+    "envConfigMaps", "envSecrets", "annotations", "nodeSelector", "affinity", "tolerations", "podSecurityContext",
+    "securityContext", "resources", "livenessProbe", "readinessProbe", "startupProbe", "labels", "volumeMounts",
+    "volumes", "schedulerName",
+}
+DAEMON_KEYS = {
+    "enabled", "image", "runCoordinator", "heartbeatTolerance", "env", "envConfigMaps", "envSecrets",
+    "deploymentLabels", "labels", "nodeSelector", "affinity", "tolerations", "podSecurityContext", "securityContext",
+    "resources", "livenessProbe", "readinessProbe", "startupProbe", "annotations", "runMonitoring", "runRetries",
+    "sensors", "schedules", "schedulerName", "volumeMounts", "volumes",
+}
+POSTGRESQL_KEYS = {
+    "image", "enabled", "postgresqlHost", "postgresqlUsername", "postgresqlPassword", "postgresqlDatabase",
+    "postgresqlParams", "postgresqlScheme", "service",
+}
+
+
+@pytest.fixture(scope="module")
+def values() -> dict:
+    return yaml.safe_load((DEPLOY / "helm" / "values.yaml").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def manifests() -> list[dict]:
+    return [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "kbindex.yaml").read_text(encoding="utf-8")) if d]
+
+
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_values_use_only_chart_keys_and_name_the_k8s_launcher_and_external_postgres(values):
+    assert set(values) <= CHART_TOP_LEVEL, set(values) - CHART_TOP_LEVEL
+    launcher = values["runLauncher"]
+    assert launcher["type"] == "K8sRunLauncher" and set(launcher["config"]) == {"k8sRunLauncher"}
+    assert set(launcher["config"]["k8sRunLauncher"]) <= K8S_RUN_LAUNCHER_KEYS
+    pg = values["postgresql"]
+    assert set(pg) <= POSTGRESQL_KEYS and pg["enabled"] is False and pg["postgresqlHost"]
+    assert values["generatePostgresqlPasswordSecret"] is False and values["global"]["postgresqlSecretName"]
+    assert set(values["dagsterDaemon"]) <= DAEMON_KEYS and values["dagsterDaemon"]["enabled"] is True
+    user = values["dagster-user-deployments"]
+    assert user["enabled"] is True
+    (deployment,) = user["deployments"]
+    assert set(deployment) <= USER_DEPLOYMENT_KEYS
+
+
+def test_values_name_this_projects_code_location_and_dagster_version(values):
+    (deployment,) = values["dagster-user-deployments"]["deployments"]
+    args = deployment["dagsterApiGrpcArgs"]
+    assert args[args.index("--module-name") + 1] == pyproject()["tool"]["dagster"]["module_name"]
+    dagster_version = metadata.version("dagster")
+    for component in ("dagsterWebserver", "dagsterDaemon"):
+        assert values[component]["image"]["tag"] == dagster_version, component
+    dockerfile_cmd = dockerfile_command()
+    assert str(deployment["port"]) == dockerfile_cmd[dockerfile_cmd.index("--port") + 1]
+
+
+def test_run_pods_and_the_embed_daemonset_share_the_socket_folder(values, manifests):
+    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    env = dict(item.split("=", 1) for item in launcher["envVars"])
+    (mount,) = launcher["volumeMounts"]
+    (volume,) = launcher["volumes"]
+    (daemonset,) = [m for m in manifests if m["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    (service,) = pod["containers"]
+    service_home = {e["name"]: e["value"] for e in service["env"]}["KBINDEX_HOME"]
+    assert env["KBINDEX_EMBED_SERVICE"] == mount["mountPath"] == service_home
+    assert volume["hostPath"]["path"] == pod["volumes"][0]["hostPath"]["path"]
+    assert launcher["securityContext"]["runAsUser"] == pod["securityContext"]["runAsUser"]  # key file is 0600
+
+
+def render_instance(values: dict, namespace: str = "kbindex") -> dict:
+    """The parts of dagster.yaml the chart's templates build from our values (run launcher, coordinator,
+    monitoring, storage), following helm/dagster/templates/helpers/instance/*.tpl."""
+    k8s = values["runLauncher"]["config"]["k8sRunLauncher"]
+    launcher = {
+        "load_incluster_config": k8s["loadInclusterConfig"],
+        "job_namespace": k8s.get("jobNamespace") or namespace,
+        "image_pull_policy": k8s["imagePullPolicy"],
+        "service_account_name": values["global"]["serviceAccountName"],
+        "dagster_home": values["global"]["dagsterHome"],
+        "instance_config_map": "kbindex-dagster-instance",
+        "postgres_password_secret": values["global"]["postgresqlSecretName"],
+        "env_config_maps": [c["name"] for c in k8s.get("envConfigMaps", [])],
+        "env_secrets": [s["name"] for s in k8s.get("envSecrets", [])],
+        "env_vars": k8s.get("envVars", []),
+        "volume_mounts": k8s.get("volumeMounts", []),
+        "volumes": k8s.get("volumes", []),
+        "resources": k8s.get("resources", {}),
+        "security_context": k8s.get("securityContext", {}),
+    }
+    queued = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]
+    monitoring = values["dagsterDaemon"]["runMonitoring"]
+    pg = values["postgresql"]
+    return {
+        "run_launcher": {"module": "dagster_k8s", "class": "K8sRunLauncher", "config": launcher},
+        "run_coordinator": {
+            "module": "dagster._core.run_coordinator",
+            "class": "QueuedRunCoordinator",
+            "config": {
+                "max_concurrent_runs": queued["maxConcurrentRuns"],
+                "dequeue_interval_seconds": queued["dequeueIntervalSeconds"],
+                "tag_concurrency_limits": queued["tagConcurrencyLimits"],
+            },
+        },
+        "run_monitoring": {
+            "enabled": monitoring["enabled"],
+            "start_timeout_seconds": monitoring["startTimeoutSeconds"],
+            "poll_interval_seconds": monitoring["pollIntervalSeconds"],
+        },
+        "storage": {
+            "postgres": {
+                "postgres_db": {
+                    "username": pg["postgresqlUsername"],
+                    "password": {"env": "DAGSTER_PG_PASSWORD"},
+                    "hostname": pg["postgresqlHost"],
+                    "db_name": pg["postgresqlDatabase"],
+                    "port": pg["service"]["port"],
+                    "params": pg["postgresqlParams"],
+                }
+            }
+        },
+        "telemetry": {"enabled": values["telemetry"]["enabled"]},
+    }
+
+
+FAKE_KUBECONFIG = {
+    "apiVersion": "v1",
+    "kind": "Config",
+    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+    "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
+    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+    "current-context": "x",
+}
+
+
+def test_rendered_instance_config_passes_dagster_schema_and_loads_the_k8s_launcher(values, tmp_path, monkeypatch):
+    pytest.importorskip("dagster_k8s", reason="pip install -e '.[k8s]' (the test extra includes it)")
+    from dagster._core.instance.config import dagster_instance_config
+    from dagster._serdes import ConfigurableClassData
+
+    instance = render_instance(values)
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(instance), encoding="utf-8")
+    monkeypatch.setenv("DAGSTER_PG_PASSWORD", "unused")
+    config, _ = dagster_instance_config(str(tmp_path))  # the whole file against Dagster's instance schema
+    assert config["run_launcher"]["class"] == "K8sRunLauncher"
+
+    # Outside a pod there is no in-cluster config: load the same launcher config from a throwaway kubeconfig.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(FAKE_KUBECONFIG), encoding="utf-8")
+    launcher_config = {**instance["run_launcher"]["config"], "load_incluster_config": False,
+                       "kubeconfig_file": str(kubeconfig)}
+    launcher = ConfigurableClassData("dagster_k8s", "K8sRunLauncher", yaml.safe_dump(launcher_config)).rehydrate(
+        as_type=object
+    )
+    assert type(launcher).__name__ == "K8sRunLauncher"
+    assert launcher.job_namespace == "kbindex" and launcher.dagster_home == values["global"]["dagsterHome"]
+    coordinator_data = instance["run_coordinator"]
+    coordinator = ConfigurableClassData(
+        coordinator_data["module"], coordinator_data["class"], yaml.safe_dump(coordinator_data["config"])
+    ).rehydrate(as_type=object)
+    assert type(coordinator).__name__ == "QueuedRunCoordinator"
+
+
+def test_a_wrong_launcher_key_is_refused_by_dagsters_schema(values, tmp_path):
+    """The schema check above can fail: a misspelled key is an error, not silently ignored."""
+    from dagster._core.errors import DagsterInvalidConfigError
+    from dagster._core.instance.config import dagster_instance_config
+
+    instance = render_instance(values)
+    instance["run_monitoring"]["start_timeout"] = 300
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(instance), encoding="utf-8")
+    with pytest.raises(DagsterInvalidConfigError):
+        dagster_instance_config(str(tmp_path))
+
+
+def test_the_k8s_extra_pins_dagster_k8s_to_the_dagster_postgres_release():
+    project = pyproject()["project"]
+    (k8s_pin,) = project["optional-dependencies"]["k8s"]
+    postgres_pin = next(d for d in project["dependencies"] if d.startswith("dagster-postgres=="))
+    assert k8s_pin.split("==")[1] == postgres_pin.split("==")[1]
+    assert '".[k8s]"' in (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+
+
+def dockerfile_command() -> list[str]:
+    (cmd,) = re.findall(r"^CMD (\[.*\])$", (DEPLOY / "Dockerfile").read_text(encoding="utf-8"), re.MULTILINE)
+    return json.loads(cmd)
+
+
+def test_dockerfile_copies_what_exists_and_the_image_keeps_out_the_rest():
+    text = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    sources = [s for line in re.findall(r"^COPY (.+)$", text, re.MULTILINE) for s in shlex.split(line)[:-1]]
+    assert sources and all((ROOT / s).exists() for s in sources), sources
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text(encoding="utf-8").split()
+    assert all(f"!{s}" in ignore for s in sources), "the ignore file would drop a copied source"
+
+
+def _help(argv: list[str]) -> subprocess.CompletedProcess:
+    exe = BIN / argv[0]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run([str(exe), *argv[1:], "--help"], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_every_command_the_image_and_manifests_run_exists(manifests):
+    commands = [dockerfile_command(), ["dagster", "api", "execute_run"]]  # the K8s run launcher's Job command
+    for manifest in manifests:
+        pod = manifest["spec"]["template"]["spec"]
+        commands += [c["command"] for c in pod["containers"]]
+    assert ["kbindex", "migrate"] in commands and ["kbindex", "embed-service"] in commands
+    for argv in commands:
+        result = _help(argv)
+        assert result.returncode == 0 and "Usage" in result.stdout, (argv, result.stderr[-2000:])
+
+
+def test_a_missing_command_is_reported():
+    """The command check can fail."""
+    assert _help(["kbindex", "no-such-command"]).returncode != 0
+
+
+def test_the_code_location_the_values_name_loads(values, tmp_path):
+    (deployment,) = values["dagster-user-deployments"]["deployments"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DAGSTER_HOME": str(tmp_path)}
+    result = subprocess.run(
+        [str(BIN / "dagster"), "definitions", "validate", *deployment["dagsterApiGrpcArgs"]],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Validation successful" in result.stderr + result.stdout

@@ -118,6 +118,8 @@ class ChaosConfig:
     building_overlap: int = 8
     migration_at: float = 0.2
     """Start the migration once this share of the expected tasks has finished."""
+    backfill_mode: str = "job"
+    """'job': launch the backfill_profile job once (any size); 'partitions': UI partition backfills in chunks."""
     backfill_partitions: int = 25
     """Partitions per UI backfill (bounded chunks, as an operator would launch them)."""
     backfills_in_flight: int = 2

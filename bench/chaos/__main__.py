@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--building-chunk-tokens", type=int, default=d.building_chunk_tokens)
     p.add_argument("--migration-at", type=float, default=d.migration_at,
                    help="start the migration once this share of the expected tasks finished (default %(default)s)")
+    p.add_argument("--backfill-mode", choices=["job", "partitions"], default=d.backfill_mode,
+                   help="job: launch the backfill_profile job once; partitions: UI partition backfills in chunks")
     p.add_argument("--backfill-partitions", type=int, default=d.backfill_partitions, help="partitions per UI backfill")
     p.add_argument("--vector-sample", type=int, default=d.vector_sample, help="stored vectors per profile re-embedded")
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         run_batch=a.run_batch, run_batch_min=max(1, a.run_batch // 2), seed=a.seed, keep=a.keep, tenants=a.tenants,
         max_concurrent_runs=a.max_concurrent_runs, tenant_run_limit=a.tenant_run_limit, max_waiting_runs=a.max_waiting_runs,
         migration=a.migration, building_model=a.building_model, building_chunk_tokens=a.building_chunk_tokens,
-        migration_at=a.migration_at, backfill_partitions=a.backfill_partitions, vector_sample=a.vector_sample,
+        migration_at=a.migration_at, backfill_mode=a.backfill_mode, backfill_partitions=a.backfill_partitions, vector_sample=a.vector_sample,
     )
     report = run_chaos(config, out=lambda line: print(line, flush=True))
     print(format_report(report), flush=True)

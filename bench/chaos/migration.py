@@ -7,7 +7,9 @@ different model (``fake-b-384``: the fake's vectors salted by the model name) an
 over the partitions of the profile's never-attempted REINDEX tasks, in bounded chunks, at most a few
 backfills in flight. It relaunches for whatever a finished backfill left never attempted (a run killed
 before it claimed, a claim refused while PostgreSQL was down), as an operator would after reading the
-coverage. Publishing goes on meanwhile (new versions get INDEX tasks under both profiles), and the
+coverage. ``--backfill-mode job`` (the default) instead launches the ``backfill_profile`` job once from
+the launchpad, the way a migration of any size is started: the claiming sensor then builds the backlog
+in ordinary bounded runs beside live work. Publishing goes on meanwhile (new versions get INDEX tasks under both profiles), and the
 soak's faults hit sensor runs and backfill runs alike.
 
 At the end (``migration_checks``), besides the soak's own figures and ``kbindex verify``:
@@ -56,6 +58,18 @@ BACKFILL_STATUS = """
 query($id: String!) {
   partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill { id status } }
 }"""
+LAUNCH_RUN = """
+mutation LaunchPipelineExecution($executionParams: ExecutionParams!) {
+  launchPipelineExecution(executionParams: $executionParams) {
+    __typename
+    ... on LaunchRunSuccess { run { id } }
+    ... on PipelineNotFoundError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+    ... on PythonError { message }
+  }
+}"""
+REPOSITORY = "query { repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"
+BACKFILL_JOB = "backfill_profile"
 TERMINAL_BACKFILL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED", "FAILING"}
 
 
@@ -100,6 +114,22 @@ class MigrationDriver:
         if out["__typename"] != "LaunchBackfillSuccess":
             raise RuntimeError(f"{out['__typename']}: {out.get('message')}")
         return out["backfillId"]
+
+    def launch_backfill_job(self) -> str:
+        """The launchpad of the backfill_profile job (what an operator does for a migration of any size):
+        the claiming sensor then builds the profile's backlog in ordinary bounded runs."""
+        (node,) = self._gql(REPOSITORY, {})["repositoriesOrError"]["nodes"]
+        params = {
+            "mode": "default",
+            "executionMetadata": {"tags": []},
+            "runConfigData": json.dumps({"ops": {"request_profile_backfill": {"config": {"profile": self.name}}}}),
+            "selector": {"repositoryLocationName": node["location"]["name"], "repositoryName": node["name"],
+                         "pipelineName": BACKFILL_JOB},
+        }
+        out = self._gql(LAUNCH_RUN, {"executionParams": params})["launchPipelineExecution"]
+        if out["__typename"] != "LaunchRunSuccess":
+            raise RuntimeError(f"{out['__typename']}: {out.get('message') or out.get('errors')}")
+        return out["run"]["id"]
 
     def backfill_status(self, backfill_id: str) -> str | None:
         return (self._gql(BACKFILL_STATUS, {"id": backfill_id})["partitionBackfillOrError"] or {}).get("status")
@@ -164,7 +194,21 @@ class MigrationDriver:
             self.done.set()
 
     def _step(self) -> bool:
-        """One round: forget finished backfills, launch for unattempted tasks. True when nothing is left."""
+        """One round. Job mode: launch backfill_profile once, then wait for the backlog to go. Partitions
+        mode: forget finished backfills, launch for unattempted tasks. True when nothing is left."""
+        if self.cfg.backfill_mode == "job":
+            try:
+                if not self.figures["backfill_jobs_launched"]:
+                    run_id = self.launch_backfill_job()
+                    self.figures["backfill_jobs_launched"] += 1
+                    self.chaos._note(f"migration: backfill_profile run {run_id[:8]} launched from the launchpad")
+                left, _ = self.unattempted_keys()
+            except (psycopg.Error, OSError, RuntimeError) as exc:  # PostgreSQL or the webserver restarting
+                self.figures["driver_errors"] += 1
+                if len(self.launch_errors) < 5:
+                    self.launch_errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+                return False
+            return left == 0
         try:
             for backfill_id, entry in list(self.in_flight.items()):
                 status = self.backfill_status(backfill_id)

@@ -1,7 +1,8 @@
 """A CI-sized migration chaos round (bench/chaos --migration, issue #12): the real `dagster dev`, a
 building profile with a really different model (fake-b-384) and another chunk size (64 against 200),
-backfilled through the webserver's GraphQL as the UI does, while new versions keep being published,
-runs of both kinds (sensor and UI backfill) are SIGKILLed, one is SIGSTOPped past its lease and
+backfilled from the UI (the backfill_profile job launched through the webserver's GraphQL, as the
+launchpad does; the claiming sensor builds the backlog) while new versions keep being published,
+runs are SIGKILLed, one is SIGSTOPped past its lease and
 PostgreSQL is restarted. At the end: verify is clean, both profiles cover every current version, every
 chunk obeys its own profile's chunk size, sampled vectors re-embedded with their profile's model match,
 and no task is DEAD that no run ever started.
@@ -29,6 +30,7 @@ def test_small_migration_round_builds_the_new_profile_whole_and_its_own():
         faults=MIGRATION_FAULTS,
         seed=11,
         migration=True,
+        backfill_mode="job",
         vector_sample=60,
     )
     lines: list[str] = []
@@ -42,7 +44,8 @@ def test_small_migration_round_builds_the_new_profile_whole_and_its_own():
     assert all(v == 0 for v in report["must_be_zero"].values()), shown
     migration = report["migration"]
     assert migration["coverage_complete"], shown
-    assert migration["reindex_tasks_created"] > 0 and migration["backfills"]["backfills_launched"] >= 1, shown
+    launched = migration["backfills"]
+    assert migration["reindex_tasks_created"] > 0 and launched.get("backfill_jobs_launched", 0) == 1, shown
     chunks = migration["chunks"]
     assert chunks["shadow-b64"]["chunks"] > chunks["minilm-v1"]["chunks"], shown  # 64-token chunks: more of them
     assert chunks["shadow-b64"]["max_tokens"] <= 64 < chunks["minilm-v1"]["max_tokens"], shown

@@ -166,3 +166,32 @@ def test_a_run_tagged_with_both_profiles_of_a_version_indexes_both(setup, db_url
     (mat,) = instance.fetch_materializations(dg.AssetKey("search_index"), limit=1).records
     meta = {k: v.value for k, v in mat.asset_materialization.metadata.items()}
     assert meta["profiles"] == "minilm-v1,shadow-c64" and meta["outcome"] == "ok"
+
+
+@pytest.mark.parametrize("algorithm", ["AES-128", "AES-256"])
+def test_aes_encrypted_pdfs_that_open_without_a_password_become_searchable(setup, algorithm):
+    """Issue #11: on a fresh install (cryptography declared) such PDFs are indexed end to end, not DEAD."""
+    import io
+
+    from pypdf import PdfWriter
+
+    from resources.embedder import FakeEmbedder
+    from resources.search import search
+    from tests.unit.test_hostile_inputs import _pdf_with_text
+
+    db, publisher, queue = setup
+    writer = PdfWriter(clone_from=io.BytesIO(_pdf_with_text("Refunds within 30 days of purchase")))
+    writer.encrypt(user_password="", owner_password="owner-secret", algorithm=algorithm)
+    out = io.BytesIO()
+    writer.write(out)
+    r = publisher.publish("acme", "protected.pdf", out.getvalue(), "protected.pdf")
+    (claimed,) = queue.claim("batch-aes", limit=1)
+    keys = _keys(db, [r.task_id])
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
+    result = _materialize(instance, keys, {LEASES_TAG: encode_leases([(claimed.lease.task_id, claimed.lease.attempt)]),
+                                           OWNER_TAG: "batch-aes"})
+    assert result.success
+    assert queue.get(r.task_id)["status"] == "SUCCEEDED"
+    hits = search(db, FakeEmbedder(model_name="fake-384"), "refunds within 30 days", tenant_id="acme", k=3)
+    assert [h.document_id for h in hits] == ["protected.pdf"]

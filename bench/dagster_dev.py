@@ -125,3 +125,31 @@ class DagsterDev:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+# The Dagster UI's own GraphQL (dagster-webserver 1.13 bundle), trimmed to the fields kbindex reads:
+# the tests and benches that drive the UI path send exactly what the UI sends.
+UI_ASSETS = ["parsed_document", "document_chunks", "chunk_embeddings", "search_index"]
+LAUNCH_BACKFILL = """
+mutation LaunchPartitionBackfill($backfillParams: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $backfillParams) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PartitionSetNotFoundError { message }
+    ... on PartitionKeysNotFoundError { message }
+    ... on UnauthorizedError { message }
+    ... on PythonError { message stack }
+  }
+}"""
+LAUNCH_RUN = """
+mutation LaunchPipelineExecution($executionParams: ExecutionParams!) {
+  launchPipelineExecution(executionParams: $executionParams) {
+    __typename
+    ... on LaunchRunSuccess { run { id pipelineName } }
+    ... on PipelineNotFoundError { message }
+    ... on InvalidSubsetError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+    ... on PythonError { message stack }
+  }
+}"""
+REPOSITORY = "query { repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"

@@ -109,28 +109,12 @@ def _is_current(folder: Path, recipe: dict[str, Any]) -> bool:
     return manifest is not None and manifest.get("recipe") == recipe and (folder / MODEL_FILE).is_file()
 
 
-@contextmanager
-def _exclusive_lock(path: Path, timeout: float, name: str) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path``; the kernel drops it if the holder dies mid-build."""
-    import fcntl
+def _exclusive_lock(path: Path, timeout: float, name: str):  # noqa: ANN202 - a context manager
+    """The build lock: the kernel drops it if the holder dies mid-build."""
+    from resources.file_lock import exclusive_file_lock
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + timeout
-    with open(path, "a") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise EmbeddingUnavailable(
-                        f"another process has been building {name!r} for over {timeout:g} s", model=name
-                    ) from None
-                time.sleep(0.1)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return exclusive_file_lock(path, timeout, lambda: EmbeddingUnavailable(
+        f"another process has been building {name!r} for over {timeout:g} s", model=name))
 
 
 def _build(name: str, recipe: dict[str, Any], target: Path) -> None:

@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from pathlib import Path
 import psycopg
 
 from resources.database import DatabaseError, translate_errors
+from resources import file_lock
 from sql import queries
 
 DATABASE = "kbindex"
@@ -68,31 +68,10 @@ def start(home: Path, *, lock_timeout: float = START_LOCK_TIMEOUT_S) -> str:
     return with_database(admin_url, DATABASE)
 
 
-@contextmanager
-def exclusive_file_lock(path: Path, timeout: float) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing); the kernel drops it if the process dies.
-
-    Raises ``DatabaseError`` after ``timeout`` seconds rather than waiting forever on a stuck starter.
-    """
-    import fcntl  # POSIX only, like the Unix-socket server itself
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + timeout
-    with open(path, "a") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise DatabaseError(
-                        f"another process has been starting the embedded PostgreSQL for over {timeout:g} s"
-                    ) from None
-                time.sleep(0.05)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def exclusive_file_lock(path: Path, timeout: float):  # noqa: ANN201 - a context manager
+    """The start lock: an exclusive file lock that gives up with a DatabaseError after ``timeout`` seconds."""
+    return file_lock.exclusive_file_lock(path, timeout, lambda: DatabaseError(
+        f"another process has been starting the embedded PostgreSQL for over {timeout:g} s"))
 
 
 def ensure_database(admin_url: str, database: str) -> None:

@@ -37,38 +37,17 @@ from typing import Any
 import numpy as np
 import psycopg
 
+from bench.dagster_dev import LAUNCH_BACKFILL, LAUNCH_RUN, REPOSITORY
+from bench.dagster_dev import UI_ASSETS as ASSETS
+
 PARTITIONS_DEF = "document_versions"
-ASSETS = ["parsed_document", "document_chunks", "chunk_embeddings", "search_index"]
 PROFILE_TAG = "kbindex/profile"
 COSINE_MIN = 0.999
 
-# The Dagster UI's own mutation (dagster-webserver 1.13 bundle), trimmed to the fields read here.
-LAUNCH_BACKFILL = """
-mutation LaunchPartitionBackfill($backfillParams: LaunchBackfillParams!) {
-  launchPartitionBackfill(backfillParams: $backfillParams) {
-    __typename
-    ... on LaunchBackfillSuccess { backfillId }
-    ... on PartitionSetNotFoundError { message }
-    ... on PartitionKeysNotFoundError { message }
-    ... on UnauthorizedError { message }
-    ... on PythonError { message }
-  }
-}"""
 BACKFILL_STATUS = """
 query($id: String!) {
   partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill { id status } }
 }"""
-LAUNCH_RUN = """
-mutation LaunchPipelineExecution($executionParams: ExecutionParams!) {
-  launchPipelineExecution(executionParams: $executionParams) {
-    __typename
-    ... on LaunchRunSuccess { run { id } }
-    ... on PipelineNotFoundError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-    ... on PythonError { message }
-  }
-}"""
-REPOSITORY = "query { repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"
 BACKFILL_JOB = "backfill_profile"
 TERMINAL_BACKFILL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED", "FAILING"}
 

@@ -31,7 +31,8 @@ import psycopg
 import pytest
 from psycopg import sql as pgsql
 
-from bench.dagster_dev import DagsterDev
+from bench.dagster_dev import LAUNCH_BACKFILL, LAUNCH_RUN, REPOSITORY, DagsterDev
+from bench.dagster_dev import UI_ASSETS as ASSETS
 from resources.blob_store import BlobStore
 from resources.database import Database
 from resources.profiles import coverage, create_profile
@@ -41,33 +42,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PROFILE = "shadow-c64"
 TENANT = "acme"
 LEASE_SECONDS = 30  # a loaded 2-core machine can take 10-20 s to start a run; attempts == 1 must not flake
-ASSETS = ["parsed_document", "document_chunks", "chunk_embeddings", "search_index"]
 ASSET_JOB = "__ASSET_JOB"
 pytestmark = pytest.mark.slow
 
-# The UI's own mutations (dagster-webserver 1.13 bundle), trimmed to the fields read here.
-LAUNCH_BACKFILL = """
-mutation LaunchPartitionBackfill($backfillParams: LaunchBackfillParams!) {
-  launchPartitionBackfill(backfillParams: $backfillParams) {
-    __typename
-    ... on LaunchBackfillSuccess { backfillId }
-    ... on PartitionSetNotFoundError { message }
-    ... on PartitionKeysNotFoundError { message }
-    ... on UnauthorizedError { message }
-    ... on PythonError { message stack }
-  }
-}"""
-LAUNCH_RUN = """
-mutation LaunchPipelineExecution($executionParams: ExecutionParams!) {
-  launchPipelineExecution(executionParams: $executionParams) {
-    __typename
-    ... on LaunchRunSuccess { run { id pipelineName } }
-    ... on PipelineNotFoundError { message }
-    ... on InvalidSubsetError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-    ... on PythonError { message stack }
-  }
-}"""
 REEXECUTE = """
 mutation LaunchPipelineReexecution($executionParams: ExecutionParams, $reexecutionParams: ReexecutionParams) {
   launchPipelineReexecution(executionParams: $executionParams, reexecutionParams: $reexecutionParams) {
@@ -76,7 +53,6 @@ mutation LaunchPipelineReexecution($executionParams: ExecutionParams, $reexecuti
     ... on PythonError { message stack }
   }
 }"""
-REPOSITORY = "query { repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"
 RUN = "query($id: ID!) { runOrError(runId: $id) { ... on Run { id status jobName tags { key value } } } }"
 BACKFILL = """
 query($id: String!) {

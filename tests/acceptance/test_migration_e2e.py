@@ -158,3 +158,73 @@ def test_migrate_to_a_new_chunking_gate_activate_and_roll_back(db_url, kb_env, m
         assert report.exit_code == 0, report.output
     finally:
         db.close()
+
+
+def _sensor_round(instance: dg.DagsterInstance, db_url: str) -> int:
+    """One claiming tick and its runs, in process (what the daemon and the run launcher do); returns runs."""
+    from pipelines import sensors
+    from resources.dagster_resources import DatabaseResource
+
+    with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
+        result = sensors.claim_index_tasks(ctx)
+    requests = getattr(result, "run_requests", None) or []
+    for request in getattr(result, "dynamic_partitions_requests", None) or []:
+        instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, list(request.partition_keys))
+    for request in requests:
+        assert dg.materialize(indexing_assets, resources=default_resources(), instance=instance,
+                              tags=dict(request.tags), partition_key=request.partition_key).success
+    return len(requests)
+
+
+@pytest.mark.slow
+def test_migrate_to_the_int8_model_through_the_backfill_job_gate_activate_search_and_roll_back(db_url, kb_env):
+    """Issue #12: a migration that changes the model (all-MiniLM-L6-v2-int8, built offline on first use):
+    backfill_profile job, the claiming sensor builds it, gate, activate, CLI and API search, rollback."""
+    from fastapi.testclient import TestClient
+
+    from pipelines.api import create_app
+    from pipelines.lineage_job import backfill_profile_job
+    from resources.dagster_resources import DatabaseResource
+
+    cli = CliRunner()
+    db = Database(db_url)
+    publisher = Publisher(db, BlobStore(kb_env["KBINDEX_BLOB_URL"]))
+    instance = dg.DagsterInstance.ephemeral()
+    try:
+        for name in ("refund-policy.md", "pep-0020.rst", "pep-0010.rst"):
+            publisher.publish(TENANT, name, (SAMPLES / name).read_bytes(), name)
+        while _sensor_round(instance, db_url):
+            pass
+        created = cli.invoke(app, ["profile", "create", "int8", "--model", "all-MiniLM-L6-v2-int8",
+                                   "--chunk-tokens", "200", "--overlap", "32", "--json"])
+        assert created.exit_code == 0, created.output
+        assert _sensor_round(instance, db_url) == 0  # nobody asked for the backfill yet
+        launched = backfill_profile_job.execute_in_process(
+            run_config={"ops": {"request_profile_backfill": {"config": {"profile": "int8"}}}},
+            resources={"database": DatabaseResource(url=db_url)}, instance=instance)
+        assert launched.success
+        while _sensor_round(instance, db_url):
+            pass
+        assert [row[3] for row in _current_versions(db_url, "int8")] == ["SUCCEEDED"] * 3
+
+        gate = cli.invoke(app, ["profile", "gate", "int8", "--eval", str(EVAL_DIR), "--json"])
+        assert gate.exit_code == 0, gate.output
+        verdict = json.loads(gate.output)
+        print(f"\ngate small-en: int8 nDCG@10 {verdict['shadow_ndcg']:.4f} recall@10 {verdict['shadow_recall']:.4f}; "
+              f"minilm-v1 nDCG@10 {verdict['active_ndcg']:.4f} recall@10 {verdict['active_recall']:.4f}")
+        assert verdict["passed"]
+        assert cli.invoke(app, ["profile", "activate", "int8"]).exit_code == 0
+
+        api = TestClient(create_app(db_url, tokens={"tok": TENANT}, tokens_file=""), raise_server_exceptions=False)
+        for expected in ("int8", "minilm-v1"):
+            found = json.loads(cli.invoke(app, ["search", QUERY, "--tenant", TENANT, "--json"]).output)
+            assert found[0]["document_id"] == "refund-policy.md"
+            assert _hit_profiles(db_url, [h["chunk_id"] for h in found]) == {expected}
+            answer = api.get("/search", params={"q": QUERY}, headers={"Authorization": "Bearer tok"})
+            assert answer.status_code == 200, answer.text  # the same API process follows the switch
+            assert answer.json()["hits"][0]["document_id"] == "refund-policy.md"
+            if expected == "int8":
+                assert cli.invoke(app, ["profile", "rollback"]).exit_code == 0
+        assert cli.invoke(app, ["verify"]).exit_code == 0
+    finally:
+        db.close()

@@ -34,7 +34,9 @@ def retention_pass(
     context: dg.OpExecutionContext, config: RetentionConfig, database: DatabaseResource, blobs: BlobStoreResource
 ) -> dg.Output:
     report = apply_retention(database.db, window_seconds=config.window_seconds)
-    existing = set(context.instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME))
+    # Only the reported keys, in one indexed query: listing every key costs O(corpus) per run.
+    existing = set(context.instance.get_existing_dynamic_partitions(
+        VERSIONS_PARTITIONS_NAME, list(report.partition_keys_to_delete))) if report.partition_keys_to_delete else set()
     deleted = 0
     for key in report.partition_keys_to_delete:
         if key in existing:

@@ -58,7 +58,7 @@ def sign_in(browser, live_url: str, token: str) -> None:
     field.send_keys(token)
     browser.find_element(By.CSS_SELECTOR, "#token-form button").click()
     tenant = {"tok-acme": "acme", "tok-globex": "globex"}[token]
-    WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "tenant").text == tenant)
+    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "tenant").text == tenant)
 
 
 def test_a_token_in_a_link_is_ignored_and_the_page_shows_its_tenant(browser, live_url):
@@ -67,7 +67,7 @@ def test_a_token_in_a_link_is_ignored_and_the_page_shows_its_tenant(browser, liv
 
     sign_in(browser, live_url, "tok-acme")
     browser.get(f"{live_url}/?token=tok-globex")  # an attacker's link
-    WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "tenant").text == "acme")
+    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "tenant").text == "acme")
     assert "token=" not in browser.current_url
     assert browser.find_element(By.ID, "token-link-warning").is_displayed()
     assert browser.execute_script("return localStorage.getItem('kbindex.token')") == "tok-acme"
@@ -78,7 +78,7 @@ def test_upload_watch_searchable_search(browser, live_url, db, queue, embedder, 
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 15, poll_frequency=0.05, ignored_exceptions=(StaleElementReferenceException,))
+    wait = WebDriverWait(browser, 60, poll_frequency=0.05, ignored_exceptions=(StaleElementReferenceException,))
     find = browser.find_element
 
     def progress() -> float:
@@ -131,7 +131,7 @@ def test_overview_failures_filters_and_pages(browser, live_url, client, db, queu
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 15, poll_frequency=0.05, ignored_exceptions=(StaleElementReferenceException,))
+    wait = WebDriverWait(browser, 60, poll_frequency=0.05, ignored_exceptions=(StaleElementReferenceException,))
     find = browser.find_element
 
     def listed() -> list[str]:  # read in one script: the table is re-rendered under us

@@ -162,7 +162,8 @@ def test_overview_failures_filters_and_pages(browser, live_url, client, db, queu
     assert float(find(By.ID, "flight-progress").get_property("value")) == pytest.approx(3.6)
     assert find(By.ID, "flight-rate").text == "1.0 succeeded/min over the last 60 s"
     assert find(By.ID, "flight-eta").text == "ETA: 53 min"
-    codes = [r.get_attribute("data-code") for r in browser.find_elements(By.CSS_SELECTOR, "#failures-body tr[data-code]")]
+    codes = browser.execute_script(  # in one script: the overview re-renders under us
+        "return [...document.querySelectorAll('#failures-body tr[data-code]')].map(r => r.dataset.code)")
     assert codes == ["EMBEDDING_TIMEOUT", "PARSE_ERROR"]
     assert "globex" not in find(By.TAG_NAME, "body").text and "ENCRYPTED_DOCUMENT" not in find(By.TAG_NAME, "body").text
     browser.save_screenshot(str(Path(tempfile.gettempdir()) / "status_page.png"))  # for a person to look at
@@ -205,7 +206,8 @@ def test_overview_failures_filters_and_pages(browser, live_url, client, db, queu
     sign_in(browser, live_url, "tok-globex")
     wait.until(lambda d: listed() == ["globex-secret.md"])
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#failures-body tr[data-code]"))
-    codes = [r.get_attribute("data-code") for r in browser.find_elements(By.CSS_SELECTOR, "#failures-body tr[data-code]")]
+    codes = browser.execute_script(  # in one script: the overview re-renders under us
+        "return [...document.querySelectorAll('#failures-body tr[data-code]')].map(r => r.dataset.code)")
     assert codes == ["ENCRYPTED_DOCUMENT"] and count("DEAD") == "1" and count("PENDING") == "0"
     assert find(By.CSS_SELECTOR, "#counts .count .n").text == "1"
     assert "reports/" not in find(By.TAG_NAME, "body").text and "PARSE_ERROR" not in find(By.TAG_NAME, "body").text

@@ -328,26 +328,6 @@ class TaskQueue:
                 raise self._refused(s, lease, "fail")
         return TaskStatus(row["status"])
 
-    def fail_unfenced_crash(
-        self, task_id: int, attempt: int, code: str = "RUN_CRASHED", message: str = ""
-    ) -> TaskStatus | None:
-        """For the run-failure sensor: fail ``attempt`` if the task is still RUNNING on it, whoever holds it.
-
-        Retried at once if attempts are left. None when the task has moved on (nothing changed).
-        """
-        row = self.db.fetch_one(
-            "task_fail_crashed",
-            {
-                "task_id": task_id,
-                "attempt": attempt,
-                "code": code,
-                "message": sanitize_message(message or "the run ended without recording an outcome"),
-                "retryable": is_retryable(code),
-                "now": self.clock(),
-            },
-        )
-        return TaskStatus(row["status"]) if row else None
-
     def fail_crashed_run(
         self, pairs: Sequence[tuple[int, int]], code: str = "RUN_CRASHED", message: str = ""
     ) -> builtins.list[CrashOutcome]:

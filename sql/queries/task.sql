@@ -307,38 +307,6 @@ logged AS (
 )
 SELECT m.task_id, m.status, m.next_attempt_at FROM moved m;
 
--- name: task_fail_crashed
--- Run-failure sensor: fail the crashed run's attempt if still RUNNING on it, whoever holds the lease.
-WITH
-clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
-),
-moved AS (
-    UPDATE index_task t
-    SET status          = CASE WHEN %(retryable)s AND t.attempts < t.max_attempts
-                               THEN 'RETRY_WAIT' ELSE 'DEAD' END,
-        next_attempt_at = CASE WHEN %(retryable)s AND t.attempts < t.max_attempts
-                               THEN (SELECT now FROM clock) ELSE t.next_attempt_at END,
-        finished_at     = CASE WHEN %(retryable)s AND t.attempts < t.max_attempts
-                               THEN NULL ELSE (SELECT now FROM clock) END,
-        lease_owner     = NULL,
-        lease_until     = NULL,
-        error_code      = %(code)s,
-        error_message   = %(message)s,
-        updated_at      = (SELECT now FROM clock)
-    WHERE t.task_id = %(task_id)s
-      AND t.status = 'RUNNING'
-      AND t.attempts = %(attempt)s
-    RETURNING t.task_id, t.status, t.attempts, t.stage
-),
-logged AS (
-    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, stage, error_code, message, created_at)
-    SELECT m.task_id, 'transition', m.attempts, 'RUNNING', m.status, m.stage, %(code)s, %(message)s,
-           (SELECT now FROM clock)
-    FROM moved m
-)
-SELECT m.task_id, m.status FROM moved m;
-
 -- name: task_lock_fenced
 -- Lock the caller's task row for its publish transaction, only while the fence holds.
 SELECT t.*

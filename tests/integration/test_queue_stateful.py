@@ -254,7 +254,8 @@ def make_machine(db, db_url: str, tmp_path):
         def crash(self, lease: Lease) -> None:
             """The run-failure sensor reports a crashed run's lease attempt."""
             m = self.model[lease.task_id]
-            result = self.queue.fail_unfenced_crash(lease.task_id, lease.attempt)
+            outcomes = self.queue.fail_crashed_run([(lease.task_id, lease.attempt)])
+            result = outcomes[0].status if outcomes else None
             if m.status == "RUNNING" and m.attempts == lease.attempt:
                 m.status = "RETRY_WAIT" if m.attempts < m.max_attempts else "DEAD"
                 if m.status == "RETRY_WAIT":

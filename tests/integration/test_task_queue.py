@@ -341,16 +341,17 @@ def test_complete_many_completes_held_leases_and_returns_the_lost_ones(queue, pu
         queue.complete_many([a.lease, Lease(9, 1, "other", a.lease.lease_until)])
 
 
-def test_fail_unfenced_crash_only_hits_the_crashed_attempt(queue, publish_task, clock):
+def test_fail_crashed_run_only_hits_the_crashed_attempt(queue, publish_task, clock):
     task = publish_task()
     (c,) = queue.claim("w1")
     clock.advance(31)
     (again,) = queue.claim("w2")
-    assert queue.fail_unfenced_crash(task.task_id, c.lease.attempt) is None  # attempt 1 is long gone
+    assert queue.fail_crashed_run([(task.task_id, c.lease.attempt)]) == []  # attempt 1 is long gone
     assert queue.get(task.task_id)["status"] == "RUNNING"
     # attempt 2 crashed: failed at once, whoever holds it and even after its lease ran out
     clock.advance(120)
-    assert queue.fail_unfenced_crash(task.task_id, again.lease.attempt, message="run 42 failed") == TaskStatus.RETRY_WAIT
+    outcomes = queue.fail_crashed_run([(task.task_id, again.lease.attempt)], message="run 42 failed")
+    assert [o.status for o in outcomes] == [TaskStatus.RETRY_WAIT]
     row = queue.get(task.task_id)
     assert (row["status"], row["error_code"], row["next_attempt_at"]) == ("RETRY_WAIT", "RUN_CRASHED", clock.now)
     assert [x.lease.attempt for x in queue.claim("w3")] == [3]

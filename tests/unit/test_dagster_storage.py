@@ -22,7 +22,10 @@ def test_a_configured_url_is_used_as_is_and_nothing_is_started(monkeypatch):
 
 def test_without_one_the_local_databases_are_prepared_and_exported_to_child_processes(monkeypatch, tmp_path):
     for name in ("DAGSTER_PG_URL", "KBINDEX_DATABASE_URL"):
-        monkeypatch.delenv(name, raising=False)
+        # setenv first: delenv of an unset name records nothing, and the URLs this test makes the code
+        # export would leak into later tests (bench rounds then used host=/s as their external server).
+        monkeypatch.setenv(name, "unset-by-this-test")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("KBINDEX_HOME", str(tmp_path))
     local = LocalDatabases(kbindex_url="postgresql://pg@/kbindex?host=/s", dagster_url="postgresql+psycopg2://pg@/dagster?host=/s")
     monkeypatch.setattr(dagster_storage, "prepare_local_databases", lambda: local)

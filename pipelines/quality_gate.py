@@ -2,7 +2,8 @@
 
 Materialize ``profile_quality_gate`` (or launch ``profile_gate_job``) with config ``profile`` (default: the
 single building profile), ``eval_dir`` (default: KBINDEX_EVAL_DIR) and ``tolerance``. It scores the shadow
-profile and the active one on the eval set (nDCG@10, recall@10), records the result in ``profile_gate``
+profile and the active one on the eval set (nDCG@10, recall@10), each in the search mode it will serve
+(its ``search_mode``: hybrid unless a migration changed it), records the result in ``profile_gate``
 (activation requires the latest one to have passed) and reports the numbers as metadata; the asset check
 ``gate_passed`` turns red when the shadow profile is worse than the tolerance allows.
 """
@@ -61,6 +62,8 @@ def profile_quality_gate(context: dg.AssetExecutionContext, config: GateConfig, 
     metadata = {
         "profile": name,
         "baseline_profile": row["baseline_profile"],
+        "mode": row["mode"],  # the search mode each profile was scored in (its search_mode, hybrid by default)
+        "baseline_mode": row["baseline_mode"],
         "passed": bool(row["passed"]),
         "ndcg_at_10": float(row["shadow_ndcg"]),
         "recall_at_10": float(row["shadow_recall"]),

@@ -15,8 +15,12 @@ In ONE transaction:
      and no temp-table DDL in the transaction; the vectors MUST go binary (``%(embeddings)b``):
      text-formatted vector[] costs 30x.) Each row also records ``embed_digest`` (sha256 of the chunk's
      ``embed_text``) so a later version can reuse its vector (resources/embedding_reuse.py).
+     The lexical (BM25) rows of the same chunks go in right after each batch (``lexical_chunk_upsert``,
+     resources/lexical.py; stale ones went with their chunks, by cascade), and ``lexical_stats_reconcile``
+     then makes the tenant's BM25 statistics count the version now pointed (issue #13).
   4. ``queue.complete(..., session=tx)``: RUNNING -> SUCCEEDED with its event.
-Readers never see the pointer without all its chunks: both become visible at commit (invariant 4).
+Readers never see the pointer without all its chunks and lexical rows: all become visible at commit
+(invariant 4), to dense and lexical search at the same instant.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from pipelines.domain.chunking import VersionIdentity, chunk_id, content_digest
 from pipelines.domain.errors import EmbeddingInvalidResponse, IndexWriteFailed, InternalError, InvalidRequest
 from resources.database import Database, Session
 from resources.embedding_reuse import embed_digest
+from resources.lexical import tokenizer_for as lexical_tokenizer_for
+from resources.lexical import write_lexical
 from resources.task_queue import Lease, TaskQueue
 
 WRITE_BATCH = 500
@@ -119,16 +125,22 @@ class IndexSink:
             if advanced is None:
                 return self._superseded(tx, lease, key)
             chunk_ids = [c.chunk_id for c in chunks]
-            tx.execute("chunk_delete_stale", {**key, "chunk_ids": chunk_ids})
+            tx.execute("chunk_delete_stale", {**key, "chunk_ids": chunk_ids})  # cascades to lexical_chunk
+            tokenizer = lexical_tokenizer_for(profile["model"])
             for start in range(0, len(chunks), self.write_batch):
-                self._write(tx, key, chunks[start : start + self.write_batch], vectors[start : start + self.write_batch])
-            stored = tx.fetch_one("chunk_count_version", key)
-            if stored is None or stored["n"] != len(chunks):
-                # A chunk id already used by another version or profile: refuse rather than publish a gap.
-                raise IndexWriteFailed(
-                    f"version has {stored['n'] if stored else 0} chunk rows after writing {len(chunks)}: chunk id clash",
-                    task_id=lease.task_id,
-                )
+                batch = chunks[start : start + self.write_batch]
+                self._write(tx, key, batch, vectors[start : start + self.write_batch])
+                write_lexical(tx, key, batch, tokenizer)
+            for counter in ("chunk_count_version", "lexical_count_version"):
+                stored = tx.fetch_one(counter, key)
+                if stored is None or stored["n"] != len(chunks):
+                    # A chunk id already used by another version or profile: refuse rather than publish a gap.
+                    raise IndexWriteFailed(
+                        f"version has {stored['n'] if stored else 0} rows ({counter}) after writing {len(chunks)}: "
+                        "chunk id clash",
+                        task_id=lease.task_id,
+                    )
+            tx.fetch_one("lexical_stats_reconcile", key)
             self.queue.complete(lease, chunk_count=len(chunks), session=tx)
             return PublishOutcome(
                 task_id=lease.task_id,

@@ -33,10 +33,12 @@ import numpy as np
 from pipelines.domain.chunking import VersionIdentity, chunk_document
 from pipelines.domain.errors import EmbeddingError, IllegalTransition, InvalidRequest
 from pipelines.domain.identifiers import validate_profile_name
+from pipelines.domain.lexical import LexicalParams, bm25_matrix, check_mode, fuse_matrix, term_counts
 from pipelines.domain.parsing.model import ParsedDocument, TextBlock
 from pipelines.domain.retrieval_metrics import DEFAULT_K, RetrievalScores, evaluate, gate_passed
 from resources.database import Database
 from resources.embedder import PACKAGED_MODEL_NAME, Embedder, checked_embed, embedder_for_model, tokenizer_for_model
+from resources.lexical import lexical_text
 
 INDEX_DIMENSION = 384  # chunk.embedding is vector(384)
 MIN_CHUNK_TOKENS = 16  # index_profile CHECK
@@ -452,17 +454,21 @@ def evaluate_profile(
     embedder: Embedder | None = None,
     cache: dict[tuple[str, str], np.ndarray] | None = None,
     k: int = DEFAULT_K,
+    mode: str | None = None,
 ) -> RetrievalScores:
     """nDCG@k and recall@k of a profile's recipe on ``eval_set``, in memory (the index is not touched).
 
     Each paragraph is chunked as a one-section document (its title as the heading) with the profile's
-    chunker and tokenizer, every chunk and query is embedded with the profile's model, and a paragraph
-    scores the best cosine similarity of any of its chunks.
+    chunker and tokenizer and a paragraph scores the best of its chunks, ranked as search ranks in
+    ``mode`` (default: the profile's ``search_mode``, the one search uses): cosine of the profile's
+    model (dense), BM25 with the profile's k1 and b over the eval corpus (lexical), or their fusion with
+    the profile's ``lexical_weight`` (hybrid), every chunk scored exactly.
     """
-    embedder = embedder or embedder_for_model(profile["model"])
+    params = LexicalParams.of(profile)
+    mode = check_mode(mode or params.search_mode)
     cache = {} if cache is None else cache
     tokenizer = tokenizer_for(profile["model"])
-    texts: list[str] = []
+    chunks: list[Any] = []
     starts: list[int] = []
     for doc_id, title, text in eval_set.corpus:
         doc = ParsedDocument(
@@ -470,18 +476,32 @@ def evaluate_profile(
             page_count=None,
             media_type="text/plain",
         )
-        chunks = chunk_document(
-            doc,
-            tokenizer=tokenizer,
-            chunk_tokens=profile["chunk_tokens"],
-            overlap=profile["chunk_overlap"],
-            identity=VersionIdentity("eval", doc_id, 1, profile["name"]),
+        starts.append(len(chunks))
+        chunks.extend(
+            chunk_document(
+                doc,
+                tokenizer=tokenizer,
+                chunk_tokens=profile["chunk_tokens"],
+                overlap=profile["chunk_overlap"],
+                identity=VersionIdentity("eval", doc_id, 1, profile["name"]),
+            )
         )
-        starts.append(len(texts))
-        texts.extend(c.embed_text for c in chunks)
-    chunk_vectors = _embed(embedder, profile, texts, cache)
-    query_vectors = _embed(embedder, profile, [q for _, q in eval_set.queries], cache)
-    per_paragraph = np.maximum.reduceat(query_vectors @ chunk_vectors.T, np.asarray(starts), axis=1)
+    queries = [q for _, q in eval_set.queries]
+    scores = None
+    if mode != "lexical":
+        embedder = embedder or embedder_for_model(profile["model"])
+        chunk_vectors = _embed(embedder, profile, [c.embed_text for c in chunks], cache)
+        scores = _embed(embedder, profile, queries, cache) @ chunk_vectors.T
+    if mode != "dense":
+        bm25 = bm25_matrix(
+            [term_counts(lexical_text(tuple(c.heading_path), c.text), tokenizer) for c in chunks],
+            [term_counts(q, tokenizer) for q in queries],
+            params.bm25_k1,
+            params.bm25_b,
+        )
+        scores = bm25 if scores is None else fuse_matrix(scores, bm25, params.lexical_weight)
+    assert scores is not None
+    per_paragraph = np.maximum.reduceat(scores, np.asarray(starts), axis=1)
     doc_ids = [d for d, _, _ in eval_set.corpus]
     top = np.argsort(-per_paragraph, axis=1, kind="stable")[:, :k]
     rankings = {qid: [doc_ids[j] for j in top[i]] for i, (qid, _) in enumerate(eval_set.queries)}
@@ -497,6 +517,9 @@ def run_gate(
     embedders: Mapping[str, Embedder] | None = None,
 ) -> dict[str, Any]:
     """Evaluate profile ``name`` and the active profile on the eval set and record the result.
+
+    Each profile is scored in its own ``search_mode`` (the mode search will use once it is active; the
+    row records both modes), with its own lexical and fusion parameters.
 
     passed = shadow nDCG@10 >= active nDCG@10 - tolerance and shadow recall@10 >= active recall@10 - tolerance.
     Returns the recorded ``profile_gate`` row. ``embedders`` (by model name) overrides the model loading (tests).
@@ -535,6 +558,8 @@ def run_gate(
             "tolerance": tolerance,
             "passed": gate_passed(shadow_scores, active_scores, tolerance),
             "seconds": round(time.perf_counter() - started, 3),
+            "mode": LexicalParams.of(shadow).search_mode,
+            "baseline_mode": LexicalParams.of(active).search_mode,
         },
     )
     assert row is not None

@@ -1,4 +1,9 @@
-"""Search: a tenant's nearest chunks under the ACTIVE profile, over CURRENT versions only (invariant 4).
+"""Search: a tenant's best chunks under the ACTIVE profile, over CURRENT versions only (invariant 4).
+
+Three modes (``mode``; default: the profile's ``search_mode``, hybrid): dense (cosine, below), lexical
+(BM25 over the lexical index, resources/lexical.py) and hybrid (both sides' candidates, each scored by
+both, fused with the profile's ``lexical_weight``). The lexical side joins the same search pointer and
+filters the same tenant and profile as the vectors.
 
 Only chunks whose (tenant, document, profile, version) is named by a search pointer can match, so a
 half-written or superseded version is never returned and a failed new version leaves the old one in
@@ -16,8 +21,11 @@ from typing import Any
 
 from pipelines.domain.errors import InvalidRequest
 from pipelines.domain.identifiers import validate_tenant
-from resources.database import Database
+from pipelines.domain.lexical import MODES, LexicalParams, fuse
+from resources.database import Database, Session
 from resources.embedder import Embedder, ProfileEmbedders, checked_embed
+from resources.lexical import lexical_scores, lexical_search, query_weights
+from resources.lexical import tokenizer_for as lexical_tokenizer_for
 
 MAX_K = 1000
 DEFAULT_MAX_SCAN_TUPLES = 20_000
@@ -26,7 +34,7 @@ MAX_QUERY_CHARS = 10_000
 
 @dataclass(frozen=True)
 class SearchHit:
-    """One chunk of a current version, with its cosine similarity to the query (1 = same direction)."""
+    """One chunk of a current version with its score: cosine similarity (dense), BM25 (lexical) or fused (hybrid)."""
 
     document_id: str
     version_number: int
@@ -58,13 +66,17 @@ def search(
     *,
     tenant_id: str,
     k: int = 10,
+    mode: str | None = None,
     max_scan_tuples: int = DEFAULT_MAX_SCAN_TUPLES,
 ) -> list[SearchHit]:
-    """The ``k`` chunks of ``tenant_id``'s current versions nearest to ``query``, best first.
+    """The ``k`` best chunks of ``tenant_id``'s current versions for ``query``, best first.
 
+    ``mode``: ``dense`` (cosine), ``lexical`` (BM25) or ``hybrid`` (both, fused as pipelines/domain/lexical.py
+    says, with the profile's parameters); None = the active profile's ``search_mode`` (hybrid unless a
+    migration says otherwise). Each hit's ``score`` is that mode's: cosine, BM25 or the fused score.
     The query is embedded through ``checked_embed`` with the active profile's model and dimension, so
     an embedder that does not match the index is refused (EmbeddingInvalidResponse) rather than
-    producing meaningless scores. InvalidRequest for a bad tenant, k or empty query, or no active profile.
+    producing meaningless scores. InvalidRequest for a bad tenant, k, mode or empty query, or no active profile.
     """
     validate_tenant(tenant_id)
     if not isinstance(k, int) or not 1 <= k <= MAX_K:
@@ -73,33 +85,82 @@ def search(
         raise InvalidRequest("the query is empty")
     if len(query) > MAX_QUERY_CHARS:
         raise InvalidRequest(f"the query is longer than {MAX_QUERY_CHARS} characters")
+    if mode is not None and mode not in MODES:
+        raise InvalidRequest(f"mode must be one of {', '.join(MODES)}")
     profile = db.fetch_one("index_profile_active")
     if profile is None:
         raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
-    if isinstance(embedder, ProfileEmbedders):  # a long-lived caller: whichever profile is active now
-        embedder = embedder.for_profile(profile)
-    vector = checked_embed(
-        embedder, [query], expected_model=profile["model"], expected_dim=profile["dimension"], batch_size=1
-    )[0]
-    params = {"query": vector, "tenant_id": tenant_id, "profile": profile["name"], "k": k}
+    params = LexicalParams.of(profile)
+    mode = mode or params.search_mode
+    vector = None
+    if mode != "lexical":
+        if isinstance(embedder, ProfileEmbedders):  # a long-lived caller: whichever profile is active now
+            embedder = embedder.for_profile(profile)
+        vector = checked_embed(
+            embedder, [query], expected_model=profile["model"], expected_dim=profile["dimension"], batch_size=1
+        )[0]
+    scope = {"tenant_id": tenant_id, "profile": profile["name"]}
+    tokenizer = lexical_tokenizer_for(profile["model"]) if mode != "dense" else None
     with db.transaction() as tx:
-        tx.fetch_one(
-            "search_settings", {"ef_search": ef_search_for(k), "max_scan_tuples": max(1, int(max_scan_tuples))}
-        )
-        rows = tx.fetch_all("search_hits", params)
-        if len(rows) < k:
-            rows = tx.fetch_all("search_hits_exact", params)
+        weights = query_weights(tx, tokenizer, query, **scope) if tokenizer is not None else None
+        if mode == "dense":
+            rows = _dense_rows(tx, vector, scope, k, max_scan_tuples)
+            scores = {r["chunk_id"]: 1.0 - float(r["distance"]) for r in rows}
+        elif mode == "lexical":
+            # The same per-transaction settings (a custom plan per query, so the GIN index is used).
+            tx.fetch_one("search_settings", {"ef_search": ef_search_for(k), "max_scan_tuples": max(1, int(max_scan_tuples))})
+            rows = lexical_search(tx, weights, params, k=k, **scope) if weights else []
+            scores = {r["chunk_id"]: float(r["bm25"]) for r in rows}
+        else:
+            rows, scores = _hybrid_rows(tx, vector, weights, params, scope, k, max_scan_tuples)
     hits = [
         SearchHit(
             document_id=r["document_id"],
             version_number=r["version_number"],
             heading_path=tuple(r["heading_path"] or ()),
             text=r["text"],
-            score=1.0 - float(r["distance"]),
+            score=scores[r["chunk_id"]],
             chunk_id=r["chunk_id"],
             page=r["page"],
         )
         for r in rows
     ]
     hits.sort(key=lambda h: (-h.score, h.chunk_id))
-    return hits
+    return hits[:k]
+
+
+def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], k: int, max_scan_tuples: int) -> list[dict[str, Any]]:
+    """The k nearest current chunks (HNSW, iterative; exhaustive when the walk came back short)."""
+    params = {"query": vector, "k": k, **scope}
+    tx.fetch_one("search_settings", {"ef_search": ef_search_for(k), "max_scan_tuples": max(1, int(max_scan_tuples))})
+    rows = tx.fetch_all("search_hits", params)
+    if len(rows) < k:
+        rows = tx.fetch_all("search_hits_exact", params)
+    return rows
+
+
+def hybrid_depth(k: int) -> int:
+    """Candidates each side brings to the fusion: at least 50, and k. Measured on cmrc2018-dev at k=50
+    (bench/retrieval): a depth of 2k widens the dense graph walk, hybrid p50 +17.8 ms over dense; depth k
+    +6.7 ms (p95 +7.4 ms); nDCG@10 0.9667 both."""
+    return min(MAX_K, max(50, k))
+
+
+def _hybrid_rows(
+    tx: Session, vector: Any, weights: dict[str, Any] | None, params: LexicalParams, scope: dict[str, Any], k: int,
+    max_scan_tuples: int,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Both sides' candidates, each scored by BOTH measures (the lexical rows carry their cosine, the dense
+    ones get their BM25 by primary key), fused: the same scores the quality gate computes in memory."""
+    depth = hybrid_depth(k)
+    dense = _dense_rows(tx, vector, scope, depth, max_scan_tuples)
+    lexical = lexical_search(tx, weights, params, k=depth, query_vector=vector, **scope) if weights else []
+    rows = {r["chunk_id"]: r for r in dense}
+    rows.update({r["chunk_id"]: r for r in lexical if r["chunk_id"] not in rows})
+    cosines = {cid: 1.0 - float(r["distance"]) for cid, r in rows.items()}
+    bm25 = {r["chunk_id"]: float(r["bm25"]) for r in lexical}
+    if weights:
+        missing = [r["chunk_id"] for r in dense if r["chunk_id"] not in bm25]
+        bm25.update(lexical_scores(tx, weights, params, missing, **scope))
+    fused = fuse(cosines, bm25, params.lexical_weight)[:k]
+    return [rows[cid] for cid, _ in fused], dict(fused)

@@ -47,6 +47,11 @@ class ModelTokenizer:
         """Character span of each word piece in ``text``, in order (special tokens excluded)."""
         return list(self._tokenizer.encode(_safe(text), add_special_tokens=False).offsets)
 
+    def pieces(self, text: str) -> list[tuple[int, int, int]]:
+        """(vocabulary id, start, end) of each word piece: the terms of the lexical index (domain.lexical)."""
+        encoding = self._tokenizer.encode(_safe(text), add_special_tokens=False)
+        return [(i, a, b) for i, (a, b) in zip(encoding.ids, encoding.offsets, strict=True)]
+
 
 def _safe(text: str) -> str:
     """Lone surrogates cannot cross into Rust; replace them one for one so offsets stay valid."""

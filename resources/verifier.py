@@ -19,6 +19,10 @@ Violations break an invariant and make ``kbindex verify`` exit 1; warnings are r
     violation  task_event_chain_broken          a transition not starting where the previous one ended
     violation  document_version_without_task    a published version nothing will ever index
     violation  index_profile_active_count       not exactly one active profile
+    violation  lexical_index_mismatch           a chunk's lexical (BM25) row missing, of another version,
+                                                built from other content, or its length != sum of its tfs
+    violation  lexical_stats_mismatch           BM25 statistics (df, chunks, total length per tenant and
+                                                profile) != a recount over the pointed versions' rows
     warning    chunk_duplicate_content          one text (same heading path, page) under two chunk ids of a version
     warning    chunk_retained                   chunks of superseded versions (search never reads them)
     violation  chunk_retained_past_window       ... superseded longer ago than ``retention_seconds``: retention
@@ -88,6 +92,10 @@ CHECKS: tuple[Check, ...] = (
           "published versions with no index task"),
     Check("index_profile_active_count", "verify_index_profile_active_count", "violation",
           "not exactly one active index profile"),
+    Check("lexical_index_mismatch", "verify_lexical_index_mismatch", "violation",
+          "chunks whose lexical (BM25) row is missing, of another version, stale, or inconsistent"),
+    Check("lexical_stats_mismatch", "verify_lexical_stats_mismatch", "violation",
+          "BM25 statistics that differ from a recount over the pointed versions' lexical rows"),
     Check("chunk_retained", "verify_chunk_retained", "warning",
           "chunk rows of superseded versions, kept for rollback (search never reads them)",
           {"past_window": False}),

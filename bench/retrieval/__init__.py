@@ -6,7 +6,11 @@ For each BEIR-layout corpus (corpus.jsonl {_id,title,text}, queries.jsonl, qrels
 every paragraph through the project's own path: Publisher (version + PENDING task) -> TaskQueue.claim
 (a real lease) -> parse_document -> chunk_document (the model's tokenizer, the profile's parameters)
 -> checked_embed with the packaged all-MiniLM-L6-v2 -> IndexSink.publish (the fenced transaction) into a
-throwaway PostgreSQL; then it answers every query with resources.search.search. It prints:
+throwaway PostgreSQL; then it answers every query with resources.search.search in each mode (dense,
+lexical, hybrid: issue #13). It prints:
+
+- per mode, nDCG@10, recall@10 and query latency p50/p95 (embedding included where the mode embeds),
+  and how much hybrid adds to dense at p95 (target: <= 15 ms on the largest set);
 
 - nDCG@10 and recall@10 of the stored index beside the same model scored by brute force in memory on
   the same chunks (bare ``model.encode``; a document scores the max over its chunks), and the gap

@@ -571,14 +571,21 @@ def create_app(
         tenant_id: Tenant,
         q: Annotated[str, Query(min_length=1, max_length=2000, description="The question or keywords")],
         k: Annotated[int, Query(ge=1, le=100)] = 10,
+        mode: Annotated[
+            str | None,
+            Query(
+                pattern="^(hybrid|dense|lexical)$",
+                description="hybrid (BM25 + vectors, fused), dense or lexical; default: the profile's (hybrid)",
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         if not q.strip():
             raise InvalidRequest("the query must not be blank")
         fn = search_fn or _default_search()
         if state["embedder"] is None:
             state["embedder"] = _default_embedder()
-        hits = fn(db, state["embedder"], q, tenant_id=tenant_id, k=k)
-        return {"query": q, "k": k, "hits": _jsonable(list(hits))}
+        hits = fn(db, state["embedder"], q, tenant_id=tenant_id, k=k, mode=mode)
+        return {"query": q, "k": k, "mode": mode, "hits": _jsonable(list(hits))}
 
     # -- model migration ---------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""`kbindex search QUERY --tenant T [-k N] [--json]`: the tenant's nearest chunks of current versions."""
+"""`kbindex search QUERY --tenant T [-k N] [--mode hybrid|dense|lexical] [--json]`: the tenant's best chunks
+of current versions."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from rich.table import Table
 
 from pipelines.cli.app import JsonOption, app, console, errors_to_exit, open_database, print_json
 from pipelines.domain.errors import InvalidRequest
+from pipelines.domain.lexical import MODES
 
 
 @app.command("search")
@@ -14,6 +16,11 @@ def search_command(
     query: str = typer.Argument(..., help="What to look for (any language the model reads)."),
     tenant: str = typer.Option(..., "--tenant", help="Tenant whose documents are searched."),
     k: int = typer.Option(10, "-k", "--k", min=1, max=1000, help="How many chunks to return."),
+    mode: str = typer.Option(
+        None,
+        "--mode",
+        help="hybrid (BM25 + vectors, fused), dense (vectors) or lexical (BM25). Default: the profile's, hybrid.",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Search the active profile's index: only the versions the search pointers name, best first."""
@@ -25,8 +32,10 @@ def search_command(
         profile = db.fetch_one("index_profile_active")
         if profile is None:
             raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
+        if mode is not None and mode not in MODES:
+            raise InvalidRequest(f"--mode must be one of {', '.join(MODES)}")
         embedder = embedder_for_profile(profile, home=Settings.from_env().home)  # `kbindex dev` keeps one warm
-        hits = search(db, embedder, query, tenant_id=tenant, k=k)
+        hits = search(db, embedder, query, tenant_id=tenant, k=k, mode=mode)
     if as_json:
         print_json([hit.to_dict() for hit in hits])
         return

@@ -24,3 +24,7 @@ SELECT version FROM schema_migration ORDER BY version;
 -- name: migration_record
 -- Mark one migration as applied (same transaction as the migration itself).
 INSERT INTO schema_migration (version) VALUES (%(version)s);
+
+-- name: lexical_backfill_exists
+-- A row while migration 0022's lexical backfill is still to do (ask only once 0022 is applied).
+SELECT 1 FROM lexical_backfill;

@@ -224,12 +224,13 @@ ORDER BY b.created_at, b.name;
 -- name: profile_gate_insert
 -- Record one quality-gate evaluation.
 INSERT INTO profile_gate (profile, baseline_profile, eval_set, eval_digest, documents, queries, k,
-                          shadow_ndcg, shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds)
+                          shadow_ndcg, shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds,
+                          mode, baseline_mode)
 VALUES (%(profile)s, %(baseline_profile)s, %(eval_set)s, %(eval_digest)s, %(documents)s, %(queries)s, %(k)s,
         %(shadow_ndcg)s, %(shadow_recall)s, %(active_ndcg)s, %(active_recall)s, %(tolerance)s, %(passed)s,
-        %(seconds)s)
+        %(seconds)s, %(mode)s, %(baseline_mode)s)
 RETURNING gate_id, profile, baseline_profile, eval_set, eval_digest, documents, queries, k, shadow_ndcg,
-          shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds, created_at;
+          shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds, created_at, mode, baseline_mode;
 
 -- name: profile_gate_latest
 -- The profile's latest gate result (activation requires it to have passed against the active profile).

@@ -279,3 +279,64 @@ SELECT count(*)::integer AS active_count,
 FROM index_profile p
 WHERE p.is_active
 HAVING count(*) <> 1;
+
+-- name: verify_lexical_index_mismatch
+-- A chunk whose lexical (BM25) row is missing, belongs to another version, was built from other content,
+-- whose length is not the sum of its term frequencies, or whose postings differ from the row: lexical
+-- search would disagree with the chunks.
+WITH offending AS (
+    SELECT c.chunk_id, c.tenant_id, c.document_id, c.profile, c.version_number,
+           CASE WHEN l.chunk_id IS NULL THEN 'missing'
+                WHEN (l.tenant_id, l.document_id, l.profile, l.version_number)
+                     IS DISTINCT FROM (c.tenant_id, c.document_id, c.profile, c.version_number) THEN 'other version'
+                WHEN l.content_digest <> c.content_digest THEN 'stale content'
+                WHEN l.length <> (SELECT coalesce(sum(x), 0) FROM unnest(l.tfs) AS x) THEN 'length'
+                ELSE 'postings' END AS problem
+    FROM chunk c
+    LEFT JOIN lexical_chunk l ON l.chunk_id = c.chunk_id
+    WHERE l.chunk_id IS NULL
+       OR (l.tenant_id, l.document_id, l.profile, l.version_number)
+          IS DISTINCT FROM (c.tenant_id, c.document_id, c.profile, c.version_number)
+       OR l.content_digest <> c.content_digest
+       OR l.length <> (SELECT coalesce(sum(x), 0) FROM unnest(l.tfs) AS x)
+       OR EXISTS (  -- the postings must be exactly the row's terms, tfs, length and key
+           (SELECT t.term, t.tf, l.length, l.tenant_id, l.profile, l.document_id, l.version_number
+            FROM unnest(l.terms, l.tfs) AS t (term, tf))
+           EXCEPT ALL
+           (SELECT x.term, x.tf, x.length, x.tenant_id, x.profile, x.document_id, x.version_number
+            FROM lexical_posting x WHERE x.chunk_id = l.chunk_id))
+       OR (SELECT count(*) FROM lexical_posting x WHERE x.chunk_id = l.chunk_id) <> cardinality(l.terms)
+)
+SELECT o.*, count(*) OVER ()::integer AS total
+FROM offending o
+ORDER BY o.tenant_id, o.document_id, o.profile, o.version_number, o.chunk_id
+LIMIT %(limit)s;
+
+-- name: verify_lexical_stats_mismatch
+-- BM25 statistics (lexical_term_stats: df per term, -1 chunks, -2 total length) that differ from a recount
+-- over the lexical rows of the versions the search pointers name: scores would use a wrong corpus.
+WITH pointed AS (
+    SELECT l.tenant_id, l.profile, l.terms, l.length
+    FROM lexical_chunk l
+    JOIN search_pointer p
+      ON p.tenant_id = l.tenant_id AND p.document_id = l.document_id
+     AND p.profile = l.profile AND p.version_number = l.version_number
+),
+recount AS (
+    SELECT tenant_id, profile, term, count(*)::bigint AS df FROM pointed, unnest(pointed.terms) AS term
+    GROUP BY tenant_id, profile, term
+    UNION ALL SELECT tenant_id, profile, -1, count(*)::bigint FROM pointed GROUP BY tenant_id, profile
+    UNION ALL SELECT tenant_id, profile, -2, sum(length)::bigint FROM pointed GROUP BY tenant_id, profile
+),
+offending AS (
+    SELECT coalesce(r.tenant_id, s.tenant_id) AS tenant_id, coalesce(r.profile, s.profile) AS profile,
+           coalesce(r.term, s.term) AS term, coalesce(s.df, 0) AS stored_df, coalesce(r.df, 0) AS actual_df
+    FROM recount r
+    FULL JOIN (SELECT * FROM lexical_term_stats WHERE df <> 0) s
+      ON s.tenant_id = r.tenant_id AND s.profile = r.profile AND s.term = r.term
+    WHERE coalesce(s.df, 0) <> coalesce(r.df, 0)
+)
+SELECT o.*, count(*) OVER ()::integer AS total
+FROM offending o
+ORDER BY o.tenant_id, o.profile, o.term
+LIMIT %(limit)s;

@@ -7,8 +7,8 @@ import multiprocessing
 import psycopg
 from psycopg import sql as pgsql
 
-from resources.migrations import migrate, pending
-from sql import migration_files
+from resources.migrations import LEXICAL_BACKFILL, LEXICAL_MIGRATION, migrate, pending
+from sql import migration_files, queries
 
 
 def _fresh(pg_server_url: str, name: str) -> str:
@@ -48,3 +48,39 @@ def test_two_processes_migrate_at_once(pg_server_url):
     with psycopg.connect(url) as conn:
         (count,) = conn.execute("SELECT count(*) FROM schema_migration").fetchone()
     assert count == len(migration_files())
+
+
+def test_upgrade_past_0022_writes_lexical_rows_of_existing_chunks(pg_server_url):
+    """A database with chunks from before the lexical index gets their lexical rows from `migrate` itself."""
+    url = _fresh(pg_server_url, "mig_lexical_upgrade")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(queries["migration_table_create"])
+        for version, body in migration_files():
+            if version >= LEXICAL_MIGRATION:
+                break
+            conn.execute(body.encode())
+            conn.execute(queries["migration_record"], {"version": version})
+        for i, text in enumerate(["Refunds take thirty days.", "退款将在十四天内退回。"]):
+            conn.execute(
+                "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text,"
+                " token_count, content_digest, embedding) VALUES (%s, 'acme', 'refunds', 1, 'minilm-v1', %s, %s,"
+                " 5, %s, %s::vector)",
+                (f"c{i}", i, text, f"d{i}", "[" + ",".join(["0.05"] * 384) + "]"),
+            )
+    assert LEXICAL_BACKFILL not in pending(url)  # 0022 not applied yet: nothing to ask
+    messages: list[str] = []
+    applied = migrate(url, on_apply=messages.append)
+    assert LEXICAL_MIGRATION in applied
+    assert messages[-1] == f"{LEXICAL_BACKFILL}: 2 chunks, done"
+    assert pending(url) == []
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM lexical_chunk").fetchone()[0] == 2
+        assert conn.execute("SELECT count(*) FROM lexical_backfill").fetchone()[0] == 0
+    assert migrate(url) == []
+
+
+def test_fresh_database_has_no_lexical_backfill_to_do(pg_server_url):
+    url = _fresh(pg_server_url, "mig_lexical_fresh")
+    messages: list[str] = []
+    migrate(url, on_apply=messages.append)
+    assert not any(LEXICAL_BACKFILL in m for m in messages)

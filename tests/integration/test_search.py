@@ -14,6 +14,7 @@ from pipelines.domain.errors import EmbeddingInvalidResponse, InvalidRequest
 from resources.database import Database, Session
 from resources.embedder import FakeEmbedder, SentenceTransformerEmbedder, checked_embed
 from resources.index_sink import IndexSink
+from pipelines.domain.lexical import MODES
 from resources.search import SearchHit, search
 from resources.task_queue import TaskQueue
 from sql import queries
@@ -68,23 +69,27 @@ def versions(hits: list[SearchHit]) -> set[tuple[str, int]]:
     return {(h.document_id, h.version_number) for h in hits}
 
 
-def test_only_the_pointed_version_is_searchable(db, fake, index, queue):
+@pytest.mark.parametrize("mode", MODES)
+def test_only_the_pointed_version_is_searchable(db, fake, index, queue, mode):
+    """Every mode (the lexical side too) reads exactly the version the pointer names."""
     index("acme", "refunds", ["Refunds take 30 days in version one.", "Old refund desk hours."])
-    assert versions(search(db, fake, "refunds days", tenant_id="acme")) == {("refunds", 1)}
+    assert versions(search(db, fake, "refund desk days", tenant_id="acme", mode=mode)) == {("refunds", 1)}
     index("acme", "refunds", ["Refunds take 14 days in version two.", "New refund desk hours."])
-    hits = search(db, fake, "refunds days", tenant_id="acme", k=10)
+    hits = search(db, fake, "refund desk days", tenant_id="acme", k=10, mode=mode)
     assert versions(hits) == {("refunds", 2)} and len(hits) == 2
     claimed, _ = index("acme", "refunds", ["Refunds take 7 days in version three."], publish=False)
-    assert versions(search(db, fake, "refunds days", tenant_id="acme")) == {("refunds", 2)}, "v3 in progress"
+    assert versions(search(db, fake, "refund desk days", tenant_id="acme", mode=mode)) == {("refunds", 2)}, "v3 in progress"
     queue.fail(claimed.lease, "EMBEDDING_INVALID_RESPONSE", "bad batch")
-    assert versions(search(db, fake, "refunds days", tenant_id="acme")) == {("refunds", 2)}, "v3 failed: v2 stays"
+    assert versions(search(db, fake, "refund desk days", tenant_id="acme", mode=mode)) == {("refunds", 2)}, "v3 failed"
+    # A term only the superseded version had finds nothing, lexically or otherwise.
+    assert search(db, fake, "30", tenant_id="acme", mode="lexical") == []
 
 
 def test_hits_are_exactly_ordered_and_scored(db, fake, index):
     texts = [f"policy clause {i} about {'refunds ' * (i % 4)} shipping" for i in range(30)]
     index("acme", "policy", texts)
     query = texts[7]
-    hits = search(db, fake, query, tenant_id="acme", k=10)
+    hits = search(db, fake, query, tenant_id="acme", k=10, mode="dense")
     assert hits[0].text == query and hits[0].score == pytest.approx(1.0, abs=1e-5)
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
     q = fake.embed([query])[0]
@@ -93,12 +98,13 @@ def test_hits_are_exactly_ordered_and_scored(db, fake, index):
     assert hits[0].heading_path == ("policy",) and hits[0].page is None and len(hits[0].chunk_id) == 32
 
 
-def test_tenants_never_see_each_other(db, fake, index):
+@pytest.mark.parametrize("mode", MODES)
+def test_tenants_never_see_each_other(db, fake, index, mode):
     index("acme", "secret", ["The acme launch code is swordfish."])
     index("globex", "secret", ["The globex launch code is marlin."])
-    acme = search(db, fake, "launch code", tenant_id="acme", k=10)
+    acme = search(db, fake, "launch code marlin", tenant_id="acme", k=10, mode=mode)
     assert [h.text for h in acme] == ["The acme launch code is swordfish."]
-    assert search(db, fake, "launch code", tenant_id="initech") == []
+    assert search(db, fake, "launch code", tenant_id="initech", mode=mode) == []
 
 
 def test_bad_requests_and_mismatched_embedders_are_refused(db, fake, index):
@@ -108,6 +114,8 @@ def test_bad_requests_and_mismatched_embedders_are_refused(db, fake, index):
             search(db, fake, "text", **{"tenant_id": "acme", **bad})
     with pytest.raises(InvalidRequest):
         search(db, fake, "   ", tenant_id="acme")
+    with pytest.raises(InvalidRequest):
+        search(db, fake, "text", tenant_id="acme", mode="fuzzy")
     with pytest.raises(EmbeddingInvalidResponse):
         search(db, FakeEmbedder(), "text", tenant_id="acme")  # fake-384 is not the active profile's model
 
@@ -151,6 +159,10 @@ def test_at_scale_hnsw_is_used_and_a_small_tenant_still_gets_k_hits(db, db_url, 
     # The small tenant's 5 chunks sit among 12,000 others: it still gets all of them, best first...
     hits = search(db, fake, "refund", tenant_id="small", k=5)
     assert len(hits) == 5 and {h.text for h in hits[:3]} == set(small)
+    dense = search(db, fake, "refund", tenant_id="small", k=5, mode="dense")
+    assert len(dense) == 5 and {h.text for h in dense[:3]} == set(small)
+    lexical = search(db, fake, "refund alpha", tenant_id="small", k=5, mode="lexical")
+    assert {h.text for h in lexical} == set(small), "the lexical side stays in the tenant too"
     # The planner rightly reads so small a tenant exhaustively. Make it walk the graph instead (sorts
     # forbidden): iterative scans must still find all 5 among 12,000, and when the walk is cut short
     # at max_scan_tuples the exact fallback gives the same answer.
@@ -170,10 +182,10 @@ def test_at_scale_hnsw_is_used_and_a_small_tenant_still_gets_k_hits(db, db_url, 
             return rows
 
         monkeypatch.setattr(Session, "fetch_all", spy)
-        assert search(forced, fake, "refund", tenant_id="small", k=5) == hits
+        assert search(forced, fake, "refund", tenant_id="small", k=5, mode="dense") == dense
         assert ran == [("search_hits", 5)], "iterative scan found all 5 without help"
         ran.clear()
-        assert search(forced, fake, "refund", tenant_id="small", k=5, max_scan_tuples=10) == hits
+        assert search(forced, fake, "refund", tenant_id="small", k=5, max_scan_tuples=10, mode="dense") == dense
         assert [q for q, _ in ran] == ["search_hits", "search_hits_exact"] and ran[0][1] < 5
     finally:
         forced.close()

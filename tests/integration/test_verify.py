@@ -19,6 +19,7 @@ from pipelines.domain.errors import InvalidRequest
 from resources.publisher import Publisher, PublishResult
 from resources.task_queue import Lease, TaskQueue
 from resources.verifier import CHECKS, VerifyReport, all_check_names, verify
+from sql import queries
 
 PROFILE = "minilm-v1"
 VECTOR = "[" + ",".join(["0.01"] * 384) + "]"
@@ -41,7 +42,20 @@ def insert_chunk(db_url: str, tenant: str, document: str, version: int, ordinal:
         "text, token_count, content_digest, embedding) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::vector)",
         (cid, tenant, document, version, profile, ordinal, ["Policy"], text, len(text.split()), digest, VECTOR),
     )
+    # Its lexical (BM25) row, as the publish transaction writes one beside every chunk.
+    sql(
+        db_url,
+        "INSERT INTO lexical_chunk (chunk_id, tenant_id, document_id, profile, version_number, content_digest, "
+        "terms, tfs, length) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (cid, tenant, document, profile, version, digest, [1000 + ordinal, 7], [2, 1], 3),
+    )
+    sql(db_url, queries["lexical_posting_write"], {"chunk_ids": [cid]})
     return cid
+
+
+def reconcile(db_url: str, tenant: str = "acme", document: str = "refund-policy") -> None:
+    """Bring the document's BM25 statistics in line with its pointer, as the publish transaction does."""
+    sql(db_url, queries["lexical_stats_reconcile"], {"tenant_id": tenant, "document_id": document, "profile": PROFILE})
 
 
 def publish_version(db_url: str, queue: TaskQueue, lease: Lease, result: PublishResult, texts: list[str]) -> None:
@@ -55,6 +69,7 @@ def publish_version(db_url: str, queue: TaskQueue, lease: Lease, result: Publish
         "SET version_number = EXCLUDED.version_number, task_id = EXCLUDED.task_id, chunk_count = EXCLUDED.chunk_count",
         (result.tenant_id, result.document_id, PROFILE, result.version, result.task_id, len(texts)),
     )
+    reconcile(db_url, result.tenant_id, result.document_id)
     queue.complete(lease, chunk_count=len(texts))
 
 
@@ -75,6 +90,13 @@ def claim_only(queue: TaskQueue, task_id: int) -> Lease:
     (claimed,) = queue.claim("w1", limit=1)
     assert claimed.lease.task_id == task_id
     return claimed.lease
+
+
+@pytest.fixture
+def queue(db) -> TaskQueue:
+    """The database's own clock: the state below takes seconds to build on a loaded machine, and a pinned
+    clock (conftest's, one second ahead) would then find the later publishes not yet due."""
+    return TaskQueue(db, lease_seconds=30.0)
 
 
 @pytest.fixture
@@ -190,10 +212,12 @@ def dup_content(db_url: str, s: State) -> None:
 
 def delete_pointed_chunk(db_url: str, s: State) -> None:
     sql(db_url, "DELETE FROM chunk WHERE version_number = 2 AND ordinal = 1")
+    reconcile(db_url)
 
 
 def extra_pointed_chunk(db_url: str, s: State) -> None:
     insert_chunk(db_url, "acme", "refund-policy", 2, 3, "An extra chunk nobody published.")
+    reconcile(db_url)
 
 
 def pointer_count_lies(db_url: str, s: State) -> None:
@@ -206,6 +230,7 @@ def task_count_lies(db_url: str, s: State) -> None:
 
 def pointer_to_pending_version(db_url: str, s: State) -> None:
     sql(db_url, "UPDATE search_pointer SET version_number = 3, task_id = %s, chunk_count = 0", (s.policy_v3,))
+    reconcile(db_url)
 
 
 def pointer_moved_by_other_task(db_url: str, s: State) -> None:
@@ -276,6 +301,46 @@ def version_without_task(db_url: str, s: State) -> None:
                 "filename, media_type, partition_key) VALUES ('acme', 'lost', 1, 'x', 1, 'lost.txt', 'text/plain', 'lost')")
 
 
+def lexical_row_missing(db_url: str, s: State) -> None:
+    sql(db_url, "DELETE FROM lexical_chunk WHERE version_number = 1 AND chunk_id IN "
+                "(SELECT chunk_id FROM chunk WHERE ordinal = 0)")
+
+
+def lexical_row_stale(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE lexical_chunk SET content_digest = repeat('0', 64) WHERE version_number = 1")
+
+
+def lexical_row_of_other_version(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE lexical_chunk SET version_number = 9 WHERE version_number = 1")
+
+
+def lexical_length_lies(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE lexical_chunk SET length = 99 WHERE version_number = 1")
+
+
+def lexical_posting_lost(db_url: str, s: State) -> None:
+    sql(db_url, "DELETE FROM lexical_posting WHERE term = 7 AND version_number = 1")
+
+
+def lexical_posting_tf_lies(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE lexical_posting SET tf = 5 WHERE term = 7 AND version_number = 1")
+
+
+def lexical_df_drifts(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE lexical_term_stats SET df = df + 1 WHERE term = 7")
+
+
+def lexical_chunk_total_drifts(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE lexical_term_stats SET df = df - 1 WHERE term = -1")
+
+
+def lexical_terms_rewritten_without_stats(db_url: str, s: State) -> None:
+    ids = sql(db_url, "UPDATE lexical_chunk SET terms = '{5,7}' WHERE version_number = 2 AND terms[1] = 1000 "
+                      "RETURNING chunk_id")
+    sql(db_url, queries["lexical_posting_prune"], {"chunk_ids": [i for (i,) in ids]})
+    sql(db_url, queries["lexical_posting_write"], {"chunk_ids": [i for (i,) in ids]})
+
+
 def two_active_profiles(db_url: str, s: State) -> None:
     sql(db_url, "DROP INDEX index_profile_one_active")
     sql(db_url, "INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, is_active) "
@@ -310,6 +375,15 @@ CORRUPTIONS: list[tuple[Callable[[str, State], None], str]] = [
     (version_without_task, "document_version_without_task"),
     (two_active_profiles, "index_profile_active_count"),
     (no_active_profile, "index_profile_active_count"),
+    (lexical_row_missing, "lexical_index_mismatch"),
+    (lexical_row_stale, "lexical_index_mismatch"),
+    (lexical_row_of_other_version, "lexical_index_mismatch"),
+    (lexical_length_lies, "lexical_index_mismatch"),
+    (lexical_posting_lost, "lexical_index_mismatch"),
+    (lexical_posting_tf_lies, "lexical_index_mismatch"),
+    (lexical_df_drifts, "lexical_stats_mismatch"),
+    (lexical_chunk_total_drifts, "lexical_stats_mismatch"),
+    (lexical_terms_rewritten_without_stats, "lexical_stats_mismatch"),
 ]
 
 

@@ -1,0 +1,181 @@
+"""The lexical (BM25) index in PostgreSQL: its rows for the publish transaction, its search, its backfill.
+
+- ``lexical_rows``: the ``lexical_chunk_upsert`` parameters of a batch of chunks (terms of heading path +
+  text, pipelines/domain/lexical.py), written by IndexSink.publish in the fenced transaction right after the
+  chunk rows; ``lexical_stats_reconcile`` then makes the tenant's BM25 statistics count the pointed version.
+  Chunk deletions (stale rows of a re-run, retention) cascade to the lexical rows. Retention only removes
+  versions no pointer names, and a profile rollback only changes which profile's (separately kept)
+  statistics are read, so neither touches the statistics.
+- ``lexical_search``: BM25 over the tenant's current chunks. Statistics come from ``lexical_term_stats``
+  (one index probe per query term), scores from ``lexical_posting`` (the inverted index: a covering-index
+  walk per term) for the query's rarest terms up to a postings budget (``scoring_terms``: 2 x the tenant's chunks, at
+  most 50,000), so the cost follows the query's terms, not the tenant's size.
+- ``backfill_lexical_index``: lexical rows for chunks written before migration 0022 (run by ``migrate``).
+
+Statistics are maintained rather than counted at query time: counting df over the pointed versions costs
+one GIN posting walk plus a pointer join per query term (all of a tenant's chunks for a common term), while
+the maintained row is one index probe; measured in the issue #13 report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+from pipelines.domain.lexical import LexicalParams, idf, scoring_terms, term_counts
+from resources.database import Database, Session
+
+N_CHUNKS, TOTAL_LENGTH = -1, -2
+BACKFILL_BATCH = 500
+
+
+@lru_cache(maxsize=8)
+def tokenizer_for(model: str) -> Any:
+    """The profile model's WordPiece tokenizer (loaded once per process)."""
+    from resources.embedder import tokenizer_for_model
+
+    return tokenizer_for_model(model)
+
+
+def lexical_text(heading_path: Sequence[str], text: str) -> str:
+    """What the lexical index reads of a chunk: its heading path, then its text."""
+    return "\n".join([*heading_path, text]) if heading_path else text
+
+
+def lexical_rows(chunks: Sequence[Any], tokenizer: Any) -> dict[str, list[Any]]:
+    """``lexical_chunk_upsert`` arrays for chunks (anything with chunk_id, heading_path, text, content_digest)."""
+    out: dict[str, list[Any]] = {"chunk_ids": [], "content_digests": [], "terms": [], "tfs": [], "lengths": []}
+    for c in chunks:
+        counts = term_counts(lexical_text(tuple(c.heading_path), c.text), tokenizer)
+        terms = sorted(counts)
+        out["chunk_ids"].append(c.chunk_id)
+        out["content_digests"].append(c.content_digest)
+        out["terms"].append("{" + ",".join(map(str, terms)) + "}")
+        out["tfs"].append("{" + ",".join(str(counts[t]) for t in terms) + "}")
+        out["lengths"].append(sum(counts.values()))
+    return out
+
+
+def write_lexical(tx: Session, key: Mapping[str, Any], chunks: Sequence[Any], tokenizer: Any) -> None:
+    """Upsert the lexical rows and postings of a batch of one version's chunks (inside the publish transaction)."""
+    rows = lexical_rows(chunks, tokenizer)
+    tx.execute("lexical_chunk_upsert", {**key, **rows})
+    tx.execute("lexical_posting_prune", {"chunk_ids": rows["chunk_ids"]})
+    tx.execute("lexical_posting_write", {"chunk_ids": rows["chunk_ids"]})
+
+
+def query_weights(
+    session: Session | Database, tokenizer: Any, query: str, *, tenant_id: str, profile: str
+) -> dict[str, Any] | None:
+    """The scoring terms (the query's rarest that occur, within the postings budget) with their idf, and the
+    average length; None when no query term occurs (nothing can score)."""
+    terms = sorted(term_counts(query, tokenizer))
+    rows = session.fetch_all(
+        "lexical_stats_get", {"tenant_id": tenant_id, "profile": profile, "terms": [N_CHUNKS, TOTAL_LENGTH, *terms]}
+    )
+    stats = {r["term"]: int(r["df"]) for r in rows}
+    n = stats.pop(N_CHUNKS, 0)
+    total = stats.pop(TOTAL_LENGTH, 0)
+    dfs = {t: d for t, d in stats.items() if d > 0}
+    if n <= 0 or not dfs:
+        return None
+    chosen = scoring_terms(dfs, n)
+    return {
+        "candidates": chosen,
+        "candidate_idfs": [idf(n, dfs[t]) for t in chosen],
+        "avg_length": total / n if total > 0 else 1.0,
+    }
+
+
+def lexical_search(
+    tx: Session,
+    weights: Mapping[str, Any],
+    params: LexicalParams,
+    *,
+    tenant_id: str,
+    profile: str,
+    k: int,
+    query_vector: Any | None = None,
+) -> list[dict[str, Any]]:
+    """The ``k`` best current chunks by BM25 (rows with chunk fields, ``bm25`` and, given a query vector, the
+    cosine ``distance``)."""
+    return tx.fetch_all(
+        "lexical_hits",
+        {
+            **weights,
+            "k1": params.bm25_k1,
+            "b": params.bm25_b,
+            "tenant_id": tenant_id,
+            "profile": profile,
+            "k": k,
+            "query": query_vector,
+        },
+    )
+
+
+def lexical_scores(
+    tx: Session, weights: Mapping[str, Any], params: LexicalParams, chunk_ids: Sequence[str], *, tenant_id: str, profile: str
+) -> dict[str, float]:
+    """BM25 of the given current chunks (absent: no query term in it)."""
+    if not chunk_ids:
+        return {}
+    rows = tx.fetch_all(
+        "lexical_scores_of",
+        {
+            **weights,
+            "k1": params.bm25_k1,
+            "b": params.bm25_b,
+            "chunk_ids": list(chunk_ids),
+            "tenant_id": tenant_id,
+            "profile": profile,
+        },
+    )
+    return {r["chunk_id"]: float(r["bm25"]) for r in rows}
+
+
+def backfill_lexical_index(
+    db: Database, *, batch: int = BACKFILL_BATCH, on_batch: Callable[[int], None] | None = None
+) -> int:
+    """Write the lexical rows of chunks that have none (indexed before migration 0022) and reconcile their
+    documents' statistics; returns how many rows were written.
+
+    Runs only while migration 0022's ``lexical_backfill`` row exists, walks chunk ids upward from where it
+    stands (each batch is one transaction that also records its position, so a crash resumes exactly) and
+    deletes the row at the end. ``on_batch`` gets the running total after each batch.
+    """
+    written = 0
+    while (position := db.fetch_one("lexical_backfill_position", {})) is not None:
+        after = position["after_chunk_id"]
+        rows = db.fetch_all("lexical_chunks_missing", {"after_chunk_id": after, "limit": batch})
+        with db.transaction() as tx:
+            if not rows:
+                tx.execute("lexical_backfill_finish", {})
+                break
+            groups: dict[tuple[str, str, str, int, str], list[Any]] = {}
+            for r in rows:
+                key = (r["tenant_id"], r["document_id"], r["profile"], r["version_number"], r["model"])
+                groups.setdefault(key, []).append(_Row(r))
+            for (tenant, document, profile, version, model), chunks in groups.items():
+                key = {"tenant_id": tenant, "document_id": document, "profile": profile, "version_number": version}
+                write_lexical(tx, key, chunks, tokenizer_for(model))
+            for tenant, document, profile in sorted({k[:3] for k in groups}):
+                tx.fetch_one("lexical_stats_reconcile", {"tenant_id": tenant, "document_id": document, "profile": profile})
+            tx.execute("lexical_backfill_advance", {"after_chunk_id": rows[-1]["chunk_id"]})
+        written += len(rows)
+        if on_batch is not None:
+            on_batch(written)
+    return written
+
+
+class _Row:
+    """A chunk row read back from the database, shaped like a chunk for ``lexical_rows``."""
+
+    def __init__(self, row: Mapping[str, Any]) -> None:
+        self.chunk_id = row["chunk_id"]
+        self.heading_path = tuple(row["heading_path"] or ())
+        self.text = row["text"]
+        self.content_digest = row["content_digest"]
+
+
+__all__ = ["backfill_lexical_index", "lexical_search", "lexical_scores", "query_weights", "write_lexical"]

@@ -1,0 +1,170 @@
+-- Statements of the lexical (BM25) index: written in the fenced publish transaction (resources/index_sink.py),
+-- read by hybrid and lexical search (resources/lexical.py). Terms are pipelines/domain/lexical.py's ids.
+
+-- name: lexical_chunk_upsert
+-- Write the lexical rows of a batch of chunks (parallel arrays; terms and tfs as integer[] literals, one
+-- per chunk). Like chunk_upsert: a re-run rewrites nothing, and a row of another version is never taken over.
+INSERT INTO lexical_chunk AS l (chunk_id, tenant_id, document_id, profile, version_number, content_digest,
+                                terms, tfs, length)
+SELECT r.chunk_id, %(tenant_id)s, %(document_id)s, %(profile)s, %(version_number)s, r.content_digest,
+       r.terms::integer[], r.tfs::integer[], r.length
+FROM unnest(%(chunk_ids)s::text[], %(content_digests)s::text[], %(terms)s::text[], %(tfs)s::text[],
+            %(lengths)s::integer[])
+     AS r (chunk_id, content_digest, terms, tfs, length)
+ON CONFLICT (chunk_id) DO UPDATE
+SET content_digest = EXCLUDED.content_digest,
+    terms          = EXCLUDED.terms,
+    tfs            = EXCLUDED.tfs,
+    length         = EXCLUDED.length
+WHERE (l.tenant_id, l.document_id, l.version_number, l.profile) =
+      (EXCLUDED.tenant_id, EXCLUDED.document_id, EXCLUDED.version_number, EXCLUDED.profile)
+  AND (l.content_digest, l.terms, l.tfs, l.length) IS DISTINCT FROM
+      (EXCLUDED.content_digest, EXCLUDED.terms, EXCLUDED.tfs, EXCLUDED.length);
+
+-- name: lexical_posting_write
+-- Write the postings of a batch of chunks from their lexical rows (just upserted, same transaction): only
+-- rows that differ, so a re-run rewrites nothing. Terms a rewritten row lost go in lexical_posting_prune.
+INSERT INTO lexical_posting AS x (chunk_id, term, tenant_id, profile, document_id, version_number, tf, length)
+SELECT l.chunk_id, t.term, l.tenant_id, l.profile, l.document_id, l.version_number, t.tf, l.length
+FROM lexical_chunk l, unnest(l.terms, l.tfs) AS t (term, tf)
+WHERE l.chunk_id = ANY (%(chunk_ids)s::text[])
+ON CONFLICT (chunk_id, term) DO UPDATE
+SET tenant_id = EXCLUDED.tenant_id, profile = EXCLUDED.profile, document_id = EXCLUDED.document_id,
+    version_number = EXCLUDED.version_number, tf = EXCLUDED.tf, length = EXCLUDED.length
+WHERE (x.tenant_id, x.profile, x.document_id, x.version_number, x.tf, x.length) IS DISTINCT FROM
+      (EXCLUDED.tenant_id, EXCLUDED.profile, EXCLUDED.document_id, EXCLUDED.version_number, EXCLUDED.tf, EXCLUDED.length);
+
+-- name: lexical_posting_prune
+-- Drop postings of a batch of chunks whose lexical row no longer holds their term (a rewritten row).
+DELETE FROM lexical_posting x
+USING lexical_chunk l
+WHERE x.chunk_id = l.chunk_id
+  AND l.chunk_id = ANY (%(chunk_ids)s::text[])
+  AND x.term <> ALL (l.terms);
+
+-- name: lexical_count_version
+-- How many lexical rows one version has under one profile (the publish checks it equals its chunk count).
+SELECT count(*)::integer AS n
+FROM lexical_chunk
+WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s
+  AND profile = %(profile)s AND version_number = %(version_number)s;
+
+-- name: lexical_stats_reconcile
+-- Make lexical_term_stats count what the document's pointed version holds now: subtract what the ledger
+-- (lexical_document) says was counted, add the pointed version's rows, in ONE statement that touches the
+-- stats rows in term order (two publishes of one tenant lock them in the same order: no deadlock).
+-- Run by the publish transaction after its rows are written, with the pointer row locked.
+WITH counted AS (
+    SELECT t.term, t.df
+    FROM lexical_document d, unnest(d.terms, d.dfs) AS t (term, df)
+    WHERE d.tenant_id = %(tenant_id)s AND d.document_id = %(document_id)s AND d.profile = %(profile)s
+),
+pointed AS (
+    SELECT l.terms, l.length, l.version_number
+    FROM lexical_chunk l
+    JOIN search_pointer p
+      ON p.tenant_id = l.tenant_id AND p.document_id = l.document_id
+     AND p.profile = l.profile AND p.version_number = l.version_number
+    WHERE l.tenant_id = %(tenant_id)s AND l.document_id = %(document_id)s AND l.profile = %(profile)s
+),
+now_counted AS (
+    SELECT term, count(*)::bigint AS df FROM pointed, unnest(pointed.terms) AS term GROUP BY term
+    UNION ALL SELECT -1, count(*)::bigint FROM pointed HAVING count(*) > 0
+    UNION ALL SELECT -2, sum(length)::bigint FROM pointed HAVING count(*) > 0
+),
+delta AS (
+    SELECT coalesce(n.term, o.term) AS term, coalesce(n.df, 0) - coalesce(o.df, 0) AS df
+    FROM now_counted n
+    FULL JOIN counted o ON o.term = n.term
+),
+applied AS (
+    INSERT INTO lexical_term_stats AS s (tenant_id, profile, term, df)
+    SELECT %(tenant_id)s, %(profile)s, term, df FROM delta WHERE df <> 0 ORDER BY term
+    ON CONFLICT (tenant_id, profile, term) DO UPDATE SET df = s.df + EXCLUDED.df
+    RETURNING s.term
+),
+ledger AS (
+    INSERT INTO lexical_document AS d (tenant_id, document_id, profile, version_number, terms, dfs)
+    SELECT %(tenant_id)s, %(document_id)s, %(profile)s, (SELECT max(version_number) FROM pointed),
+           coalesce(array_agg(term ORDER BY term), '{}'), coalesce(array_agg(df ORDER BY term), '{}')
+    FROM now_counted
+    ON CONFLICT (tenant_id, document_id, profile) DO UPDATE
+    SET version_number = EXCLUDED.version_number, terms = EXCLUDED.terms, dfs = EXCLUDED.dfs
+    RETURNING d.document_id
+)
+SELECT (SELECT count(*) FROM applied)::integer AS terms_changed, (SELECT count(*) FROM ledger)::integer AS ledgers;
+
+-- name: lexical_stats_get
+-- The tenant's current-version statistics for some terms (-1: chunks, -2: total length), one index probe each.
+SELECT term, df
+FROM lexical_term_stats
+WHERE tenant_id = %(tenant_id)s AND profile = %(profile)s AND term = ANY (%(terms)s::integer[]);
+
+-- name: lexical_hits
+-- BM25 top k of the tenant's current chunks: the postings of the query's terms (covering index, one walk
+-- per term), summed per chunk; the pointer join keeps only current versions. Terms are the query's rarest
+-- up to a postings budget (resources/lexical.py), so a very common term does not walk half the tenant.
+WITH q AS (
+    SELECT * FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[]) AS q (term, idf)
+),
+scored AS (
+    SELECT x.chunk_id,
+           sum(q.idf * x.tf * (%(k1)s::float8 + 1)
+               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8))) AS bm25
+    FROM q
+    JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
+    JOIN search_pointer p
+      ON p.tenant_id = x.tenant_id AND p.document_id = x.document_id
+     AND p.profile = x.profile AND p.version_number = x.version_number
+    GROUP BY x.chunk_id
+    ORDER BY bm25 DESC, x.chunk_id
+    LIMIT %(k)s
+)
+SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text, s.bm25,
+       c.embedding <=> %(query)s::vector AS distance
+FROM scored s
+JOIN chunk c ON c.chunk_id = s.chunk_id
+ORDER BY s.bm25 DESC, c.chunk_id;
+
+-- name: lexical_scores_of
+-- BM25 of given current chunks of the tenant (the dense side's candidates that the lexical side did not
+-- return), by posting primary key (chunk, term): a chunk with no query term is absent (score 0).
+WITH q AS (
+    SELECT * FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[]) AS q (term, idf)
+)
+SELECT x.chunk_id,
+       sum(q.idf * x.tf * (%(k1)s::float8 + 1)
+           / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8))) AS bm25
+FROM unnest(%(chunk_ids)s::text[]) AS ids (chunk_id)
+CROSS JOIN q
+JOIN lexical_posting x ON x.chunk_id = ids.chunk_id AND x.term = q.term
+JOIN search_pointer p
+  ON p.tenant_id = x.tenant_id AND p.document_id = x.document_id
+ AND p.profile = x.profile AND p.version_number = x.version_number
+WHERE x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s
+GROUP BY x.chunk_id;
+
+-- name: lexical_backfill_position
+-- Where the lexical backfill of migration 0022 stands (no row: nothing left to backfill).
+SELECT after_chunk_id FROM lexical_backfill;
+
+-- name: lexical_backfill_advance
+-- Record how far the backfill got (same transaction as the rows it wrote, so a crash resumes exactly).
+UPDATE lexical_backfill SET after_chunk_id = %(after_chunk_id)s;
+
+-- name: lexical_backfill_finish
+-- The backfill walked every chunk id.
+DELETE FROM lexical_backfill;
+
+-- name: lexical_chunks_missing
+-- The next chunks after %(after_chunk_id)s (chunk id order) without their lexical row, a batch at a time, for
+-- resources/lexical.py backfill_lexical_index: a walk of the chunk primary key, O(chunks) over the whole
+-- backfill however many batches it takes.
+SELECT c.chunk_id, c.tenant_id, c.document_id, c.profile, c.version_number, c.heading_path, c.text,
+       c.content_digest, ip.model
+FROM chunk c
+JOIN index_profile ip ON ip.name = c.profile
+WHERE c.chunk_id > %(after_chunk_id)s
+  AND NOT EXISTS (SELECT 1 FROM lexical_chunk l WHERE l.chunk_id = c.chunk_id)
+ORDER BY c.chunk_id
+LIMIT %(limit)s;

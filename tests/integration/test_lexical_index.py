@@ -1,0 +1,260 @@
+"""The lexical (BM25) index: fenced with the chunks, statistics that follow the pointer, retention and
+rollback, backfill, verify, and `kbindex search --mode` (issue #13)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pipelines.domain.chunking import Chunk, VersionIdentity, chunk_id, content_digest
+from pipelines.domain.lexical import MODES
+from resources.embedder import FakeEmbedder, checked_embed
+from resources.index_sink import IndexSink
+from resources.lexical import backfill_lexical_index
+from resources.migrations import LEXICAL_BACKFILL, migrate, pending
+from resources.search import search
+from resources.task_queue import TaskQueue
+from resources.verifier import verify
+
+PROFILE = "minilm-v1"
+MODEL = "all-MiniLM-L6-v2"
+
+
+def pieces(tenant: str, document: str, version: int, texts: list[str], profile: str = PROFILE) -> list[Chunk]:
+    identity = VersionIdentity(tenant, document, version, profile)
+    out = []
+    for i, text in enumerate(texts):
+        digest = content_digest(text)
+        out.append(Chunk(chunk_id(identity, i, (document,), digest), i, (document,), None, text, text, 10, digest))
+    return out
+
+
+def vectors(texts: list[str]):
+    return checked_embed(FakeEmbedder(model_name=MODEL), texts, expected_model=MODEL, expected_dim=384, batch_size=8)
+
+
+def stats(db_url: str, tenant: str = "acme") -> dict[int, int]:
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            "SELECT term, df FROM lexical_term_stats WHERE tenant_id = %s AND df <> 0 ORDER BY term", (tenant,)
+        ).fetchall()
+    return dict(rows)
+
+
+def count(db_url: str, table: str, version: int) -> int:
+    with psycopg.connect(db_url) as conn:
+        return conn.execute(f"SELECT count(*) FROM {table} WHERE version_number = %s", (version,)).fetchone()[0]
+
+
+@pytest.fixture
+def queue(db) -> TaskQueue:
+    return TaskQueue(db, lease_seconds=120)
+
+
+@pytest.fixture
+def fake() -> FakeEmbedder:
+    return FakeEmbedder(model_name=MODEL)
+
+
+@pytest.fixture
+def index(db, queue, publisher):
+    sink = IndexSink(db, queue)
+
+    def make(tenant: str, document: str, texts: list[str], *, publish: bool = True):
+        published = publisher.publish(tenant, document, "\n\n".join(texts).encode(), f"{document}.txt")
+        (claimed,) = queue.claim("test-worker", limit=1)
+        chunks = pieces(tenant, document, claimed.version_number, texts)
+        if publish:
+            sink.publish(claimed.lease, chunks, vectors(texts))
+        return claimed, chunks
+
+    return make
+
+
+def assert_clean(db) -> None:
+    report = verify(db)
+    assert report.ok, report.to_dict()
+
+
+def test_rows_are_written_with_the_chunks_and_statistics_follow_the_pointer(db, db_url, index, fake):
+    index("acme", "refunds", ["Refunds take 30 days.", "The refund desk opens at nine.", "Keep the receipt."])
+    one = stats(db_url)
+    assert one[-1] == 3 and count(db_url, "lexical_chunk", 1) == 3
+    assert_clean(db)
+    index("acme", "refunds", ["Refunds take 14 days.", "退款将在十四天内退回。"])
+    two = stats(db_url)
+    assert two[-1] == 2, "only the pointed version counts"
+    assert count(db_url, "lexical_chunk", 1) == 3, "the superseded version's rows stay with its chunks"
+    assert_clean(db)
+    hits = search(db, fake, "退款", tenant_id="acme", mode="lexical")
+    assert [h.text for h in hits] == ["退款将在十四天内退回。"] and hits[0].version_number == 2
+    index("globex", "refunds", ["Refunds take 30 days."])
+    assert stats(db_url) == two, "another tenant has its own statistics"
+
+
+def test_a_superseded_publish_writes_no_lexical_rows(db, db_url, publisher, queue):
+    sink = IndexSink(db, queue)
+    v1 = publisher.publish("acme", "policy", b"one", "policy.md")
+    v2 = publisher.publish("acme", "policy", b"two", "policy.md")
+    leases = {c.lease.task_id: c for c in queue.claim("w1", limit=2)}
+    newer, older = leases[v2.task_id], leases[v1.task_id]
+    sink.publish(newer.lease, pieces("acme", "policy", 2, ["Version two text."]), vectors(["Version two text."]))
+    before = stats(db_url)
+    outcome = sink.publish(older.lease, pieces("acme", "policy", 1, ["Version one text."]), vectors(["Version one text."]))
+    assert outcome.superseded and count(db_url, "lexical_chunk", 1) == 0 and stats(db_url) == before
+    assert_clean(db)
+
+
+def test_a_publish_failing_after_all_its_writes_leaves_neither_side_visible(db, db_url, index, queue, fake, monkeypatch):
+    index("acme", "refunds", ["Refunds take 30 days."])
+    before = stats(db_url)
+    claimed, chunks = index("acme", "refunds", ["Refunds now take 14 days, harbour."], publish=False)
+
+    def die(*args, **kwargs):  # everything is written (chunks, lexical rows, statistics): then the publish dies
+        raise RuntimeError("killed before commit")
+
+    monkeypatch.setattr(queue, "complete", die)
+    with pytest.raises(RuntimeError):
+        IndexSink(db, queue).publish(claimed.lease, chunks, vectors([c.text for c in chunks]))
+    assert count(db_url, "chunk", 2) == 0 and count(db_url, "lexical_chunk", 2) == 0
+    assert stats(db_url) == before
+    for mode in MODES:
+        assert {h.version_number for h in search(db, fake, "refunds take days harbour", tenant_id="acme", mode=mode)} == {1}
+    assert search(db, fake, "harbour", tenant_id="acme", mode="lexical") == []
+
+
+def _publish_and_hang(db_url: str, lease, texts: list[str], ready: str) -> None:
+    """Child process: the whole publish transaction, then hang before commit until killed."""
+    from resources.database import Database
+
+    db = Database(db_url, max_size=2)
+    queue = TaskQueue(db, lease_seconds=120)
+
+    def hang(*args, **kwargs):
+        Path(ready).write_text("written")
+        time.sleep(600)
+
+    queue.complete = hang  # type: ignore[method-assign]
+    IndexSink(db, queue).publish(lease, pieces("acme", "refunds", 2, texts), vectors(texts))
+
+
+def test_a_killed_publish_process_leaves_neither_side_visible(db, db_url, index, fake, tmp_path):
+    index("acme", "refunds", ["Refunds take 30 days."])
+    before = stats(db_url)
+    texts = ["Refunds now take 14 days, harbour."]
+    claimed, _ = index("acme", "refunds", texts, publish=False)
+    ready = tmp_path / "ready"
+    child = multiprocessing.get_context("spawn").Process(
+        target=_publish_and_hang, args=(db_url, claimed.lease, texts, str(ready))
+    )
+    child.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert child.is_alive() and time.monotonic() < deadline, "the child never reached the end of its writes"
+            time.sleep(0.1)
+        # Mid-transaction: readers see version 1 on both sides.
+        assert {h.version_number for h in search(db, fake, "refunds harbour", tenant_id="acme")} == {1}
+        assert search(db, fake, "harbour", tenant_id="acme", mode="lexical") == []
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(30)
+    deadline = time.monotonic() + 30
+    while count(db_url, "lexical_chunk", 2) and time.monotonic() < deadline:  # the server notices the dead client
+        time.sleep(0.2)
+    assert count(db_url, "chunk", 2) == 0 and count(db_url, "lexical_chunk", 2) == 0 and stats(db_url) == before
+    for mode in MODES:
+        assert {h.version_number for h in search(db, fake, "refunds harbour", tenant_id="acme", mode=mode)} == {1}
+
+
+def test_retention_and_rollback_keep_the_statistics_right(db, db_url, index, fake):
+    from resources.profiles import activate_profile, create_profile, rollback_profile
+    from resources.retention import apply_retention
+
+    index("acme", "refunds", ["Refunds take 30 days.", "Old desk hours."])
+    index("acme", "refunds", ["Refunds take 14 days."])
+    current = stats(db_url)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE superseded_version SET superseded_at = now() - interval '2 hours'")
+    assert apply_retention(db, window_seconds=3600).chunks_deleted == 2
+    assert count(db_url, "lexical_chunk", 1) == 0, "retention's delete cascades to the lexical rows"
+    assert stats(db_url) == current
+    assert_clean(db)
+    before = search(db, fake, "refunds days", tenant_id="acme", mode="lexical")
+    create_profile(db, "shadow", model="fake-384", chunk_tokens=64, overlap=8)
+    activate_profile(db, "shadow", force=True)
+    assert search(db, FakeEmbedder(), "refunds days", tenant_id="acme", mode="lexical") == [], "nothing indexed yet"
+    rollback_profile(db)
+    assert search(db, fake, "refunds days", tenant_id="acme", mode="lexical") == before
+    assert_clean(db)
+
+
+def test_backfill_writes_rows_for_chunks_indexed_before_the_lexical_index(db, db_url, index, fake):
+    index("acme", "refunds", ["Refunds take 30 days.", "退款将在十四天内退回。"])
+    index("acme", "desk", ["The refund desk opens at nine."])
+    expected = stats(db_url)
+    with psycopg.connect(db_url, autocommit=True) as conn:  # as migration 0022 finds a database indexed before it
+        conn.execute("DELETE FROM lexical_chunk; DELETE FROM lexical_term_stats; DELETE FROM lexical_document")
+        conn.execute("INSERT INTO lexical_backfill DEFAULT VALUES")
+    assert "lexical_index_mismatch" in {v.check for v in verify(db).violations}
+    assert LEXICAL_BACKFILL in pending(db_url)
+
+    class Crash(Exception):
+        pass
+
+    def crash(written: int) -> None:
+        raise Crash(written)
+
+    with pytest.raises(Crash):  # the process dies after its first batch: that batch and its position are kept
+        backfill_lexical_index(db, batch=2, on_batch=crash)
+    assert count(db_url, "lexical_chunk", 1) == 2
+    assert LEXICAL_BACKFILL in pending(db_url)
+    migrate(db_url)  # resumes after the recorded position, finishes, removes the marker
+    assert count(db_url, "lexical_chunk", 1) == 3
+    assert pending(db_url) == []
+    assert stats(db_url) == expected
+    assert_clean(db)
+    assert backfill_lexical_index(db) == 0
+
+
+def test_cli_search_mode(db_url, index):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    index("acme", "handbook", ["Expense reports must be filed within thirty days.", "Parking is free."])
+    runner = CliRunner()
+    env = {"KBINDEX_DATABASE_URL": db_url}
+    result = runner.invoke(app, ["search", "parking", "--tenant", "acme", "--mode", "lexical", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    (hit,) = json.loads(result.stdout)
+    assert hit["text"] == "Parking is free."
+    assert runner.invoke(app, ["search", "parking", "--tenant", "acme", "--mode", "fuzzy"], env=env).exit_code == 2
+
+
+def test_the_gate_scores_the_mode_search_uses(db, db_url):
+    from resources import profiles
+
+    eval_dir = Path(__file__).resolve().parents[1] / "fixtures" / "eval" / "small-en"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+    profiles.create_profile(db, "tiny", model="fake-384", chunk_tokens=16, overlap=0)
+    tiny = db.fetch_one("index_profile_get", {"name": "tiny"})
+    eval_set = profiles.load_eval_set(eval_dir)
+    scores = {mode: profiles.evaluate_profile(tiny, eval_set, mode=mode) for mode in MODES}
+    assert len({round(s.ndcg, 6) for s in scores.values()}) > 1, "the modes rank differently"
+    row = profiles.run_gate(db, "tiny", eval_dir, tolerance=1)
+    assert (row["mode"], row["baseline_mode"]) == ("hybrid", "hybrid"), "hybrid is what search uses by default"
+    assert row["shadow_ndcg"] == pytest.approx(scores["hybrid"].ndcg)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE index_profile SET search_mode = 'lexical', bm25_k1 = 0.9 WHERE name = 'tiny'")
+    row = profiles.run_gate(db, "tiny", eval_dir, tolerance=1)
+    relexed = profiles.evaluate_profile(db.fetch_one("index_profile_get", {"name": "tiny"}), eval_set)
+    assert row["mode"] == "lexical" and row["shadow_ndcg"] == pytest.approx(relexed.ndcg)

@@ -124,7 +124,7 @@ class EmbedderResource(dg.ConfigurableResource):
         if self._use_service:
             return
         for model in sorted(models):
-            if model.startswith("fake-") or model in self._preloads:
+            if model.startswith(("fake-", "http:")) or model in self._preloads:
                 continue
 
             def load(name: str = model) -> None:
@@ -157,6 +157,10 @@ class EmbedderResource(dg.ConfigurableResource):
             fake = _FAKES.setdefault(model, FakeEmbedder(model_name=model, rates=rates, seed=seed))
             delay = float(os.environ.get("KBINDEX_FAKE_DELAY", "0") or 0)
             return _Slowed(fake, delay) if delay > 0 else fake
+        if model.startswith("http:"):  # an HTTP provider: nothing to load, no embedding service in between
+            from resources.embedder import embedder_for_model
+
+            return embedder_for_model(model)
         if self._use_service:
             if model not in self._served:  # one connection per model and run, not one per version
                 from resources.embedding_service import ServiceEmbedder, ServiceOrLocal

@@ -463,12 +463,17 @@ def embedder_for_model(model: str, *, batch_size: int = DEFAULT_BATCH_SIZE) -> E
     """The embedder a profile's ``model`` names, the same way for indexing and for search.
 
     ``fake-*``: the deterministic FakeEmbedder (tests, demos); the packaged name: the bundled
-    all-MiniLM-L6-v2; a name in ``derived_models.DERIVED_MODELS`` (``all-MiniLM-L6-v2-int8``): that
-    model, built offline from the packaged one on first use; anything else: a local
+    all-MiniLM-L6-v2 on torch; a name in ``derived_models.DERIVED_MODELS`` (the CPU backends
+    ``all-MiniLM-L6-v2-onnx``, ``-openvino`` and ``-int8``; ``python -m bench.embed`` compares them):
+    that model, built offline from the packaged one on first use; anything else: a local
     sentence-transformers folder (or cached name) reporting itself under that model name.
     """
     if model.startswith("fake-"):
         return FakeEmbedder(model_name=model)
+    if model.startswith("http:"):  # an HTTP provider profile's model: its recipe is in the database
+        from resources.http_embedder import http_embedder_for_model
+
+        return http_embedder_for_model(model)
     if model == PACKAGED_MODEL_NAME:
         return SentenceTransformerEmbedder(batch_size=batch_size)
     from resources.derived_models import DERIVED_MODELS, DerivedModelEmbedder  # it imports this module
@@ -483,6 +488,10 @@ def embedder_for_profile(profile: Mapping[str, Any], *, home: str | Path | None 
     """The one way to pick a profile's embedder, for indexing, the CLI and the API: its ``model``,
     through the warm embedding service when ``home`` names one that answers, else in this process."""
     model = str(profile["model"])
+    if model.startswith("http:"):  # a remote provider: no local model to keep warm (resources/http_embedder.py)
+        from resources.http_embedder import http_embedder_for_model, http_embedder_for_profile
+
+        return http_embedder_for_profile(profile) if profile.get("provider_url") else http_embedder_for_model(model)
     if home is not None:
         from resources.embedding_service import warm_embedder
 
@@ -518,5 +527,7 @@ def tokenizer_for_model(model: str) -> Any:
     from resources.tokenizer import ModelTokenizer
 
     if model == PACKAGED_MODEL_NAME or model in DERIVED_MODELS or model.startswith("fake-"):
+        return ModelTokenizer()
+    if model.startswith("http:"):  # a remote model's tokenizer is not local: the packaged WordPiece stands in
         return ModelTokenizer()
     return ModelTokenizer(model)

@@ -95,6 +95,16 @@ def probe_model(model: str) -> ModelInfo:
     return ModelInfo(model=model, dimension=dimension, max_content_tokens=int(tokenizer.max_content_tokens))
 
 
+def _provider_info(provider: Any) -> ModelInfo:
+    """An HTTP provider recipe, checked offline (resources/http_embedder.py); chunked by the packaged WordPiece."""
+    from resources.http_embedder import check_provider
+
+    check_provider(provider, dimension=INDEX_DIMENSION)
+    model = provider.model_name
+    return ModelInfo(model=model, dimension=provider.dimension,
+                     max_content_tokens=int(tokenizer_for(model).max_content_tokens))
+
+
 def validate_chunking(chunk_tokens: int, overlap: int, max_content_tokens: int) -> None:
     """The chunker's limits: at least 16 word pieces, at most what the model reads; overlap <= half."""
     if not MIN_CHUNK_TOKENS <= chunk_tokens <= max_content_tokens:
@@ -117,14 +127,17 @@ def create_profile(
     chunk_tokens: int = 200,
     overlap: int = 32,
     max_attempts: int = 5,
+    provider: Any = None,
 ) -> dict[str, Any]:
     """Insert a building profile and a REINDEX task for every current document version, in one transaction.
 
     Returns the profile row plus ``reindex_tasks`` (how many tasks were created). InvalidRequest for a
-    bad name, model or chunking; IllegalTransition if the name is taken.
+    bad name, model or chunking; IllegalTransition if the name is taken. With ``provider`` (an
+    http_embedder.ProviderConfig) the profile embeds through that HTTP endpoint and ``model`` is ignored:
+    it becomes ``http:<remote model>@<host>``; nothing is sent to the provider here.
     """
     validate_profile_name(name)
-    info = probe_model(model)
+    info = probe_model(model) if provider is None else _provider_info(provider)
     validate_chunking(chunk_tokens, overlap, info.max_content_tokens)
     with db.transaction() as tx:
         row = tx.fetch_one(
@@ -139,6 +152,8 @@ def create_profile(
         )
         if row is None:
             raise IllegalTransition(f"a profile named {name!r} already exists", profile=name)
+        if provider is not None:
+            row = {**row, **tx.fetch_one("index_profile_provider_set", {"name": name, **provider.columns()})}
         tx.execute("document_table_lock")
         created = tx.fetch_one("index_task_reindex_profile", {"profile": name, "max_attempts": max_attempts})
         tx.execute(

@@ -126,6 +126,11 @@ class ChaosConfig:
     backfill_timeout: float = 600.0
     vector_sample: int = 150
     """Stored vectors per profile re-embedded at the end."""
+    http_provider: bool = False
+    """Embed through the fake OpenAI-compatible server (bench/fake_embedding_server.py) with ``faults``, an
+    HTTP-provider active profile, and the shared requests/min limit ``http_rpm`` the server enforces too."""
+    http_rpm: int = 300
+    http_timeout: float = 2.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -335,6 +340,8 @@ class Chaos:
         self.dg_url = with_database(admin, "dagster")
         migrate(self.url)
         _sql(self.url, "UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+        if self.cfg.http_provider:
+            self._start_fake_provider()
         (self.profile, self.model) = _sql(self.url, "SELECT name, model FROM index_profile WHERE is_active")[0]
         home = root / "dagster_home"
         home.mkdir()
@@ -364,9 +371,35 @@ class Chaos:
             KBINDEX_MAX_WAITING_RUNS=str(self.cfg.max_waiting_runs),
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
+            KBINDEX_PROVIDER_TIMEOUT_SECONDS=str(self.cfg.http_timeout),
         )
         env.pop("KBINDEX_FAULT_SENSOR_AFTER_CLAIM", None)
         self.dagster = DagsterDev(root, env)
+
+    def _start_fake_provider(self) -> None:
+        """The fake provider in this process, its faults from ``cfg.faults``; the active profile embeds through it."""
+        from bench.fake_embedding_server import FakeEmbeddingServer, parse_faults
+        from resources.http_embedder import http_model_name
+
+        self.provider = FakeEmbeddingServer(rpm=self.cfg.http_rpm, faults=parse_faults(self.cfg.faults),
+                                            seed=self.cfg.seed, latency=self.cfg.fake_delay,
+                                            hang=self.cfg.http_timeout * 2, retry_after=1.0).start()
+        _sql(self.url, "UPDATE index_profile SET model = %s, provider_url = %s, provider_model = 'fake-remote',"
+                       " requests_per_minute = %s, max_batch = 16 WHERE is_active",
+             [http_model_name(self.provider.url, "fake-remote"), self.provider.url, self.cfg.http_rpm])
+
+    def _provider_report(self) -> dict[str, Any]:
+        """What the fake provider saw: requests by status and fault, the busiest minute, re-embedded texts."""
+        from bench.fake_embedding_server import max_in_window
+
+        records = self.provider.stats()["records"]
+        embedded = Counter(d for r in records for d in r["digests"])
+        return {"requests": len(records), "by_status": dict(Counter(str(r["status"]) for r in records)),
+                "faults": dict(Counter(r["fault"] for r in records if r["fault"])),
+                "limit_per_minute": self.cfg.http_rpm,
+                "busiest_minute": max_in_window([r["at"] for r in records], 60.0),
+                "texts_embedded": len(embedded),
+                "texts_embedded_again": sum(n - 1 for n in embedded.values())}
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -832,6 +865,8 @@ class Chaos:
             self.stop_event.set()
             for t in threads:
                 t.join(30)
+            if hasattr(self, "provider"):
+                self.provider.stop()
             if hasattr(self, "dagster"):
                 log_tail = self.dagster.log_tail()
                 self.dagster.stop()
@@ -977,6 +1012,9 @@ class Chaos:
         }
         quiet = None if quiet_at is None else round(quiet_at - started, 1)
         must_be_zero.update(migration_failures)
+        provider = self._provider_report() if self.cfg.http_provider else {}
+        if provider:
+            must_be_zero["provider_limit_exceeded"] = max(0, provider["busiest_minute"] - self.cfg.http_rpm)
         ok = (not timed_out and all(v == 0 for v in must_be_zero.values()) and result.ok and not self.c.errors
               and self.c.kills >= self.cfg.kills)
         return {
@@ -1001,6 +1039,7 @@ class Chaos:
             "final_states": finals,
             "dagster_runs": runs,
             **({"migration": migration} if self.migration is not None else {}),
+            **({"http_provider": provider} if provider else {}),
             "reader": dict(self.c.reader), "reader_violation_examples": self.c.reader_violations,
             "checks": {
                 "duplicate_chunk_ordinals": dup_ordinals, "pointed_versions_rows_or_ordinals_wrong": pointed_bad,

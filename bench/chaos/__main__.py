@@ -10,6 +10,8 @@ from pathlib import Path
 
 from bench.chaos import MIGRATION_FAULTS, ChaosConfig, format_report, run_chaos
 
+HTTP_FAULTS = "timeout=0.03,rate_limit=0.05,drop=0.03,unavailable=0.03,wrong_dimension=0.01"
+
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,13 +45,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="job: launch the backfill_profile job once; partitions: UI partition backfills in chunks")
     p.add_argument("--backfill-partitions", type=int, default=d.backfill_partitions, help="partitions per UI backfill")
     p.add_argument("--vector-sample", type=int, default=d.vector_sample, help="stored vectors per profile re-embedded")
+    p.add_argument("--http-provider", action="store_true",
+                   help="embed through the fake OpenAI-compatible server (faults from --faults, default "
+                        f"{HTTP_FAULTS}) with an HTTP-provider profile and a shared requests/min limit")
+    p.add_argument("--http-rpm", type=int, default=d.http_rpm, help="the provider limit (profile and server)")
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
     a = p.parse_args(argv)
     config = ChaosConfig(
         tasks=a.tasks, kills=a.kills, stops=a.stops, pg_restarts=a.pg_restarts, seconds_limit=a.seconds_limit,
         corpus=a.corpus, lease_seconds=a.lease_seconds, fake_delay=a.fake_delay,
-        faults=a.faults if a.faults is not None else (MIGRATION_FAULTS if a.migration else d.faults),
+        faults=a.faults if a.faults is not None else (
+            MIGRATION_FAULTS if a.migration else HTTP_FAULTS if a.http_provider else d.faults),
+        http_provider=a.http_provider, http_rpm=a.http_rpm,
         run_batch=a.run_batch, run_batch_min=max(1, a.run_batch // 2), seed=a.seed, keep=a.keep, tenants=a.tenants,
         max_concurrent_runs=a.max_concurrent_runs, tenant_run_limit=a.tenant_run_limit, max_waiting_runs=a.max_waiting_runs,
         migration=a.migration, building_model=a.building_model, building_chunk_tokens=a.building_chunk_tokens,

@@ -46,16 +46,33 @@ def progress_line(p: dict) -> str:
 @profile_app.command("create")
 def create_command(
     name: str = typer.Argument(..., help="Lower-case letters, digits, '_', '.', '-' (up to 63)."),
-    model: str = typer.Option(..., "--model", help="all-MiniLM-L6-v2 (packaged) or a local sentence-transformers folder."),
+    model: str = typer.Option("", "--model", help="all-MiniLM-L6-v2 (packaged) or a local sentence-transformers folder."),
     chunk_tokens: int = typer.Option(200, "--chunk-tokens", help="Word pieces per chunk (16 to the model's limit)."),
     overlap: int = typer.Option(32, "--overlap", help="Word pieces shared by consecutive chunks (at most half)."),
+    provider_url: str = typer.Option("", "--provider-url", help="Embed through an OpenAI-compatible endpoint: its base URL (https://host/v1)."),
+    provider_model: str = typer.Option("", "--provider-model", help="The remote model name (with --provider-url); 384 dimensions are requested."),
+    api_key_env: str = typer.Option("", "--api-key-env", help="NAME of the environment variable holding the API key (the key is never stored)."),
+    rpm: int = typer.Option(0, "--rpm", help="Provider requests per minute, shared by every run on the machine (0: no limit of ours)."),
+    tpm: int = typer.Option(0, "--tpm", help="Provider tokens per minute, shared likewise (0: no limit of ours)."),
+    max_batch: int = typer.Option(64, "--max-batch", help="Texts per provider request."),
     as_json: bool = JsonOption,
 ) -> None:
     """Create a shadow profile (building) and a REINDEX task for every current document version."""
+    from pipelines.domain.errors import InvalidRequest
+    from resources.http_embedder import ProviderConfig
     from resources.profiles import create_profile
 
     with open_database() as db, errors_to_exit():
-        row = create_profile(db, name, model=model, chunk_tokens=chunk_tokens, overlap=overlap)
+        provider = None
+        if provider_url or provider_model:
+            if model:
+                raise InvalidRequest("give either --model or --provider-url/--provider-model, not both")
+            provider = ProviderConfig(url=provider_url, model=provider_model, api_key_env=api_key_env or None,
+                                      requests_per_minute=rpm or None, tokens_per_minute=tpm or None,
+                                      max_batch=max_batch)
+        elif not model:
+            raise InvalidRequest("--model (or --provider-url with --provider-model) is required")
+        row = create_profile(db, name, model=model, chunk_tokens=chunk_tokens, overlap=overlap, provider=provider)
     if as_json:
         print_json(row)
         return

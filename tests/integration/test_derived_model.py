@@ -154,13 +154,13 @@ def test_two_processes_asking_at_once_both_get_the_model_from_one_build(tmp_path
 # failure paths (a fake exporter where the real build adds nothing but minutes)
 
 
-def _fake_export(source: Path, out: Path, recipe: dict) -> int:
-    (out / MODEL_FILE).write_bytes(b"not an onnx model")
+def _fake_export(name: str, source: Path, out: Path, recipe: dict) -> int:
+    (out / derived_models._model_file(recipe)).write_bytes(b"not a model")
     return 384
 
 
 def test_a_folder_built_by_another_recipe_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(derived_models, "_export_int8", _fake_export)
+    monkeypatch.setattr(derived_models, "_export", _fake_export)
     folder = ensure_built(INT8_MODEL_NAME, tmp_path)
     manifest = json.loads((folder / MANIFEST).read_text())
     manifest["recipe"] = {**manifest["recipe"], "recipe_version": 0}
@@ -175,13 +175,13 @@ def test_a_folder_built_by_another_recipe_is_rebuilt(tmp_path: Path, monkeypatch
 
 
 def test_a_failed_build_leaves_nothing_behind_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def crash(source: Path, out: Path, recipe: dict) -> int:
+    def crash(name: str, source: Path, out: Path, recipe: dict) -> int:
         (out / MODEL_FILE).write_bytes(b"half")
         raise RuntimeError("export exploded")
 
     leftover = tmp_path / "models" / f".{INT8_MODEL_NAME}.building-killed"  # from a builder killed mid-way
     leftover.mkdir(parents=True)
-    monkeypatch.setattr(derived_models, "_export_int8", crash)
+    monkeypatch.setattr(derived_models, "_export", crash)
     with pytest.raises(EmbeddingUnavailable, match="export exploded"):
         ensure_built(INT8_MODEL_NAME, tmp_path)
     assert [p.name for p in (tmp_path / "models").iterdir()] == [f".{INT8_MODEL_NAME}.lock"]
@@ -219,7 +219,7 @@ def test_without_onnxruntime_the_model_is_unavailable_and_says_what_to_install(
 def test_a_damaged_model_folder_is_unavailable_and_says_to_remove_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(derived_models, "_export_int8", _fake_export)  # its model.onnx is garbage
+    monkeypatch.setattr(derived_models, "_export", _fake_export)  # its model.onnx is garbage
     embedder = DerivedModelEmbedder(INT8_MODEL_NAME, home=tmp_path)
     with pytest.raises(EmbeddingUnavailable, match="remove its folder in KBINDEX_HOME's models folder"):
         embedder.embed(["hello"])

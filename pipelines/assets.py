@@ -6,17 +6,25 @@ and reports what happened per version as materialization metadata: outcome, task
 and the step's figures. Run state lives in the IndexingRun, keyed by task, not in Dagster's IO
 managers. Only ``search_index`` writes to the index, through the fenced publish transaction.
 
+``context.partition_keys`` and Dagster's own per-step uses of the run's key range cost O(run), not
+O(all keys) (pipelines/partitions.py); each step's per-version materializations are written in one
+batch (pipelines/event_batching.py).
+
 A run whose versions were all skipped (it holds no lease for any of them) fails instead of
 reporting empty materializations as success.
 """
 
+import os
 from typing import Any
 
 import dagster as dg
 
+from pipelines import event_batching
 from pipelines.partitions import document_versions
 from resources.dagster_resources import EmbedderResource, IndexingRunResource
 from resources.indexing_run import StepResult
+
+event_batching.apply(os.environ)  # this run process writes its per-version events in batches
 
 COMMON = dict(
     partitions_def=document_versions,

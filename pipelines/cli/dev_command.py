@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from pipelines import event_batching
 from pipelines.cli.app import app, console, errors_to_exit
 from pipelines.cli.dev_status import DevStatus, StatusReader, show_status
 from resources.local_databases import LocalDatabases, prepare_local_databases, psycopg2_url
@@ -40,7 +41,7 @@ def dagster_environment(home: Path, local: LocalDatabases) -> dict[str, str]:
         HF_HUB_DISABLE_PROGRESS_BARS="1",
         TRANSFORMERS_VERBOSITY="error",
     )
-    return env
+    return event_batching.apply(env)  # the daemon writes each run's planned events (issue #14)
 
 
 def _interrupt(*_: object) -> None:

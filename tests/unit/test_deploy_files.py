@@ -270,3 +270,9 @@ def test_the_code_location_the_values_name_loads(values, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Validation successful" in result.stderr + result.stdout
+
+
+def test_the_daemon_gets_the_event_batching_settings_runs_set_themselves(values):
+    from pipelines.event_batching import EVENT_BATCH_ENV
+
+    assert values["dagsterDaemon"]["env"] == EVENT_BATCH_ENV

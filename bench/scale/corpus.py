@@ -1,0 +1,148 @@
+"""Shared set-up of bench/scale/ui.py and bench/scale/migration.py: a large indexed corpus and a UI.
+
+``seed_corpus`` bulk-loads N indexed versions with set-based SQL (sql/queries/bench_scale_corpus.sql):
+document, document_version, a SUCCEEDED INDEX task and a search pointer each, no chunks. Document i's
+text is ``document_text(i)``; SQL computes the same bytes' SHA-256, and ``write_blobs`` stores them, so
+a REINDEX run re-parses real bytes. ``DagsterUI`` starts ``dagster dev`` (webserver, daemon, code
+server) on a Dagster instance stored in PostgreSQL, as ``kbindex dev`` and dagster.yaml set it up
+(event batching included: pipelines/event_batching.py), and sends GraphQL to it as the UI does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql as pgsql
+
+from bench.dagster_dev import PROJECT_ROOT, REPOSITORY, DagsterDev
+from pipelines import event_batching
+
+TENANT = "acme"
+SEED_BATCH = 100_000
+
+
+def document_text(i: int) -> bytes:
+    """The bytes of seeded document ``corpus-i`` (the formula of ``bench_corpus_seed_versions``)."""
+    return (f"Policy {i}: claims of class {i % 7} are reviewed by team {i % 13} within {i % 9 + 2} working days."
+            f"\n\nRefunds above {i % 500} euros need a second approval, case {i}."
+            f"\n\nTravel booked for case {i} is reimbursed in {i % 4 + 1} weeks.").encode()
+
+
+def create_databases(admin_url: str, *names: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        for name in names:
+            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+            conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+
+
+def seed_corpus(db: Any, count: int, *, first: int = 1, tenant: str = TENANT, progress: bool = False) -> float:
+    """Documents corpus-FIRST.. with one indexed version each; returns the seconds it took."""
+    started = time.perf_counter()
+    for start in range(first, first + count, SEED_BATCH):
+        params = {"tenant": tenant, "first": start, "count": min(SEED_BATCH, first + count - start)}
+        with db.transaction() as tx:
+            for name in ("bench_corpus_seed_documents", "bench_corpus_seed_versions", "bench_corpus_seed_tasks",
+                         "bench_corpus_seed_pointers"):
+                tx.execute(name, params)
+        if progress:
+            print(f"  seeded {start + params['count'] - first:,}/{count:,} versions "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+    db.execute("bench_corpus_analyze")
+    return time.perf_counter() - started
+
+
+def corpus_keys(db: Any, first: int, count: int, tenant: str = TENANT) -> list[str]:
+    rows = db.fetch_all("bench_corpus_keys", {"tenant": tenant, "first": first, "count": count})
+    return [r["partition_key"] for r in rows]
+
+
+def write_blobs(blob_url: str, first: int, count: int) -> float:
+    """Store ``document_text(i)`` for the seeded documents in a local blob folder; returns the seconds.
+
+    The store's own ``put`` fsyncs every blob (~7 ms here: 100k blobs would take 12 minutes); a bench
+    corpus needs no durability, so the bytes go straight to the store's path for their hash.
+    """
+    from resources.blob_store import BlobStore, content_hash
+
+    started = time.perf_counter()
+    store = BlobStore(blob_url)
+    made: set[str] = set()
+    for i in range(first, first + count):
+        data = document_text(i)
+        path = store._path(content_hash(data))
+        folder = os.path.dirname(path)
+        if folder not in made:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            made.add(folder)
+        with open(path, "wb") as fh:
+            fh.write(data)
+    return time.perf_counter() - started
+
+
+class DagsterUI:
+    """``dagster dev`` on a PostgreSQL-backed instance, GraphQL to its webserver, and a reader instance."""
+
+    def __init__(self, root: Path, dagster_url: str, env: dict[str, str]) -> None:
+        from pipelines.cli.dev_command import psycopg2_url
+
+        self.root = root
+        home, reader = root / "dagster_home", root / "reader_home"
+        for folder in (home, reader):
+            folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+        pg_url = psycopg2_url(dagster_url)
+        (reader / "dagster.yaml").write_text(json.dumps({"storage": {"postgres": {"postgres_url": pg_url}},
+                                                         "telemetry": {"enabled": False}}))
+        full_env = {**os.environ, "DAGSTER_HOME": str(home), "DAGSTER_PG_URL": pg_url,
+                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **env}
+        full_env.pop("KBINDEX_EMBED_SERVICE", None)
+        event_batching.apply(full_env)  # as `kbindex dev` sets up the daemon: it writes each run's planned events
+        self.dev = DagsterDev(root, full_env)
+        self.reader_home = reader
+        self.instance: Any = None
+        self._repository: dict[str, str] = {}
+
+    def open_instance(self) -> Any:
+        """The same Dagster storage, read and written from this process (creates its tables on first use)."""
+        import dagster as dg
+
+        if self.instance is None:
+            self.instance = dg.DagsterInstance.from_config(str(self.reader_home))
+        return self.instance
+
+    def start(self) -> float:
+        self.dev.start()
+        return self.dev.wait_ready()
+
+    def stop(self) -> None:
+        if self.instance is not None:
+            self.instance.dispose()
+            self.instance = None
+        self.dev.stop()
+
+    def post(self, query: str, variables: dict | None = None, timeout: float = 300) -> tuple[dict, int, float]:
+        """One GraphQL request: (data, response bytes, seconds). Raises on GraphQL errors."""
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.dev.port}/graphql", data=body,
+                                         headers={"Content-Type": "application/json"})
+        started = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read()
+        seconds = time.perf_counter() - started
+        out = json.loads(raw)
+        if out.get("errors"):
+            raise RuntimeError(f"GraphQL errors: {out['errors']}")
+        return out["data"], len(raw), seconds
+
+    def repository_selector(self) -> dict[str, str]:
+        if not self._repository:
+            (node,) = self.post(REPOSITORY)[0]["repositoriesOrError"]["nodes"]
+            self._repository = {"repositoryLocationName": node["location"]["name"], "repositoryName": node["name"]}
+        return self._repository

@@ -1,0 +1,151 @@
+"""Small documents (1-2 chunks each) through the real daemon vs bare ``model.encode`` of the same texts.
+
+``python -m bench.scale.small_docs --corpus ../shared/corpus [--docs 3000] [--fake-model]``
+
+FAQ entries, tickets and policy pages are small: there a per-version fixed cost (Dagster events,
+per-version queries, run start-up) weighs as much as the model (issue #14 measured 0.3 of bare
+encode). The documents are the shared corpus's paragraphs (en-sotu and en-peps, 200-2,000
+characters, duplicates removed so no chunk reuses another's vector), each published as a document
+of its own. They go through ``dagster dev`` with the repository's dagster.yaml and the warm
+embedding service, exactly as ``kbindex dev`` runs them (bench/pipeline's machinery): the claiming
+sensor, its run processes, their model loads and Dagster's event writes are all on the clock, which
+an in-process job would leave out. Then Dagster is stopped and the unique chunk texts the pipeline
+embedded are encoded bare, in one process and in one process per core; the faster is the yardstick.
+
+Besides the ratio it prints where each version's seconds go: per asset step, summed over the runs
+and divided by the versions, next to bare encode's seconds per version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+TENANT = "bench"  # bench.pipeline.Bench measures this tenant
+
+
+def paragraph_documents(corpus: Path, n: int, min_chars: int = 200, max_chars: int = 2000) -> list[tuple[str, bytes]]:
+    """``n`` distinct paragraphs of the corpus as one-paragraph documents, spread evenly over it."""
+    files = sorted((corpus / "en-sotu").glob("*.txt")) + sorted((corpus / "en-peps").glob("*.rst"))
+    seen: dict[str, None] = {}
+    for path in files:
+        for block in path.read_text(errors="replace").split("\n\n"):
+            text = " ".join(block.split())
+            if min_chars <= len(text) <= max_chars:
+                seen.setdefault(text)
+    paragraphs = list(seen)
+    if len(paragraphs) < n:
+        raise ValueError(f"only {len(paragraphs)} paragraphs of {min_chars}-{max_chars} characters in {corpus}")
+    picked = [paragraphs[int(i * len(paragraphs) / n)] for i in range(n)]
+    return [(f"para-{i:05d}.txt", text.encode()) for i, text in enumerate(picked)]
+
+
+def per_version_seconds(runs: dict[str, Any], versions: int) -> dict[str, float]:
+    """Each asset step's seconds summed over the runs, per version (where a version's time goes)."""
+    return {step: round(sum(seconds) / max(1, versions), 4) for step, seconds in runs["step_seconds"].items()}
+
+
+def run(corpus: Path, docs: int, *, fake_model: bool = False, embed_service: bool = True,
+        timeout: float = 3600.0, out: Any = print) -> dict[str, Any]:
+    from bench import server_url
+    from bench.pipeline.__main__ import Bench, dagster_dev, scratch_databases
+    from pipelines import event_batching
+    from bench.pipeline.bare import bare_encode, bare_encode_parallel
+
+    documents = paragraph_documents(corpus, docs)
+    embed_batch = int(os.environ.get("KBINDEX_EMBED_BATCH", "64"))
+    report: dict[str, Any] = {"cpus": os.cpu_count(), "docs": len(documents)}
+    with server_url() as admin_url, scratch_databases(admin_url) as (kb_url, dg_url):
+        if fake_model:
+            with psycopg.connect(kb_url, autocommit=True) as conn:
+                conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+        root = Path(tempfile.mkdtemp(prefix="kbindex-bench-small-"))
+        dagster = dagster_dev(kb_url, dg_url, root)
+        event_batching.apply(dagster.env)  # as kbindex dev sets Dagster's environment
+        bench = Bench(kb_url, dg_url, dagster, out)
+        service = None
+        try:
+            if embed_service and not fake_model:  # as `kbindex dev` runs it
+                from resources.embedding_service import start_service
+
+                kbhome = Path(dagster.env["KBINDEX_HOME"])
+                service = start_service(kbhome, dagster.env, log=root / "embedder.log")
+                dagster.env["KBINDEX_EMBED_SERVICE"] = str(kbhome)
+            dagster.start()
+            out(f"dagster dev answered in {dagster.wait_ready():.1f} s; warm-up document…")
+            bench.warm_up(300.0)
+            report["model"] = bench.model_name()
+            report["throughput"] = bench.throughput(documents, timeout)
+            report["throughput"]["dagster"] = bench.runs(TENANT)
+            texts = list(dict.fromkeys(bench.embed_texts(TENANT)))  # unique texts, in order
+        finally:
+            dagster.stop()
+            if service is not None:
+                service.terminate()
+                service.wait(30)
+            bench.close()
+            shutil.rmtree(root, ignore_errors=True)
+    out(f"dagster stopped; bare model.encode on the same {len(texts)} unique chunk texts…")
+    bares = [bare_encode(texts, report["model"], embed_batch),
+             bare_encode_parallel(texts, report["model"], embed_batch, os.cpu_count() or 1)]
+    report["bare"] = max((b for b in bares if b), key=lambda b: b["chunks_per_second"])
+    report["bare_unique_chunks"] = len(texts)
+    t = report["throughput"]
+    report["ratio"] = round(t["chunks_per_second"] / report["bare"]["chunks_per_second"], 3)
+    versions = max(1, t["succeeded_docs"])
+    report["seconds_per_version"] = {
+        "wall": round(t["wall_seconds"] / versions, 4),
+        "bare_encode": round(report["bare"]["seconds"] / versions, 4),
+        "steps (summed over runs)": per_version_seconds(t["dagster"], versions),
+    }
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    t, b, d = report["throughput"], report["bare"], report["throughput"]["dagster"]
+    return "\n".join([
+        f"model {report['model']}, {report['cpus']} cpus; {t['docs']} one-paragraph documents "
+        f"({t['succeeded_docs']} succeeded, {t['chunks']} chunks, {t['chunks'] / max(1, t['succeeded_docs']):.2f} per doc)",
+        f"end-to-end       {t['chunks_per_second']:.1f} chunks/s  ({t['wall_seconds']:.1f} s, first publish -> last terminal)",
+        f"bare encode      {b['chunks_per_second']:.1f} chunks/s  ({report['bare_unique_chunks']} unique texts in "
+        f"{b['seconds']:.1f} s, {b.get('processes', 1)} process(es))",
+        f"ratio e2e/bare   {report['ratio']}  (target >= 0.8)",
+        f"runs             {d['runs']}  versions per run mean {d['versions_per_run_mean']}, median run {d['run_seconds_median']} s",
+        f"s per version    {report['seconds_per_version']}",
+        f"median phases    {t['stages']}",
+        f"final states     {t['final_states']}",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale.small_docs", description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, default=Path("../shared/corpus"))
+    parser.add_argument("--docs", type=int, default=3000)
+    parser.add_argument("--fake-model", action="store_true", help="fake-384 embedder (smoke runs; no torch)")
+    parser.add_argument("--no-embed-service", dest="embed_service", action="store_false")
+    parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if not (args.corpus / "en-sotu").is_dir():
+        print(f"bench.scale.small_docs skipped: corpus {args.corpus} not found")
+        return 0
+    report = run(args.corpus, args.docs, fake_model=args.fake_model, embed_service=args.embed_service,
+                 timeout=args.timeout, out=lambda line: print(line, flush=True))
+    print(render(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""The Dagster UI's partitions tab and asset graph with a 1M-version corpus, and one prune of the lineage keys.
+
+``python -m bench.scale.ui [--versions 1000000] [--live-keys 10000,70000] [--prune 5000]`` starts a
+throwaway PostgreSQL, bulk-loads ``--versions`` indexed versions into kbindex (bench/scale/corpus.py)
+and starts ``dagster dev`` on a Dagster instance in the same server. The live partition keys are what
+prune_lineage_keys leaves: the versions of the lineage window (7 days), so their number is the churn
+(10k versions/day for 7 days = 70k keys), not the corpus. For each ``--live-keys`` count, ascending, the
+newest versions get their key, as the sensor adds it, and one materialization of each of the four
+partitioned assets; then the bench sends the UI's own queries to the webserver, copied from the
+dagster-webserver 1.13.27 bundle (its source map, ui-core/src):
+
+- ``PartitionHealthQuery`` (assets/usePartitionHealthData.tsx): the asset's Partitions tab, per asset;
+- ``AssetGraphLiveQuery`` (asset-data/AssetBaseDataProvider.tsx): the asset graph's live data, for
+  every asset of the code location in one request (the UI batches the visible nodes).
+
+Each is timed on its first request after the keys were added (the status cache catches up) and as
+the median of ``--repeat`` later ones, with its response size. Then ``--prune`` keys older than the
+window are added and the ``prune_lineage_keys`` job runs once in process over the whole corpus: its
+time must follow the keys it deletes, not the corpus. The CI-sized round is
+tests/acceptance/test_bench_scale_ui.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.scale.corpus import DagsterUI, corpus_keys, create_databases, seed_corpus
+
+TARGET_SECONDS = 2.0
+WINDOW_SECONDS = 7 * 24 * 3600.0
+EVENT_BATCH = 2_000
+
+PARTITION_HEALTH_QUERY = """
+query PartitionHealthQuery($assetKey: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $assetKey) {
+    ... on AssetNode {
+      id
+      partitionKeysByDimension { name type partitionKeys }
+      assetPartitionStatuses {
+        ... on TimePartitionStatuses { ranges { status startTime endTime startKey endKey } }
+        ... on DefaultPartitionStatuses { materializedPartitions materializingPartitions failedPartitions }
+        ... on MultiPartitionStatuses {
+          primaryDimensionName
+          ranges {
+            primaryDimStartKey primaryDimEndKey primaryDimStartTime primaryDimEndTime
+            secondaryDim {
+              ... on TimePartitionStatuses { ranges { status startTime endTime startKey endKey } }
+              ... on DefaultPartitionStatuses { materializedPartitions materializingPartitions failedPartitions }
+            }
+          }
+        }
+      }
+    }
+  }
+}"""
+
+ASSET_GRAPH_LIVE_QUERY = """
+query AssetGraphLiveQuery($assetKeys: [AssetKeyInput!]!) {
+  assetNodes(assetKeys: $assetKeys, loadMaterializations: true) { id ...AssetNodeLiveFragment }
+  assetsLatestInfo(assetKeys: $assetKeys) { id ...AssetLatestInfoFragment }
+}
+fragment AssetLatestInfoFragment on AssetLatestInfo {
+  id assetKey { path } unstartedRunIds inProgressRunIds latestRun { id ...AssetLatestInfoRun }
+}
+fragment AssetLatestInfoRun on Run { status startTime endTime id }
+fragment AssetNodeLiveFragment on AssetNode {
+  id opNames repository { id } assetKey { path }
+  assetMaterializations(limit: 1) { ...AssetNodeLiveMaterialization }
+  assetObservations(limit: 1) { ...AssetNodeLiveObservation }
+  assetChecksOrError { ... on AssetChecks { checks { ...AssetCheckLiveFragment } } }
+  partitionStats { numMaterialized numMaterializing numPartitions numFailed }
+}
+fragment AssetNodeLiveMaterialization on MaterializationEvent { timestamp runId stepKey }
+fragment AssetNodeLiveObservation on ObservationEvent { timestamp runId stepKey }
+fragment AssetCheckLiveFragment on AssetCheck {
+  name canExecuteIndividually
+  executionForLatestMaterialization { id runId status timestamp stepKey evaluation { severity } }
+  partitionDefinition { name description }
+  partitionStatuses {
+    ... on AssetCheckDefaultPartitionStatuses {
+      succeededPartitions failedPartitions inProgressPartitions skippedPartitions executionFailedPartitions
+    }
+    ... on AssetCheckTimePartitionStatuses { ranges { startKey endKey status } }
+  }
+}"""
+
+ALL_ASSETS = "query { assetNodes { assetKey { path } partitionDefinition { name } } }"
+
+
+@dataclass
+class Timing:
+    first_seconds: float
+    warm_seconds: float
+    response_bytes: int
+    cpu_seconds: float = 0.0
+    """The webserver process's CPU time for one warm request (median): the wall time on an idle machine,
+    less PostgreSQL's share. On a loaded machine the wall time is mostly waiting for a core."""
+
+
+@dataclass
+class Round:
+    live_keys: int
+    health: dict[str, Timing] = field(default_factory=dict)
+    graph: Timing | None = None
+    numbers: dict[str, int] = field(default_factory=dict)  # asset -> partitions the graph query reported
+    materialized: dict[str, int] = field(default_factory=dict)  # asset -> materialized keys, partitions tab
+
+    @property
+    def worst(self) -> float:
+        values = [t.warm_seconds for t in self.health.values()] + ([self.graph.warm_seconds] if self.graph else [])
+        return max(values)
+
+    @property
+    def worst_cpu(self) -> float:
+        return max([t.cpu_seconds for t in self.health.values()] + ([self.graph.cpu_seconds] if self.graph else []))
+
+
+@dataclass
+class Prune:
+    deleted: int
+    seconds: float
+    select_seconds: float
+    keys_left: int
+    recorded_left: int
+
+
+def add_keys(instance, db, keys: list[str], assets: list[list[str]], *, age_seconds: float,
+             spread_seconds: float) -> None:
+    """Add ``keys`` as the sensor does (Dagster keys + kbindex's record) and materialize each asset for each."""
+    import dagster as dg
+    from dagster._core.events import (
+        DagsterEvent,
+        DagsterEventType,
+        StepMaterializationData,
+    )
+    from dagster._core.events.log import EventLogEntry
+    from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
+
+    from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+
+    for start in range(0, len(keys), EVENT_BATCH):
+        batch = keys[start : start + EVENT_BATCH]
+        instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, batch)
+        for path in assets:
+            events = [
+                EventLogEntry(
+                    user_message="", level=20, job_name=RUNLESS_JOB_NAME, run_id=RUNLESS_RUN_ID, error_info=None,
+                    timestamp=time.time(), step_key=None,
+                    dagster_event=DagsterEvent(
+                        event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value, job_name=RUNLESS_JOB_NAME,
+                        event_specific_data=StepMaterializationData(dg.AssetMaterialization(path, partition=key)),
+                    ),
+                )
+                for key in batch
+            ]
+            instance.event_log_storage.store_event_batch(events)
+    db.execute("bench_corpus_record_keys", {"partition_keys": keys, "age_seconds": age_seconds,
+                                            "spread_seconds": spread_seconds})
+
+
+def webserver_process(ui: DagsterUI):
+    for p in ui.dev.children():
+        if "dagster_webserver" in " ".join(p.cmdline()):
+            return p
+    raise RuntimeError("no dagster_webserver process under dagster dev")
+
+
+def timed(ui: DagsterUI, query: str, variables: dict, repeat: int) -> tuple[Timing, dict]:
+    server = webserver_process(ui)
+
+    def cpu() -> float:
+        times = server.cpu_times()
+        return times.user + times.system
+
+    data, size, first = ui.post(query, variables)
+    warm, cpus = [], []
+    for _ in range(repeat):
+        before = cpu()
+        warm.append(ui.post(query, variables)[2])
+        cpus.append(cpu() - before)
+    return Timing(first, statistics.median(warm) if warm else first, size,
+                  statistics.median(cpus) if cpus else 0.0), data
+
+
+def measure_round(ui: DagsterUI, live: int, partitioned: list[list[str]], every: list[list[str]],
+                  repeat: int) -> Round:
+    out = Round(live)
+    for path in partitioned:
+        out.health[path[-1]], data = timed(ui, PARTITION_HEALTH_QUERY, {"assetKey": {"path": path}}, repeat)
+        dims = data["assetNodeOrError"]["partitionKeysByDimension"]
+        assert len(dims[0]["partitionKeys"]) == live, (path, len(dims[0]["partitionKeys"]), live)
+        statuses = data["assetNodeOrError"]["assetPartitionStatuses"]
+        out.materialized[path[-1]] = len(statuses.get("materializedPartitions") or [])
+    out.graph, data = timed(ui, ASSET_GRAPH_LIVE_QUERY, {"assetKeys": [{"path": p} for p in every]}, repeat)
+    for node in data["assetNodes"]:
+        if node["partitionStats"]:
+            out.numbers[node["assetKey"]["path"][-1]] = node["partitionStats"]["numPartitions"]
+    return out
+
+
+def prune_once(instance, db, kb_url: str, batch: int) -> Prune:
+    """Run the prune_lineage_keys job once, in process, against the instance the UI serves."""
+    from pipelines.lineage_job import prune_lineage_keys_job
+    from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+    from resources.dagster_resources import DatabaseResource
+    from resources.partition_keys import prunable
+
+    started = time.perf_counter()
+    candidates = prunable(db, window_seconds=WINDOW_SECONDS, limit=batch)
+    select_seconds = time.perf_counter() - started
+    run_config = {"ops": {"prune_partition_keys": {"config": {"window_seconds": WINDOW_SECONDS, "batch": batch}}}}
+    started = time.perf_counter()
+    result = prune_lineage_keys_job.execute_in_process(
+        run_config=run_config, instance=instance, resources={"database": DatabaseResource(url=kb_url)})
+    seconds = time.perf_counter() - started
+    assert result.success
+    left = len(instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME))
+    recorded = db.fetch_one("bench_corpus_recorded_keys")["keys"]
+    return Prune(len(candidates), seconds, select_seconds, left, int(recorded))
+
+
+def run(admin_url: str, workdir: Path, versions: int, live_counts: list[int], prune: int, repeat: int,
+        ) -> tuple[list[Round], Prune | None]:
+    from resources.database import Database
+    from resources.local_postgres import with_database
+    from resources.migrations import migrate
+
+    live_counts = sorted(live_counts)
+    assert live_counts[-1] + prune <= versions, "--versions must cover the live and prunable keys"
+    kb, dg_db = "ui_kb", "ui_dg"
+    create_databases(admin_url, kb, dg_db)
+    kb_url = with_database(admin_url, kb)
+    migrate(kb_url)
+    db = Database(kb_url)
+    ui = DagsterUI(workdir, with_database(admin_url, dg_db),
+                   {"KBINDEX_DATABASE_URL": kb_url, "KBINDEX_HOME": str(workdir / "home"),
+                    "KBINDEX_BLOB_URL": str(workdir / "blobs"), "KBINDEX_ARTIFACTS": str(workdir / "artifacts")})
+    os.environ.update(KBINDEX_DATABASE_URL=kb_url, KBINDEX_BLOB_URL=str(workdir / "blobs"),
+                      KBINDEX_ARTIFACTS=str(workdir / "artifacts"), KBINDEX_HOME=str(workdir / "home"))
+    rounds: list[Round] = []
+    try:
+        print(f"seeding {versions:,} indexed versions ...", flush=True)
+        seconds = seed_corpus(db, versions, progress=versions >= 200_000)
+        print(f"  {seconds:.0f} s", flush=True)
+        instance = ui.open_instance()
+        print(f"dagster dev answered in {ui.start():.1f} s", flush=True)
+        nodes = ui.post(ALL_ASSETS)[0]["assetNodes"]
+        every = [n["assetKey"]["path"] for n in nodes]
+        partitioned = [n["assetKey"]["path"] for n in nodes if n["partitionDefinition"]]
+        added = 0
+        for live in live_counts:  # the newest versions hold the live keys, spread over the lineage window
+            started = time.perf_counter()
+            keys = corpus_keys(db, versions - live + 1, live - added)
+            add_keys(instance, db, keys, partitioned, age_seconds=0, spread_seconds=WINDOW_SECONDS * 0.9)
+            added = live
+            print(f"round: {live:,} live keys ({time.perf_counter() - started:.0f} s to add them and "
+                  f"{live * len(partitioned):,} materializations in all) ...", flush=True)
+            rounds.append(measure_round(ui, live, partitioned, every, repeat))
+            print(f"  slowest warm query {rounds[-1].worst:.2f} s", flush=True)
+        pruned = None
+        if prune:
+            ui.dev.stop()  # the hourly prune schedule must not race the measured run
+            keys = corpus_keys(db, 1, prune)
+            add_keys(instance, db, keys, partitioned, age_seconds=WINDOW_SECONDS + 3600, spread_seconds=3600)
+            print(f"prune: {prune:,} keys past the window among {live_counts[-1] + prune:,} ...", flush=True)
+            pruned = prune_once(instance, db, kb_url, batch=prune)
+            assert pruned.keys_left == live_counts[-1], pruned
+        return rounds, pruned
+    finally:
+        db.close()
+        ui.stop()
+
+
+def report(versions: int, rounds: list[Round], pruned: Prune | None) -> bool:
+    print(f"\ncorpus: {versions:,} indexed versions; target <= {TARGET_SECONDS:.0f} s per query (warm median)")
+    header = f"{'query':<34}" + "".join(f"{f'{r.live_keys:,} keys':>28}" for r in rounds)
+    print(header + "\n" + f"{'':<34}" + "".join(f"{'first / warm / cpu s / KB':>28}" for _ in rounds))
+
+    def cell(t: Timing) -> str:
+        return (f"{t.first_seconds:.2f} / {t.warm_seconds:.2f} / {t.cpu_seconds:.2f} / "
+                f"{t.response_bytes / 1024:,.0f}")
+
+    for asset in rounds[0].health:
+        print(f"{'PartitionHealthQuery ' + asset:<34}" + "".join(f"{cell(r.health[asset]):>28}" for r in rounds))
+    print(f"{'AssetGraphLiveQuery (all assets)':<34}" + "".join(f"{cell(r.graph):>28}" for r in rounds))
+    ok = all(r.worst <= TARGET_SECONDS for r in rounds)
+    if len(rounds) >= 2:  # the slowest query is linear in the live keys: where does it cross the target?
+        a, b = rounds[0], rounds[-1]
+        for label, worst in (("wall", lambda r: r.worst), ("webserver CPU", lambda r: r.worst_cpu)):
+            slope = (worst(b) - worst(a)) / max(1, b.live_keys - a.live_keys)
+            if slope > 0:
+                limit = b.live_keys + (TARGET_SECONDS - worst(b)) / slope
+                print(f"slowest query by {label} time reaches {TARGET_SECONDS:.0f} s at about {limit:,.0f} live keys: "
+                      f"a churn of {limit / 7:,.0f} new versions/day with the 7-day lineage window (linear fit)")
+    print(f"every query <= {TARGET_SECONDS:.0f} s (warm): {'yes' if ok else 'NO'}")
+    if pruned is not None:
+        per_key = 1000 * pruned.seconds / max(1, pruned.deleted)
+        print(f"prune_lineage_keys over {versions:,} versions: {pruned.deleted:,} keys deleted in "
+              f"{pruned.seconds:.1f} s ({per_key:.1f} ms/key; selecting them {pruned.select_seconds:.2f} s); "
+              f"{pruned.keys_left:,} live keys left")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--versions", type=int, default=1_000_000, help="indexed versions in the corpus")
+    parser.add_argument("--live-keys", default="10000,70000", help="comma-separated live partition key counts")
+    parser.add_argument("--prune", type=int, default=5000, help="keys past the lineage window to prune once (0: skip)")
+    parser.add_argument("--repeat", type=int, default=3, help="warm requests per query after the first")
+    args = parser.parse_args(argv)
+    from resources.local_postgres import temporary_server
+
+    with temporary_server("kbindex-bench-ui-", external_env="KBINDEX_BENCH_DATABASE_URL") as admin_url, \
+            tempfile.TemporaryDirectory(prefix="kb-scale-ui-") as tmp:
+        rounds, pruned = run(admin_url, Path(tmp), args.versions, [int(k) for k in args.live_keys.split(",")],
+                             args.prune, args.repeat)
+        ok = report(args.versions, rounds, pruned)  # before the clean-up of a 10^6-version database
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

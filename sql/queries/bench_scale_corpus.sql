@@ -1,0 +1,67 @@
+-- Benchmark only (bench/scale/ui.py, bench/scale/migration.py): an indexed corpus built set-based.
+-- Document i's text is the formula in bench_corpus_seed_versions (bench/scale/corpus.py writes the same
+-- bytes to the blob store), so content_hash is the real SHA-256 and a REINDEX run can re-parse it.
+
+-- name: bench_corpus_seed_documents
+-- Benchmark only: documents corpus-FIRST..corpus-(FIRST+COUNT-1) of one tenant, one version each.
+INSERT INTO document (tenant_id, document_id, latest_version)
+SELECT %(tenant)s, 'corpus-' || i, 1 FROM generate_series(%(first)s, %(first)s + %(count)s - 1) AS i;
+
+-- name: bench_corpus_seed_versions
+-- Benchmark only: their versions, keyed as the publisher keys them, with the text's real hash and size.
+INSERT INTO document_version (tenant_id, document_id, version_number, content_hash, byte_size, filename,
+                              media_type, partition_key, published_at)
+SELECT %(tenant)s, 'corpus-' || i, 1, encode(sha256(b.body), 'hex'), octet_length(b.body), 'corpus-' || i || '.txt',
+       'text/plain', %(tenant)s || '/corpus-' || i || '/v1', now() - interval '30 days'
+FROM generate_series(%(first)s, %(first)s + %(count)s - 1) AS i
+CROSS JOIN LATERAL (SELECT convert_to(
+    'Policy ' || i || ': claims of class ' || i %% 7 || ' are reviewed by team ' || i %% 13 || ' within '
+    || i %% 9 + 2 || E' working days.\n\nRefunds above ' || i %% 500 || ' euros need a second approval, case '
+    || i || E'.\n\nTravel booked for case ' || i || ' is reimbursed in ' || i %% 4 + 1 || ' weeks.', 'UTF8') AS body) b;
+
+-- name: bench_corpus_seed_tasks
+-- Benchmark only: a SUCCEEDED INDEX task per seeded version under the active profile, as a finished run leaves it.
+INSERT INTO index_task (tenant_id, document_id, version_number, task_type, profile, status, attempts,
+                        chunk_count, created_at, updated_at, started_at, finished_at)
+SELECT v.tenant_id, v.document_id, 1, 'INDEX', p.name, 'SUCCEEDED', 1, 1,
+       v.published_at, v.published_at, v.published_at, v.published_at
+FROM generate_series(%(first)s, %(first)s + %(count)s - 1) AS i
+JOIN document_version v ON v.tenant_id = %(tenant)s AND v.document_id = 'corpus-' || i AND v.version_number = 1
+CROSS JOIN index_profile p WHERE p.is_active;
+
+-- name: bench_corpus_seed_pointers
+-- Benchmark only: search reads every seeded version.
+INSERT INTO search_pointer (tenant_id, document_id, profile, version_number, task_id, chunk_count)
+SELECT t.tenant_id, t.document_id, t.profile, 1, t.task_id, 1
+FROM generate_series(%(first)s, %(first)s + %(count)s - 1) AS i
+JOIN index_task t ON t.tenant_id = %(tenant)s AND t.document_id = 'corpus-' || i AND t.version_number = 1
+                 AND t.task_type = 'INDEX'
+JOIN index_profile p ON p.name = t.profile AND p.is_active;
+
+-- name: bench_corpus_record_keys
+-- Benchmark only: the sensor's record of keys it added, AGE_SECONDS ago spread evenly over SPREAD_SECONDS.
+INSERT INTO dagster_partition_key (partition_key, added_at)
+SELECT k, now() - make_interval(secs => %(age_seconds)s + %(spread_seconds)s * (o - 1) / greatest(1, c.n))
+FROM unnest(%(partition_keys)s::text[]) WITH ORDINALITY AS u(k, o), (SELECT cardinality(%(partition_keys)s::text[]) AS n) c
+ON CONFLICT (partition_key) DO UPDATE SET added_at = EXCLUDED.added_at;
+
+-- name: bench_corpus_keys
+-- Benchmark only: the partition keys of seeded documents FIRST..FIRST+COUNT-1.
+SELECT 'corpus-' || i AS document_id, %(tenant)s || '/corpus-' || i || '/v1' AS partition_key
+FROM generate_series(%(first)s, %(first)s + %(count)s - 1) AS i ORDER BY i;
+
+-- name: bench_corpus_analyze
+-- Benchmark only: fresh statistics after the bulk load.
+ANALYZE;
+
+-- name: bench_corpus_set_active_model
+-- Benchmark only: the active profile embeds with this model (a fake one: the Dagster side is measured).
+UPDATE index_profile SET model = %(model)s WHERE is_active;
+
+-- name: bench_corpus_retried
+-- Benchmark only: tasks that needed more than one attempt, by type (lease expiries under load).
+SELECT task_type, count(*) AS tasks FROM index_task WHERE attempts > 1 GROUP BY task_type;
+
+-- name: bench_corpus_recorded_keys
+-- Benchmark only: how many partition keys kbindex remembers having added (dagster_partition_key).
+SELECT count(*) AS keys FROM dagster_partition_key;

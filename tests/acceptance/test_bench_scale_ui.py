@@ -1,0 +1,28 @@
+"""The CI-sized round of bench/scale/ui.py: the UI's own partition-health and asset-graph queries,
+sent to a real ``dagster dev``, see exactly the live keys (not the corpus), and one prune deletes
+exactly the keys past the lineage window, leaving the live ones. Timings are the bench's business."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.scale.ui import run
+
+pytestmark = pytest.mark.slow
+
+
+def test_ui_queries_see_the_live_keys_and_prune_leaves_them(pg_server_url, tmp_path, monkeypatch):
+    for name in ("KBINDEX_DATABASE_URL", "KBINDEX_BLOB_URL", "KBINDEX_ARTIFACTS", "KBINDEX_HOME"):
+        monkeypatch.setenv(name, "")  # run() points these at its round; restored after the test
+    rounds, pruned = run(pg_server_url, tmp_path, versions=1500, live_counts=[200, 500], prune=120, repeat=1)
+
+    assert [r.live_keys for r in rounds] == [200, 500]
+    for r in rounds:
+        assert set(r.health) == {"parsed_document", "document_chunks", "chunk_embeddings", "search_index"}
+        assert all(n == r.live_keys for n in r.materialized.values()), r.materialized  # the status cache caught up
+        assert r.numbers and all(n == r.live_keys for n in r.numbers.values()), r.numbers  # graph: live keys only
+        assert all(t.response_bytes > 0 for t in r.health.values())
+    assert pruned is not None
+    assert pruned.deleted == 120
+    assert pruned.keys_left == 500  # the lineage window's keys survive the prune
+    assert pruned.recorded_left == 500  # kbindex forgot exactly the deleted keys

@@ -1,0 +1,38 @@
+"""The CI-sized round of bench/scale/burst.py: the same burst through the real daemon, on an empty index
+and on one already holding indexed versions (seeded in SQL, with the pruned Dagster key state)."""
+
+import psycopg
+import pytest
+
+from bench.scale.burst import SEED_TENANT, render, run, seed_index
+
+
+@pytest.mark.slow
+def test_a_burst_on_a_seeded_index_and_on_an_empty_one(pg_server_url):
+    report = run(seeded=2000, burst=100, live_keys=300, chunks=2, timeout=600, admin_url=pg_server_url,
+                 out=lambda line: None)
+    print(render(report))
+    empty, seeded = report["rounds"]
+    assert empty["throughput"]["succeeded_docs"] == seeded["throughput"]["succeeded_docs"] == 100
+    assert seeded["seed_seconds"]["seed_chunks"] > 0 and report["ratio"] > 0
+    # Throughput itself is not asserted: CI machines are shared. `python -m bench.scale.burst` reports it.
+
+
+def test_seeding_builds_indexed_versions_and_the_pruned_key_state(db_url, pg_server_url):
+    from resources.local_postgres import with_database
+
+    dg_name = f"dg_seed_{db_url.rpartition('/')[2].partition('?')[0]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dg_name}"')
+    seed_index(db_url, with_database(pg_server_url, dg_name), versions=50, chunks=3, live_keys=10, out=lambda line: None)
+    with psycopg.connect(db_url) as conn:
+        counts = conn.execute(
+            "SELECT (SELECT count(*) FROM search_pointer WHERE tenant_id = %(t)s),"
+            " (SELECT count(*) FROM chunk WHERE tenant_id = %(t)s),"
+            " (SELECT count(*) FROM index_task WHERE tenant_id = %(t)s AND status = 'SUCCEEDED'),"
+            " (SELECT count(*) FROM dagster_partition_key),"
+            " (SELECT count(DISTINCT embedding::text) FROM chunk)", {"t": SEED_TENANT}).fetchone()
+    assert counts == (50, 150, 50, 10, 150)  # every chunk its own random vector
+    with psycopg.connect(with_database(pg_server_url, dg_name)) as conn:
+        keys = [r[0] for r in conn.execute("SELECT partition FROM dynamic_partitions ORDER BY id")]
+    assert keys == [f"{SEED_TENANT}/seed-{i}/v1" for i in range(41, 51)]  # the newest, oldest first

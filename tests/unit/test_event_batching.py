@@ -1,0 +1,19 @@
+"""The event-batching settings go into every Dagster process's environment unless set explicitly."""
+
+import os
+
+from pipelines import event_batching
+
+
+def test_apply_sets_the_batching_settings_and_keeps_explicit_values():
+    env = {"DAGSTER_EVENT_BATCH_SIZE": "50", "OTHER": "x"}
+    assert event_batching.apply(env) is env
+    assert env == {"DAGSTER_EVENT_BATCH_SIZE": "50", "OTHER": "x",
+                   "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true"}
+
+
+def test_a_run_process_gets_them_from_the_code_location():
+    import pipelines.assets  # noqa: F401 - importing the assets applies them
+
+    for name in event_batching.EVENT_BATCH_ENV:
+        assert os.environ.get(name), name

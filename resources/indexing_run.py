@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.domain.chunking import VersionIdentity
+from pipelines.domain.chunking import CHUNKER_VERSION, VersionIdentity
 from pipelines.domain.errors import EmbeddingInvalidResponse, FenceRejected, KbindexError, classify
 from pipelines.domain.task_states import Stage
 from resources.blob_store import BlobStore
@@ -80,7 +80,8 @@ class TaskWork:
         source = (self.content_hash, self.filename, self.media_type, self.ocr)
         if stage == "parsed_document":
             return source
-        chunked = (*source, self.task_id, self.profile, self.model, self.chunk_tokens, self.chunk_overlap)
+        chunked = (*source, self.task_id, self.profile, self.model, self.chunk_tokens, self.chunk_overlap,
+                   CHUNKER_VERSION)
         return chunked if stage == "document_chunks" else (*chunked, self.dimension)
 
 
@@ -416,8 +417,9 @@ class IndexingRun:
             own = dict(zip(missing, vectors, strict=True))
             stats_embedded, stats_reused = stats.embedded, stats.reused
         out = np.stack([own[t] if t in own else shared.get(work, t) for t in texts]).astype(np.float32)
-        return out, {"embedded": stats_embedded, "reused": stats_reused,
-                     "shared": len(set(texts) - set(missing))}
+        covered = shared.counts(work, set(texts) - set(missing))
+        return out, {"embedded": stats_embedded + covered["embedded"], "reused": stats_reused + covered["reused"],
+                     "shared": covered["shared"]}
 
     def _embed_shared(self, works: list[TaskWork]) -> SharedVectors:
         """Embed the texts of all the run's live tasks in one pass per model, longest first, in validated batches.
@@ -495,7 +497,7 @@ class IndexingRun:
                     log.warning("shared embedding stopped (%s); the tasks embed on their own", type(exc).__name__)
                     break
                 for text, vector in zip(batch, vectors, strict=True):
-                    shared.put_embedded(model_name, dimension, text, vector)
+                    shared.put_embedded(model_name, dimension, text, vector, for_task=min(users[text]))
                 if time.monotonic() - reported >= PASS_PROGRESS_SECONDS:
                     reported = time.monotonic()
                     self._report_pass_progress(live, chunks_of, shared)
@@ -535,15 +537,18 @@ class SharedVectors:
     """The shared pass's vectors: embedded ones by (model, dimension, text), reused ones per task.
 
     Stored vectors are reused only within their own tenant and profile, so they are kept per task;
-    freshly embedded ones depend only on the model and the text.
+    freshly embedded ones depend only on the model and the text. Each embedded text is counted as
+    ``embedded`` for one task (the lowest task id that needed it) and as ``shared`` for the others.
     """
 
     def __init__(self) -> None:
         self.embedded: dict[tuple[str, int, str], np.ndarray] = {}
+        self.embedded_for: dict[tuple[str, int, str], int] = {}
         self.reused: dict[tuple[int, str], np.ndarray] = {}
 
-    def put_embedded(self, model: str, dimension: int, text: str, vector: np.ndarray) -> None:
+    def put_embedded(self, model: str, dimension: int, text: str, vector: np.ndarray, *, for_task: int) -> None:
         self.embedded[(model, dimension, text)] = vector
+        self.embedded_for[(model, dimension, text)] = for_task
 
     def put_reused(self, work: TaskWork, text: str, vector: np.ndarray) -> None:
         self.reused[(work.task_id, text)] = vector
@@ -565,9 +570,16 @@ class SharedVectors:
         found = [self.get(work, c.embed_text) for c in chunks]
         if any(v is None for v in found):
             return None, {}
-        texts = {c.embed_text for c in chunks}
-        reused = sum(1 for t in texts if (work.task_id, t) in self.reused)
-        return np.stack(found).astype(np.float32), {"embedded": len(texts) - reused, "reused": reused, "shared": 0}
+        return np.stack(found).astype(np.float32), self.counts(work, {c.embed_text for c in chunks})
+
+    def counts(self, work: TaskWork, texts: set[str]) -> dict[str, int]:
+        """Of the task's distinct ``texts`` this pass covered: reused from storage, embedded for this
+        task, and shared (embedded once in this run for another task that needed the same text)."""
+        reused = {t for t in texts if (work.task_id, t) in self.reused}
+        owners = [self.embedded_for.get((work.model, work.dimension, t)) for t in texts - reused]
+        embedded = sum(1 for owner in owners if owner == work.task_id)
+        shared = sum(1 for owner in owners if owner is not None and owner != work.task_id)
+        return {"embedded": embedded, "reused": len(reused), "shared": shared}
 
 
 def _default_tokenizer(model: str) -> Any:

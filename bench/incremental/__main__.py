@@ -202,9 +202,46 @@ def report(v1: VersionRun, v2: VersionRun, edited: int, paragraphs: int, out: An
     return text_ratio <= 0.05 and time_ratio <= 0.15
 
 
+PEPS = CORPUS.parent / "en-peps"
+
+
+def edit_kinds(paragraphs: int, change: float, peps: int, out: Any = print) -> bool:
+    """Re-embed share per edit kind, fixed windows (before) beside content-defined cuts (now); no database.
+
+    Documents: the bench's handbook (4-sentence paragraphs), the same text with no blank lines (each
+    section one block, so the chunker sees only sentences), and ``peps`` real PEPs (if the corpus is here).
+    """
+    from bench.incremental import edits
+    from resources.tokenizer import ModelTokenizer
+
+    tokenizer = ModelTokenizer()
+    chunkers = edits.chunkers(tokenizer, chunk_tokens=200, overlap=32)  # the default profile's parameters
+    sections = source_paragraphs(paragraphs)
+    wrapped = "# Handbook\n\n" + "\n\n".join(f"## {t}\n\n" + "\n".join(ps) for t, ps in sections) + "\n"
+    corpora = [("handbook, one paragraph per block", [("handbook.md", render(sections).decode())], "\n\n"),
+               ("handbook, no blank lines", [("handbook.md", wrapped)], "\n")]
+    files = sorted(PEPS.glob("pep-*.rst"))[:peps] if PEPS.is_dir() else []
+    if files:
+        corpora.append((f"{len(files)} PEPs", [(p.name, p.read_text(encoding="utf-8")) for p in files], "\n\n"))
+    ok = True
+    for label, documents, separator in corpora:
+        total = sum(len(text.split(separator)) for _, text in documents)
+        k = max(1, round(change * total))
+        out(f"\n{label}: {k} paragraphs edited per kind (chunk_tokens 200, overlap 32)")
+        figures = [f for kind in edits.KINDS
+                   for f in edits.measure(documents, kind, k, chunkers, tokenizer, separator=separator)]
+        ok = edits.report(figures, out) and ok
+    out("text % = paragraphs (blank-line blocks) touched; re-embed % = v2's distinct chunk texts no v1 chunk had; "
+        "per edit = those texts per paragraph edited; ratio = re-embed % / text % (target <= 2)")
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.incremental", description=__doc__)
     parser.add_argument("--paragraphs", type=int, default=1500, help="paragraphs in the document (default 1500)")
+    parser.add_argument("--edit-kinds", action="store_true",
+                        help="only the re-embed share per edit kind, old chunker beside new (no database, no model)")
+    parser.add_argument("--peps", type=int, default=150, help="PEPs measured by --edit-kinds (default 150)")
     parser.add_argument("--change", type=float, default=0.01, help="fraction of chunks to change in v2")
     parser.add_argument("--model", default=None, help="profile model to use (default: the packaged MiniLM)")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -212,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if args.edit_kinds:
+        return 0 if edit_kinds(args.paragraphs, args.change, args.peps) else 1
     if args.database_url:
         v1, v2, edited = run(args.database_url, paragraphs=args.paragraphs, change=args.change, model=args.model,
                              batch_size=args.batch_size)

@@ -4,11 +4,21 @@ Why it works this way:
 - Counting uses the embedding model's own tokenizer (the ``Tokenizer`` protocol; the real one is
   ``resources.tokenizer.ModelTokenizer``), so the model reads every chunk whole. all-MiniLM-L6-v2
   reads 256 word pieces including [CLS] and [SEP]: ``chunk_tokens`` may be at most 254.
-- A chunk never spans a heading or page change. Inside a section, text is cut at the coarsest
-  boundary that makes a piece fit: paragraph, sentence (also 。！？ with no space after), line,
-  clause, word, and finally word-piece boundaries (a "word" longer than the budget, or CJK text
-  without punctuation). Pieces are then packed greedily up to the budget.
-- Consecutive chunks of a section overlap by up to ``overlap`` word pieces, starting at a word.
+- A chunk never spans a heading or page change. A section is tokenized once; the word pieces of any
+  span are counted from those offsets (no tokenizer call per piece), and each finished chunk is
+  counted once for real (its ``token_count``, and the guard that the model reads it whole).
+- Boundaries are stable under local edits (issue #15). The section is cut into units: sentences
+  (also 。！？ with no space after), and for a sentence over the budget, lines, clauses, words and
+  finally word pieces. A chunk ends at a paragraph end when one fills at least a quarter of its room
+  (the fullest such: paragraphs that fit are never cut), else at the sentence (or finer) boundary,
+  filling at least half the room, whose preceding unit has the largest hash. Such a cut depends on
+  the text around it, not on where the section starts, so after a sentence is inserted, deleted or
+  rewritten the following cuts fall back onto the old ones within a chunk or two, and only those
+  chunks are embedded again (bench/incremental --edit-kinds measures it). The greedy packing used
+  before moved every later cut of the section until one happened to coincide again.
+- Overlap: a chunk after the first of its section starts by repeating the last up to ``overlap``
+  word pieces of the previous chunk, from a word start (fewer if its first unit needs the room).
+  The repeated tail is a function of the previous cut, so it is as stable as the cuts.
 - What is embedded is ``embed_text`` = the heading path ("A > B", outermost titles dropped first if
   it would take more than a quarter of the budget) + a newline + ``text``. Headings carry meaning a
   paragraph leaves implicit ("Refunds > Eligibility"). ``token_count`` counts ``embed_text``, and it
@@ -20,6 +30,7 @@ Why it works this way:
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import re
@@ -36,6 +47,13 @@ DEFAULT_OVERLAP = 32
 MIN_CHUNK_TOKENS = 8
 HEADING_SEPARATOR = " > "
 CHUNK_ID_CHARS = 32
+CHUNKER_VERSION = 2
+"""Bumped whenever the same input and parameters may chunk differently (2: content-defined cuts,
+issue #15); run state fingerprints include it, so chunks stored by an older chunker are not reused."""
+PARAGRAPH_MIN_FILL = (1, 4)
+"""A chunk may end at a paragraph end once it fills this share of its room (numerator, denominator)."""
+FINER_MIN_FILL = (1, 2)
+"""... and at a sentence (or finer) boundary once it fills this share."""
 
 
 class Tokenizer(Protocol):
@@ -97,7 +115,7 @@ def chunk_document(
     chunks: list[Chunk] = []
     for heading_path, page, section in _sections(doc.blocks):
         prefix = _heading_prefix(heading_path, tokenizer, chunk_tokens // 4)
-        for text in _SectionSplitter(section, prefix, tokenizer, chunk_tokens, overlap).chunks():
+        for text, token_count in _SectionSplitter(section, prefix, tokenizer, chunk_tokens, overlap).chunks():
             embed_text = prefix + text
             digest = content_digest(text)
             ordinal = len(chunks)
@@ -109,7 +127,7 @@ def chunk_document(
                     page=page,
                     text=text,
                     embed_text=embed_text,
-                    token_count=tokenizer.count(embed_text),
+                    token_count=token_count,
                     content_digest=digest,
                 )
             )
@@ -198,21 +216,9 @@ def _is_cjk(char: str) -> bool:
     return any(low <= code <= high for low, high in _CJK_RANGES)
 
 
-def _split_after(pattern: re.Pattern[str], text: str) -> list[str]:
-    """Cut ``text`` after each match; the parts concatenate back to ``text``."""
-    parts: list[str] = []
-    start = 0
-    for match in pattern.finditer(text):
-        end = match.end()
-        if start < end < len(text):
-            parts.append(text[start:end])
-            start = end
-    parts.append(text[start:])
-    return parts
-
-
 class _SectionSplitter:
-    """Chunks one section (one heading path and page): partition into pieces that fit, then pack."""
+    """Chunks one section (one heading path and page): tokenize once, cut into units, choose the cuts
+    (``_cut``), verify each chunk with one real count."""
 
     def __init__(self, text: str, prefix: str, tokenizer: Tokenizer, chunk_tokens: int, overlap: int) -> None:
         self.text = text
@@ -220,66 +226,103 @@ class _SectionSplitter:
         self.tokenizer = tokenizer
         self.chunk_tokens = chunk_tokens
         self.overlap = overlap
-        self.budget = chunk_tokens - tokenizer.count(prefix)
+        self.budget = chunk_tokens - (tokenizer.count(prefix) if prefix else 0)
+        spans = tokenizer.offsets(text) if text.strip() else []
+        self.starts = [a for a, _ in spans]
+        self.ends = [b for _, b in spans]
+
+    def tokens(self, start: int, end: int) -> int:
+        """Word pieces lying inside ``text[start:end]``, from the section's one tokenization."""
+        return max(0, bisect.bisect_right(self.ends, end) - bisect.bisect_left(self.starts, start))
 
     def fits(self, text: str) -> bool:
+        """The real count (used where spans are not additive: word-piece cuts, and the final check)."""
         return self.tokenizer.count(self.prefix + text.strip()) <= self.chunk_tokens
 
-    def chunks(self) -> Iterator[str]:
-        """Chunk texts in order: greedy packing of pieces, each chunk verified against the bound."""
-        spans = self._spans()
-        counts = [self.tokenizer.count(self.text[a:b]) for a, b in spans]
+    def chunks(self) -> Iterator[tuple[str, int]]:
+        """(text, word pieces of prefix + text) in order, each verified against the bound with one real count."""
+        units = self._units()
         i, previous = 0, None
-        while i < len(spans):
-            start = spans[i][0]
-            if previous is not None:  # repeat the previous tail, shrunk so the next piece still fits
-                overlap_start = self._overlap_start(*previous, min(self.overlap, self.budget - counts[i]))
+        while i < len(units):
+            start = units[i].start
+            if previous is not None:  # repeat the previous tail, shrunk so the next unit still fits
+                overlap_start = self._overlap_start(*previous, min(self.overlap, self.budget - units[i].tokens))
                 start = start if overlap_start is None else overlap_start
-            available = self.budget - self.tokenizer.count(self.text[start : spans[i][0]])
-            j, total = i, 0
-            while j < len(spans) and total + counts[j] <= available:
-                total += counts[j]
-                j += 1
-            j = max(j, i + 1)
-            while not self.fits(self.text[start : spans[j - 1][1]]):  # sums are estimates: verify
+            j = self._cut(units, i, self.budget - self.tokens(start, units[i].start))
+            while (count := self.tokenizer.count(self.prefix + self.text[start : units[j - 1].end].strip())) \
+                    > self.chunk_tokens:  # spans are estimates: verify
                 if j - 1 > i:
                     j -= 1
-                elif start != spans[i][0]:
-                    start = spans[i][0]
+                elif start != units[i].start:
+                    start = units[i].start
+                elif not units[i].exact:  # a unit the offsets under-counted: cut it by real counts
+                    units[i : i + 1] = self._split_tokens(units[i])
+                    j = i + 1
                 else:
                     raise InternalError("chunker could not fit a piece within the token budget")
-            end = spans[j - 1][1]
+            end = units[j - 1].end
             chunk = self.text[start:end].strip()
             if chunk:
-                yield chunk
+                yield chunk, count
             i, previous = j, (start, end)
 
-    def _spans(self) -> list[tuple[int, int]]:
-        """(start, end) of consecutive pieces covering the section, each one fitting alone."""
-        spans: list[tuple[int, int]] = []
-        position = 0
-        for piece in self._partition(self.text, 0):
-            spans.append((position, position + len(piece)))
-            position += len(piece)
-        return spans
+    def _cut(self, units: list[_Unit], i: int, room: int) -> int:
+        """End (exclusive unit index) of the chunk starting at unit ``i`` with ``room`` word pieces.
 
-    def _partition(self, text: str, level: int) -> list[str]:
-        if self.fits(text):
-            return [text]
+        Among the boundaries that fit: a paragraph end filling at least a quarter of the room, the
+        fullest one (structure-anchored: an edit inside a paragraph leaves the other paragraph ends
+        where they were); else a finer boundary filling at least half the room, the one whose unit
+        before it has the largest fingerprint (content-defined: the cut follows the text, not the
+        start, so after an edit the cuts fall back onto the old ones); else as much as fits.
+        """
+        total, best, best_strength, j = 0, i + 1, None, i
+        while j < len(units) and (j == i or total + units[j].tokens <= room):
+            total += units[j].tokens
+            j += 1
+            if j == len(units):
+                return j  # the section ends here: no cut is stronger
+            unit = units[j - 1]
+            if unit.level == 0 and total * PARAGRAPH_MIN_FILL[1] >= room * PARAGRAPH_MIN_FILL[0]:
+                strength = (0, total)
+            elif unit.level > 0 and total * FINER_MIN_FILL[1] >= room * FINER_MIN_FILL[0]:
+                strength = (-unit.level, unit.fingerprint)
+            else:
+                continue
+            if best_strength is None or strength > best_strength:
+                best, best_strength = j, strength
+        return best if best_strength is not None else j
+
+    def _units(self) -> list[_Unit]:
+        """Consecutive units covering the section: sentences, or finer pieces where one does not fit."""
+        units: list[_Unit] = []
+        self._partition(0, len(self.text), 0, 0, units)
+        return units
+
+    def _partition(self, start: int, end: int, level: int, tail_level: int, out: list[_Unit]) -> None:
+        """Split ``text[start:end]`` at ``_LEVELS[level]`` (always down to sentences, finer only to fit)."""
+        if level >= 2 and self.tokens(start, end) <= self.budget:
+            out.append(self._unit(start, end, tail_level))
+            return
         if level == len(_LEVELS):
-            return self._split_tokens(text)
-        parts = _split_after(_LEVELS[level], text)
-        if len(parts) == 1:
-            return self._partition(text, level + 1)
-        pieces: list[str] = []
-        for part in parts:
-            pieces.extend(self._partition(part, level + 1))
-        return pieces
+            out.extend(self._split_tokens(_Unit(start, end, tail_level, 0, 0, False)))
+            return
+        cuts = [start + c for c in _cut_points(_LEVELS[level], self.text[start:end])]
+        bounds = [start, *cuts, end]
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            self._partition(a, b, level + 1, level if k < len(cuts) else tail_level, out)
 
-    def _split_tokens(self, text: str) -> list[str]:
-        """Last resort: cut at word-piece boundaries (long "words", CJK runs without punctuation)."""
+    def _unit(self, start: int, end: int, level: int, exact: bool = False) -> _Unit:
+        fingerprint = int.from_bytes(
+            hashlib.blake2b(normalize_text(self.text[start:end]).encode("utf-8", "surrogatepass"),
+                            digest_size=8).digest(), "big")
+        return _Unit(start, end, level, self.tokens(start, end), fingerprint, exact)
+
+    def _split_tokens(self, unit: _Unit) -> list[_Unit]:
+        """Last resort: cut at word-piece boundaries (long "words", CJK runs without punctuation),
+        each piece checked with a real count (a piece starting mid-word re-tokenizes differently)."""
+        text = self.text[unit.start : unit.end]
         spans = self.tokenizer.offsets(text)
-        pieces: list[str] = []
+        pieces: list[tuple[int, int]] = []
         start_char, i = 0, 0
         while i < len(spans):
             j = min(i + max(self.budget, 1), len(spans))
@@ -288,24 +331,45 @@ class _SectionSplitter:
                 if j == i + 1 or self.fits(text[start_char:end_char]):
                     break
                 j = i + max(1, (j - i) * 3 // 4)
-            pieces.append(text[start_char:end_char])
+            pieces.append((start_char, end_char))
             start_char, i = end_char, j
-        if start_char < len(text):
-            pieces.append(text[start_char:])
-        return pieces or [text]
+        if start_char < len(text) or not pieces:
+            pieces.append((start_char, len(text)))
+        levels = [len(_LEVELS)] * (len(pieces) - 1) + [unit.level]
+        return [self._unit(unit.start + a, unit.start + b, level, exact=True)
+                for (a, b), level in zip(pieces, levels, strict=True)]
 
     def _overlap_start(self, start: int, end: int, tokens: int) -> int | None:
         """Where the next chunk starts to repeat the last ``tokens`` word pieces of [start, end), at a word."""
         if tokens <= 0:
             return None
-        segment = self.text[start:end]
-        spans = self.tokenizer.offsets(segment)
-        k = len(spans) - tokens
-        if k <= 0:
+        first, stop = bisect.bisect_left(self.starts, start), bisect.bisect_right(self.ends, end)
+        k = stop - tokens
+        if k <= first:
             return None  # the whole chunk would repeat
-        while k < len(spans) and _mid_word(segment, spans[k][0]):
+        while k < stop and _mid_word(self.text, self.starts[k]):
             k += 1
-        return start + spans[k][0] if k < len(spans) else None
+        return self.starts[k] if k < stop else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    """A span of the section the chunker never cuts inside, and the boundary after it."""
+
+    start: int
+    end: int
+    level: int
+    """How coarse the boundary after it is: 0 paragraph, 1 sentence, ... len(_LEVELS) word piece."""
+    tokens: int
+    fingerprint: int
+    """A hash of its normalized text: ties between equally coarse boundaries go the same way every time."""
+    exact: bool
+    """Cut by real counts (word-piece fallback): cannot be split further."""
+
+
+def _cut_points(pattern: re.Pattern[str], text: str) -> list[int]:
+    """Offsets after each match of ``pattern`` strictly inside ``text``."""
+    return [m.end() for m in pattern.finditer(text) if 0 < m.end() < len(text)]
 
 
 def _mid_word(text: str, index: int) -> bool:
@@ -320,6 +384,7 @@ _CJK_PUNCTUATION = frozenset("。！？；：，、…」』”’）")
 
 
 __all__ = [
+    "CHUNKER_VERSION",
     "Chunk",
     "DEFAULT_CHUNK_TOKENS",
     "DEFAULT_OVERLAP",

@@ -244,3 +244,66 @@ def test_property_bound_and_determinism(
         assert all(no_space(c.text) in target for c in section)
         if overlap == 0:
             assert no_space("".join(c.text for c in section)) == target
+
+
+# --- stable boundaries and one tokenization per section (issue #15) ------------------------
+
+
+def _inserted(text: str, sentence: str, at: float) -> str:
+    """``text`` with ``sentence`` inserted after the sentence end nearest to ``at`` (a share of its length)."""
+    cut = text.index(". ", int(len(text) * at)) + 2
+    return text[:cut] + sentence + " " + text[cut:]
+
+
+@pytest.mark.parametrize("overlap", [0, 32])
+@pytest.mark.parametrize("edit", ["insert", "delete"])
+def test_a_local_edit_in_a_long_section_changes_only_nearby_chunks(
+    edit: str, overlap: int, tokenizer: ModelTokenizer
+) -> None:
+    """One sentence inserted (or deleted) in the middle of a section of ~20 chunks: at most 3 chunk
+    texts are new, and every other chunk of v2 is a v1 chunk. Fixed windows re-cut the whole rest."""
+    text = " ".join(parse_fixture("sotu-1790-washington.txt").blocks[0].text.split() * 3)  # one paragraph
+    if edit == "insert":
+        edited = _inserted(text, "This sentence was inserted in the second version of the address.", 0.4)
+    else:
+        start = text.index(". ", int(len(text) * 0.4)) + 2
+        edited = text[:start] + text[text.index(". ", start) + 2 :]
+
+    def texts(body: str) -> list[str]:
+        doc = ParsedDocument([TextBlock(body, ("Address",))], None, "text/plain")
+        return [c.embed_text for c in chunk_document(doc, tokenizer=tokenizer, chunk_tokens=200, overlap=overlap,
+                                                     identity=IDENTITY)]
+
+    before, after = texts(text), texts(edited)
+    assert len(before) >= 15
+    assert len(set(after) - set(before)) <= 3
+
+
+class CountingTokenizer:
+    """The real tokenizer, counting the calls the chunker makes."""
+
+    def __init__(self, inner: ModelTokenizer) -> None:
+        self.inner, self.max_content_tokens = inner, inner.max_content_tokens
+        self.offsets_calls: list[str] = []
+        self.count_calls = 0
+
+    def count(self, text: str) -> int:
+        self.count_calls += 1
+        return self.inner.count(text)
+
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        self.offsets_calls.append(text)
+        return self.inner.offsets(text)
+
+
+@pytest.mark.parametrize("name", ["sotu-1790-washington.txt", "pep-0257.rst", "debian-reference-excerpt.zh-cn.txt"])
+def test_each_section_is_tokenized_once(name: str, tokenizer: ModelTokenizer) -> None:
+    """One ``offsets`` call per section, and one ``count`` per heading prefix and per chunk (prose has
+    no word-piece fallback); before issue #15 every piece and every overlap was tokenized again."""
+    counting = CountingTokenizer(tokenizer)
+    doc = parse_fixture(name)
+    chunks = chunk_document(doc, tokenizer=counting, identity=IDENTITY)
+    sections = {(c.heading_path, c.page) for c in chunks}
+    assert len(counting.offsets_calls) == len(sections)
+    assert counting.count_calls <= len(chunks) + 2 * len(sections)
+    assert chunks == chunk_document(doc, tokenizer=tokenizer, identity=IDENTITY)

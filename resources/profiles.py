@@ -19,6 +19,7 @@ the document names that version.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -33,7 +34,7 @@ import numpy as np
 from pipelines.domain.chunking import VersionIdentity, chunk_document
 from pipelines.domain.errors import EmbeddingError, IllegalTransition, InvalidRequest
 from pipelines.domain.identifiers import validate_profile_name
-from pipelines.domain.lexical import LexicalParams, bm25_matrix, check_mode, fuse_matrix, term_counts
+from pipelines.domain.lexical import LexicalParams, bm25_matrix, check_mode, check_params, fuse_matrix, term_counts
 from pipelines.domain.parsing.model import ParsedDocument, TextBlock
 from pipelines.domain.retrieval_metrics import DEFAULT_K, RetrievalScores, evaluate, gate_passed
 from resources.database import Database
@@ -128,8 +129,12 @@ def create_profile(
     overlap: int = 32,
     max_attempts: int = 5,
     provider: Any = None,
+    lexical: LexicalParams | None = None,
 ) -> dict[str, Any]:
     """Insert a building profile and a REINDEX task for every current document version, in one transaction.
+
+    ``lexical``: the profile's search mode and BM25/fusion parameters (default: hybrid, weight 0.5, k1 1.2,
+    b 0.75), so a migration can change how search ranks and the quality gate judges that change.
 
     Returns the profile row plus ``reindex_tasks`` (how many tasks were created). InvalidRequest for a
     bad name, model or chunking; IllegalTransition if the name is taken. With ``provider`` (an
@@ -137,6 +142,10 @@ def create_profile(
     it becomes ``http:<remote model>@<host>``; nothing is sent to the provider here.
     """
     validate_profile_name(name)
+    try:
+        lexical = check_params(lexical or LexicalParams())
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
     info = probe_model(model) if provider is None else _provider_info(provider)
     validate_chunking(chunk_tokens, overlap, info.max_content_tokens)
     with db.transaction() as tx:
@@ -148,6 +157,7 @@ def create_profile(
                 "dimension": info.dimension,
                 "chunk_tokens": chunk_tokens,
                 "chunk_overlap": overlap,
+                **dataclasses.asdict(lexical),  # search_mode, lexical_weight, bm25_k1, bm25_b
             },
         )
         if row is None:

@@ -55,10 +55,15 @@ def create_command(
     rpm: int = typer.Option(0, "--rpm", help="Provider requests per minute, shared by every run on the machine (0: no limit of ours)."),
     tpm: int = typer.Option(0, "--tpm", help="Provider tokens per minute, shared likewise (0: no limit of ours)."),
     max_batch: int = typer.Option(64, "--max-batch", help="Texts per provider request."),
+    search_mode: str = typer.Option("hybrid", "--search-mode", help="How search ranks once this profile is active: hybrid, dense or lexical."),
+    lexical_weight: float = typer.Option(0.5, "--lexical-weight", help="Hybrid fusion: the BM25 share of the score (0..1)."),
+    bm25_k1: float = typer.Option(1.2, "--bm25-k1", help="BM25 term-frequency saturation (>= 0)."),
+    bm25_b: float = typer.Option(0.75, "--bm25-b", help="BM25 length normalisation (0..1)."),
     as_json: bool = JsonOption,
 ) -> None:
     """Create a shadow profile (building) and a REINDEX task for every current document version."""
     from pipelines.domain.errors import InvalidRequest
+    from pipelines.domain.lexical import LexicalParams
     from resources.http_embedder import ProviderConfig
     from resources.profiles import create_profile
 
@@ -72,15 +77,17 @@ def create_command(
                                       max_batch=max_batch)
         elif not model:
             raise InvalidRequest("--model (or --provider-url with --provider-model) is required")
-        row = create_profile(db, name, model=model, chunk_tokens=chunk_tokens, overlap=overlap, provider=provider)
+        lexical = LexicalParams(search_mode=search_mode, lexical_weight=lexical_weight, bm25_k1=bm25_k1, bm25_b=bm25_b)
+        row = create_profile(db, name, model=model, chunk_tokens=chunk_tokens, overlap=overlap, provider=provider,
+                             lexical=lexical)
     if as_json:
         print_json(row)
         return
     console.print(
         f"profile {row['name']} created (building): model {row['model']}, {row['chunk_tokens']} tokens, "
-        f"overlap {row['chunk_overlap']}; {row['reindex_tasks']} REINDEX tasks queued.\n"
-        f"  next: backfill from the Dagster UI (Materialize all over document_versions with run tag "
-        f"kbindex/profile={row['name']}), then `kbindex profile gate {row['name']} --eval DIR`",
+        f"overlap {row['chunk_overlap']}, search {row['search_mode']}; {row['reindex_tasks']} REINDEX tasks queued.\n"
+        f"  next: `kbindex profile backfill {row['name']}` (or the backfill_profile job in the Dagster UI), "
+        f"then `kbindex profile gate {row['name']} --eval DIR`",
         highlight=False,
     )
 

@@ -163,6 +163,18 @@ def fuse(
     return scored
 
 
+def check_params(params: LexicalParams) -> LexicalParams:
+    """``params`` if every field is in range (the index_profile CHECKs); ValueError naming the field otherwise."""
+    check_mode(params.search_mode)
+    if not 0.0 <= params.lexical_weight <= 1.0:
+        raise ValueError("lexical_weight must be between 0 and 1")
+    if params.bm25_k1 < 0:
+        raise ValueError("bm25_k1 must be >= 0")
+    if not 0.0 <= params.bm25_b <= 1.0:
+        raise ValueError("bm25_b must be between 0 and 1")
+    return params
+
+
 def check_mode(mode: str) -> str:
     """``mode`` if it is one of MODES; ValueError otherwise."""
     if mode not in MODES:

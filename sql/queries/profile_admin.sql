@@ -2,11 +2,15 @@
 -- switch search to it in one transaction, roll back). A "current version" is document.latest_version.
 
 -- name: index_profile_insert
--- A new shadow profile: building (publishes index under it too), not active. No row back: the name is taken.
-INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, is_active, building)
-VALUES (%(name)s, %(model)s, %(dimension)s, %(chunk_tokens)s, %(chunk_overlap)s, false, true)
+-- A new shadow profile: building (publishes index under it too), not active, with its search mode and
+-- BM25/fusion parameters (a migration may change them; the gate scores them). No row back: the name is taken.
+INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, is_active, building,
+                           search_mode, lexical_weight, bm25_k1, bm25_b)
+VALUES (%(name)s, %(model)s, %(dimension)s, %(chunk_tokens)s, %(chunk_overlap)s, false, true,
+        %(search_mode)s, %(lexical_weight)s, %(bm25_k1)s, %(bm25_b)s)
 ON CONFLICT (name) DO NOTHING
-RETURNING name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, created_at;
+RETURNING name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, created_at,
+          search_mode, lexical_weight, bm25_k1, bm25_b;
 
 -- name: document_table_lock
 -- Wait for in-flight publishes and hold new ones until commit, so a version published meanwhile is

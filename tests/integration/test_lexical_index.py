@@ -258,3 +258,27 @@ def test_the_gate_scores_the_mode_search_uses(db, db_url):
     row = profiles.run_gate(db, "tiny", eval_dir, tolerance=1)
     relexed = profiles.evaluate_profile(db.fetch_one("index_profile_get", {"name": "tiny"}), eval_set)
     assert row["mode"] == "lexical" and row["shadow_ndcg"] == pytest.approx(relexed.ndcg)
+
+
+def test_a_migration_sets_the_search_mode_and_fusion_parameters_of_its_profile(db, db_url):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+    from pipelines.domain.errors import InvalidRequest
+    from pipelines.domain.lexical import LexicalParams
+    from resources.profiles import create_profile
+
+    env = {"KBINDEX_DATABASE_URL": db_url}
+    result = CliRunner().invoke(app, ["profile", "create", "lexy", "--model", "fake-384", "--chunk-tokens", "64",
+                                      "--overlap", "8", "--search-mode", "lexical", "--lexical-weight", "0.3",
+                                      "--bm25-k1", "0.9", "--bm25-b", "0.4", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    row = db.fetch_one("index_profile_get", {"name": "lexy"})
+    assert (row["search_mode"], row["lexical_weight"], row["bm25_k1"], row["bm25_b"]) == ("lexical", 0.3, 0.9, 0.4)
+    assert create_profile(db, "plain", model="fake-384", chunk_tokens=64, overlap=8)["search_mode"] == "hybrid"
+    for bad in (["--search-mode", "fuzzy"], ["--lexical-weight", "1.5"], ["--bm25-b", "-0.1"], ["--bm25-k1", "-1"]):
+        result = CliRunner().invoke(app, ["profile", "create", "bad", "--model", "fake-384", *bad], env=env)
+        assert result.exit_code == 2, (bad, result.output)
+    assert db.fetch_one("index_profile_get", {"name": "bad"}) is None
+    with pytest.raises(InvalidRequest):
+        create_profile(db, "bad", model="fake-384", lexical=LexicalParams(search_mode="x"))

@@ -9,7 +9,7 @@ import pytest
 from bench.scale.migration import run
 from pipelines.sensors import BATCH_MAX
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.soak]  # ~3-5 min: `python -m pytest -m soak`
 VERSIONS, PLAIN = 400, 40
 
 

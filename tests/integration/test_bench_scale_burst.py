@@ -8,6 +8,7 @@ from bench.scale.burst import SEED_TENANT, render, run, seed_index
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # 2-3 min: `python -m pytest -m soak`
 def test_a_burst_on_a_seeded_index_and_on_an_empty_one(pg_server_url):
     report = run(seeded=2000, burst=100, live_keys=300, chunks=2, timeout=600, admin_url=pg_server_url,
                  out=lambda line: None)

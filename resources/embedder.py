@@ -99,8 +99,9 @@ _MODELS_LOCK = threading.Lock()
 def load_sentence_transformer(model: str | os.PathLike[str], device: str = "cpu") -> Any:
     """The SentenceTransformer for ``model`` on ``device``, loaded at most once per process.
 
-    Never downloads: HF_HUB_OFFLINE is forced on, so a name that is not a local folder or already
-    cached fails fast with EMBEDDING_UNAVAILABLE instead of reaching for the network.
+    Never downloads: the load passes ``local_files_only=True`` (HF_HUB_OFFLINE is also set unless the
+    environment says otherwise), so a name that is not a local folder or already cached fails fast with
+    EMBEDDING_UNAVAILABLE instead of reaching for the network.
     """
     key = (str(model), device)
     with _MODELS_LOCK:

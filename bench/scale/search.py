@@ -29,18 +29,15 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import psycopg
-from psycopg import sql as pgsql
 
 from bench import server_url
+from bench.queue.__main__ import scratch_database
 from resources.database import Database
-from resources.local_postgres import with_database
-from resources.migrations import migrate
 from resources.search import DEFAULT_MAX_SCAN_TUPLES, ef_search_for
 from sql import queries
 
@@ -307,21 +304,6 @@ def format_row(r: dict) -> str:
     return (f"{r['tenant']:<8} {r['current_chunks']:>9,} {r['plan']:>5}  {r['setting']:<18} {r['p50_ms']:>7.2f} "
             f"{r['p95_ms']:>7.2f} {r['recall_at_10']:>9.3f} {r['min_recall']:>5.2f} {r['fallback_share']:>8.0%} "
             f"{r['exact_ms']:>8.1f}")
-
-
-@contextmanager
-def scratch_database(admin_url: str, name: str) -> Iterator[str]:
-    """A fresh migrated database, dropped afterwards."""
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
-        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    url = with_database(admin_url, name)
-    try:
-        migrate(url)
-        yield url
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,26 +1,34 @@
 """The fenced publish transaction (DESIGN.md invariant 3): all of a version's chunks + pointer + SUCCEEDED, or nothing.
 
-In ONE transaction:
-  1. ``queue.lock_fenced``: lock the task row and re-check the fence (owner, lease attempt, unexpired);
-     a lost lease or a cancelled task raises LeaseLost / TaskCancelled and the transaction rolls back.
-     Every chunk id is then re-derived from that row's version and profile: chunks made for another
-     profile or version are refused, whatever the caller passed.
-  2. ``search_pointer_advance``: move the pointer forward only. If a newer version is already pointed,
-     this version is superseded: none of its chunks are written (a note goes to the task's history).
-  3. ``chunk_delete_stale`` + ``chunk_upsert``: write the version's chunks by stable id (invariant 5),
-     one statement per batch; a re-run rewrites nothing. A count check proves every row is there.
-     (Measured on 2,000 rows, without the HNSW index: unnest of parallel arrays with vectors sent in
-     binary ~20k rows/s, COPY into a temp table + INSERT SELECT ~15-30k, executemany ~16k; with the
-     HNSW index every method runs at the index's ~500-800 rows/s. unnest keeps one named statement
-     and no temp-table DDL in the transaction; the vectors MUST go binary (``%(embeddings)b``):
-     text-formatted vector[] costs 30x.) Each row also records ``embed_digest`` (sha256 of the chunk's
-     ``embed_text``) so a later version can reuse its vector (resources/embedding_reuse.py).
-     The lexical (BM25) rows of the same chunks go in right after each batch (``lexical_chunk_upsert``,
-     resources/lexical.py; stale ones went with their chunks, by cascade), and ``lexical_stats_reconcile``
-     then makes the tenant's BM25 statistics count the version now pointed (issue #13).
-  4. ``queue.complete(..., session=tx)``: RUNNING -> SUCCEEDED with its event.
-Readers never see the pointer without all its chunks and lexical rows: all become visible at commit
+One transaction publishes one version or a batch of them (``publish_many``: a run's versions, so a
+small document does not pay a dozen round trips and a commit of its own; issue #14). In it:
+  1. ``queue.lock_fenced``: lock the task rows (task-id order) and re-check each fence (owner, lease
+     attempt, unexpired); a version whose lease was lost or whose task was cancelled is left out with
+     LeaseLost / TaskCancelled and nothing of it is written. Every chunk id is then re-derived from
+     that row's version and profile: chunks made for another profile or version are refused, whatever
+     the caller passed.
+  2. ``search_pointer_advance``: move each pointer forward only (key order, so concurrent publishes lock
+     pointer rows in one order). A version whose document already points at a newer one is superseded:
+     none of its chunks are written (a note goes to the task's history).
+  3. ``chunk_delete_stale`` + ``chunk_upsert``: write the chunks by stable id (invariant 5), one
+     statement per ``write_batch`` rows across versions; a re-run rewrites nothing. A count per version
+     proves every row is there. (Measured on 2,000 rows, without the HNSW index: unnest of parallel
+     arrays with vectors sent in binary ~20k rows/s, COPY into a temp table + INSERT SELECT ~15-30k,
+     executemany ~16k; with the HNSW index every method runs at the index's ~500-800 rows/s. unnest keeps
+     one named statement and no temp-table DDL in the transaction; the vectors MUST go binary
+     (``%(embeddings)b``): text-formatted vector[] costs 30x.) Each row also records ``embed_digest``
+     (sha256 of the chunk's ``embed_text``) so a later version can reuse its vector
+     (resources/embedding_reuse.py). The lexical (BM25) rows of the same chunks go in right after each
+     batch (``lexical_chunk_upsert``, resources/lexical.py; stale ones went with their chunks, by
+     cascade), and ``lexical_stats_reconcile`` then makes each tenant's BM25 statistics count the
+     versions now pointed (one statement per tenant and profile, in that order: stats rows are locked in
+     one global order).
+  4. ``queue.complete_published``: RUNNING -> SUCCEEDED with their events, in the same transaction.
+Readers never see a pointer without all its chunks and lexical rows: all become visible at commit
 (invariant 4), to dense and lexical search at the same instant.
+
+A batch fails as a whole only on database trouble or a failed count; it is then published again one
+version per transaction, so the version at fault fails alone and its batch-mates still publish.
 """
 
 from __future__ import annotations
@@ -33,14 +41,23 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipelines.domain.chunking import VersionIdentity, chunk_id, content_digest
-from pipelines.domain.errors import EmbeddingInvalidResponse, IndexWriteFailed, InternalError, InvalidRequest
+from pipelines.domain.errors import (
+    EmbeddingInvalidResponse,
+    IndexWriteFailed,
+    InternalError,
+    InvalidRequest,
+    KbindexError,
+)
 from resources.database import Database, Session
 from resources.embedding_reuse import embed_digest
 from resources.lexical import tokenizer_for as lexical_tokenizer_for
-from resources.lexical import write_lexical
+from resources.lexical import version_columns, write_lexical
 from resources.task_queue import Lease, TaskQueue
 
 WRITE_BATCH = 500
+BATCH_VERSIONS = 64
+"""Versions per publish transaction at most (and about WRITE_BATCH chunks): long enough to spread a
+commit and a dozen statements over many small documents, short enough to hold task rows briefly."""
 
 
 class ChunkLike(Protocol):
@@ -79,15 +96,27 @@ class PublishOutcome:
         return dict(self.__dict__)
 
 
-class IndexSink:
-    """Writes one embedded version to the index in the fenced publish transaction."""
+@dataclass(frozen=True)
+class PublishItem:
+    """One version to publish: its lease, chunks and vectors, and optionally the run's idea of the task (``work``)."""
 
-    def __init__(self, db: Database, queue: TaskQueue, *, write_batch: int = WRITE_BATCH) -> None:
-        if write_batch < 1:
-            raise ValueError("write_batch must be >= 1")
+    lease: Lease
+    chunks: Sequence[ChunkLike]
+    vectors: np.ndarray
+    work: Any | None = None
+
+
+class IndexSink:
+    """Writes embedded versions to the index in the fenced publish transaction."""
+
+    def __init__(self, db: Database, queue: TaskQueue, *, write_batch: int = WRITE_BATCH,
+                 batch_versions: int = BATCH_VERSIONS) -> None:
+        if write_batch < 1 or batch_versions < 1:
+            raise ValueError("write_batch and batch_versions must be >= 1")
         self.db = db
         self.queue = queue
         self.write_batch = write_batch
+        self.batch_versions = batch_versions
 
     def publish(
         self, lease: Lease, chunks: Sequence[ChunkLike], vectors: np.ndarray, *, work: Any | None = None
@@ -96,59 +125,148 @@ class IndexSink:
 
         The task's tenant, document, version and profile come from the locked task row, never from the
         caller; ``work`` (anything with those attributes plus ``model`` and ``dimension``, e.g. the run's
-        VersionWork) is cross-checked against that row and the profile. Raises LeaseLost / TaskCancelled
+        TaskWork) is cross-checked against that row and the profile. Raises LeaseLost / TaskCancelled
         (nothing written), EmbeddingInvalidResponse if the vectors do not fit the profile, IndexWriteFailed
         on database trouble (nothing written).
         """
-        _check_batch(chunks, vectors)
+        (result,) = self._transaction([PublishItem(lease, chunks, vectors, work)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def publish_many(self, items: Sequence[PublishItem]) -> list[PublishOutcome | Exception]:
+        """Publish many versions (leases of one owner), a batch per transaction; one outcome per item, in order:
+        a ``PublishOutcome``, or the error that kept that version out (nothing of it written)."""
+        results: list[PublishOutcome | Exception | None] = [None] * len(items)
+        for batch in self._batches(items):
+            try:
+                done = self._transaction([items[i] for i in batch])
+            except Exception as exc:  # noqa: BLE001 - find the version at fault: publish each on its own
+                if len(batch) == 1:
+                    done = [exc]
+                else:
+                    done = []
+                    for i in batch:
+                        try:
+                            done.extend(self._transaction([items[i]]))
+                        except Exception as single:  # noqa: BLE001 - that version's own failure
+                            done.append(single)
+            for i, result in zip(batch, done, strict=True):
+                results[i] = result
+        return results  # type: ignore[return-value]
+
+    def _batches(self, items: Sequence[PublishItem]) -> list[list[int]]:
+        """Item indexes in batches of at most ``batch_versions`` versions and about ``write_batch`` chunks,
+        with no two items of one task or one document (one pointer row per batch statement)."""
+        batches: list[list[int]] = []
+        current: list[int] = []
+        seen: set[Any] = set()
+        rows = 0
+        for i, item in enumerate(items):
+            work = item.work
+            document = (getattr(work, "tenant_id", None), getattr(work, "document_id", None)) if work else None
+            keys = {("task", item.lease.task_id)} | ({("doc", document)} if document else set())
+            if current and (len(current) >= self.batch_versions or rows + len(item.chunks) > self.write_batch
+                            or keys & seen or work is None):
+                batches.append(current)
+                current, seen, rows = [], set(), 0
+            current.append(i)
+            seen |= keys
+            rows += len(item.chunks)
+            if work is None:  # without the run's idea of the task its document is unknown: alone
+                batches.append(current)
+                current, seen, rows = [], set(), 0
+        if current:
+            batches.append(current)
+        return batches
+
+    def _transaction(self, items: Sequence[PublishItem]) -> list[PublishOutcome | Exception]:
+        """One transaction for ``items`` (distinct tasks and documents); per-item errors are returned, and
+        anything that spoils the whole transaction raises (it rolls back)."""
+        out: list[PublishOutcome | Exception | None] = [None] * len(items)
+        for i, item in enumerate(items):
+            try:
+                _check_batch(item.chunks, item.vectors)
+            except KbindexError as exc:
+                out[i] = exc
         with self.db.transaction() as tx:
-            task = self.queue.lock_fenced(tx, lease)
-            key = {
-                "tenant_id": task["tenant_id"],
-                "document_id": task["document_id"],
-                "profile": task["profile"],
-                "version_number": task["version_number"],
-            }
-            profile = tx.fetch_one("index_profile_get", {"name": key["profile"]})
-            if profile is None:
-                raise InvalidRequest(f"index profile {key['profile']!r} does not exist")
-            if work is not None:
-                _check_work(work, key, profile)
-            _check_chunk_ids(chunks, key)
-            if len(chunks) and vectors.shape[1] != profile["dimension"]:
-                raise EmbeddingInvalidResponse(
-                    f"embedding dimension {vectors.shape[1]}, profile {key['profile']} uses {profile['dimension']}"
+            pending = [i for i in range(len(items)) if out[i] is None]
+            locked, refused = self.queue.lock_fenced(tx, [items[i].lease for i in pending])
+            lost = {lease.task_id: exc for lease, exc in refused}
+            keys: dict[int, dict[str, Any]] = {}
+            profiles: dict[str, dict[str, Any] | None] = {}
+            for i in pending:
+                item = items[i]
+                if item.lease.task_id in lost:
+                    out[i] = lost[item.lease.task_id]
+                    continue
+                task = locked[item.lease.task_id]
+                key = {name: task[name] for name in ("tenant_id", "document_id", "profile", "version_number")}
+                if key["profile"] not in profiles:
+                    profiles[key["profile"]] = tx.fetch_one("index_profile_get", {"name": key["profile"]})
+                try:
+                    _check_item(item, key, profiles[key["profile"]])
+                except KbindexError as exc:
+                    out[i] = exc
+                    continue
+                keys[i] = key
+            ready = sorted(keys, key=lambda i: _order(keys[i]))
+            if not ready:
+                return out  # type: ignore[return-value]
+            moved = {r["task_id"] for r in tx.fetch_all("search_pointer_advance", {
+                **version_columns([keys[i] for i in ready]),
+                "task_ids": [items[i].lease.task_id for i in ready],
+                "chunk_counts": [len(items[i].chunks) for i in ready],
+            })}
+            writing = [i for i in ready if items[i].lease.task_id in moved]
+            for i in ready:
+                if i not in writing:
+                    out[i] = self._superseded(tx, items[i].lease, keys[i])
+            self._write_versions(tx, [(keys[i], items[i]) for i in writing], profiles)
+            for i in writing:
+                out[i] = PublishOutcome(task_id=items[i].lease.task_id, chunk_count=len(items[i].chunks),
+                                        superseded=False, pointer_version=keys[i]["version_number"], **keys[i])
+            self.queue.complete_published(tx, [items[i].lease for i in ready],
+                                          [0 if i not in writing else len(items[i].chunks) for i in ready])
+        return out  # type: ignore[return-value]
+
+    def _write_versions(self, tx: Session, versions: list[tuple[dict[str, Any], PublishItem]],
+                        profiles: dict[str, Any]) -> None:
+        """Chunk rows, lexical rows and statistics of the versions whose pointer moved; counts checked."""
+        if not versions:
+            return
+        tx.execute("chunk_delete_stale", {  # cascades to lexical_chunk
+            **version_columns([key for key, _ in versions]),
+            "chunk_ids": [c.chunk_id for _, item in versions for c in item.chunks],
+        })
+        rows = [(key, chunk, vector) for key, item in versions for chunk, vector in zip(item.chunks, item.vectors)]
+        by_model: dict[str, list[Any]] = {}
+        for row in rows:
+            by_model.setdefault(profiles[row[0]["profile"]]["model"], []).append(row)
+        for model, model_rows in by_model.items():
+            tokenizer = lexical_tokenizer_for(model)
+            for start in range(0, len(model_rows), self.write_batch):
+                batch = model_rows[start : start + self.write_batch]
+                self._write(tx, batch)
+                write_lexical(tx, [key for key, _, _ in batch], [chunk for _, chunk, _ in batch], tokenizer)
+        counted = tx.fetch_all("index_rows_per_version", {
+            **version_columns([key for key, _ in versions]),
+            "task_ids": [item.lease.task_id for _, item in versions],
+        })
+        expected = {item.lease.task_id: len(item.chunks) for _, item in versions}
+        for row in counted:
+            if (row["chunks"], row["lexical"]) != (expected[row["task_id"]],) * 2:
+                # A chunk id already used by another version or profile: refuse rather than publish a gap.
+                raise IndexWriteFailed(
+                    f"version has {row['chunks']} chunk rows and {row['lexical']} lexical rows after writing "
+                    f"{expected[row['task_id']]}: chunk id clash", task_id=row["task_id"],
                 )
-            advanced = tx.fetch_one(
-                "search_pointer_advance", {**key, "task_id": lease.task_id, "chunk_count": len(chunks)}
-            )
-            if advanced is None:
-                return self._superseded(tx, lease, key)
-            chunk_ids = [c.chunk_id for c in chunks]
-            tx.execute("chunk_delete_stale", {**key, "chunk_ids": chunk_ids})  # cascades to lexical_chunk
-            tokenizer = lexical_tokenizer_for(profile["model"])
-            for start in range(0, len(chunks), self.write_batch):
-                batch = chunks[start : start + self.write_batch]
-                self._write(tx, key, batch, vectors[start : start + self.write_batch])
-                write_lexical(tx, key, batch, tokenizer)
-            for counter in ("chunk_count_version", "lexical_count_version"):
-                stored = tx.fetch_one(counter, key)
-                if stored is None or stored["n"] != len(chunks):
-                    # A chunk id already used by another version or profile: refuse rather than publish a gap.
-                    raise IndexWriteFailed(
-                        f"version has {stored['n'] if stored else 0} rows ({counter}) after writing {len(chunks)}: "
-                        "chunk id clash",
-                        task_id=lease.task_id,
-                    )
-            tx.fetch_one("lexical_stats_reconcile", key)
-            self.queue.complete(lease, chunk_count=len(chunks), session=tx)
-            return PublishOutcome(
-                task_id=lease.task_id,
-                chunk_count=len(chunks),
-                superseded=False,
-                pointer_version=key["version_number"],
-                **key,
-            )
+        documents: dict[tuple[str, str], set[str]] = {}
+        for key, _ in versions:
+            documents.setdefault((key["tenant_id"], key["profile"]), set()).add(key["document_id"])
+        for (tenant, profile), names in sorted(documents.items()):
+            tx.fetch_one("lexical_stats_reconcile", {"tenant_id": tenant, "profile": profile,
+                                                     "document_ids": sorted(names)})
 
     def _superseded(self, tx: Session, lease: Lease, key: dict[str, Any]) -> PublishOutcome:
         pointer = tx.fetch_one("search_pointer_get", key)
@@ -162,17 +280,15 @@ class IndexSink:
                 "message": f"superseded: version {newer} is already searchable; version {key['version_number']} not written",
             },
         )
-        self.queue.complete(lease, chunk_count=0, session=tx)
-        return PublishOutcome(
-            task_id=lease.task_id, chunk_count=0, superseded=True, pointer_version=newer, **key
-        )
+        return PublishOutcome(task_id=lease.task_id, chunk_count=0, superseded=True, pointer_version=newer, **key)
 
     @staticmethod
-    def _write(tx: Session, key: dict[str, Any], chunks: Sequence[ChunkLike], vectors: np.ndarray) -> None:
+    def _write(tx: Session, rows: Sequence[tuple[dict[str, Any], ChunkLike, np.ndarray]]) -> None:
+        chunks = [chunk for _, chunk, _ in rows]
         tx.execute(
             "chunk_upsert",
             {
-                **key,
+                **version_columns([key for key, _, _ in rows]),
                 "chunk_ids": [c.chunk_id for c in chunks],
                 "ordinals": [c.ordinal for c in chunks],
                 "heading_paths": [json.dumps(list(c.heading_path), ensure_ascii=False) for c in chunks],
@@ -181,8 +297,25 @@ class IndexSink:
                 "token_counts": [c.token_count for c in chunks],
                 "content_digests": [c.content_digest for c in chunks],
                 "embed_digests": [_embed_digest_of(c) for c in chunks],
-                "embeddings": list(np.ascontiguousarray(vectors, dtype=np.float32)),
+                "embeddings": [np.ascontiguousarray(v, dtype=np.float32) for _, _, v in rows],
             },
+        )
+
+
+def _order(key: dict[str, Any]) -> tuple[str, str, str]:
+    return (key["tenant_id"], key["document_id"], key["profile"])
+
+
+def _check_item(item: PublishItem, key: dict[str, Any], profile: dict[str, Any] | None) -> None:
+    """The version fits its locked task row and profile: else it is refused (nothing of it written)."""
+    if profile is None:
+        raise InvalidRequest(f"index profile {key['profile']!r} does not exist")
+    if item.work is not None:
+        _check_work(item.work, key, profile)
+    _check_chunk_ids(item.chunks, key)
+    if len(item.chunks) and item.vectors.shape[1] != profile["dimension"]:
+        raise EmbeddingInvalidResponse(
+            f"embedding dimension {item.vectors.shape[1]}, profile {key['profile']} uses {profile['dimension']}"
         )
 
 

@@ -144,13 +144,29 @@ class IndexingRun:
         self._tagged_index: dict[tuple[str, str, int], list[tuple[int, int]]] | None = None
         self._stopped: dict[int, StepResult] = {}  # tasks that failed or lost their lease in this run
         self._parsed: dict[tuple[str, str, str], Any] = {}  # one parse per document bytes, for every profile
+        self._tasks: dict[int, dict[str, Any]] = {}  # task rows read in one statement per batch of leases
+        self._profiles: dict[str, dict[str, Any]] = {}  # profile rows, read once per run
 
     # -- leases ---------------------------------------------------------------------------------
     def acquire(self, keys: Iterable[str]) -> dict[str, list[TaskWork]]:
-        """The leased tasks of each partition key (empty where this run may touch none). Idempotent."""
-        for key in keys:
-            if key not in self._works:
-                self._works[key] = self._acquire_version(key)
+        """The leased tasks of each partition key (empty where this run may touch none). Idempotent.
+
+        A constant number of statements for all the keys (their versions, the tagged leases and the
+        task rows are each read in one), not a few per key: per-version round trips were most of a
+        small document's cost (issue #14).
+        """
+        keys = list(keys)
+        new = [key for key in dict.fromkeys(keys) if key not in self._works]
+        if new:
+            versions = {v["partition_key"]: v for v in
+                        self.db.fetch_all("document_versions_by_partition_keys", {"partition_keys": new})}
+            leases = {key: self._leases_for(key, versions.get(key)) for key in new}
+            self._read_tasks([lease.task_id for ls in leases.values() for lease in ls])
+            for key in new:
+                works = [self._work(key, versions[key], lease) for lease in leases[key]]
+                if not works and key not in self._why:
+                    self._why[key] = "the claiming sensor's leases for this version were lost before the run adopted them"
+                self._works[key] = works
         return {key: self._works[key] for key in keys}
 
     def works(self, keys: Iterable[str]) -> list[TaskWork]:
@@ -159,8 +175,7 @@ class IndexingRun:
     def why_skipped(self, key: str) -> str:
         return self._why.get(key, "this run holds no lease for this version")
 
-    def _acquire_version(self, key: str) -> list[TaskWork]:
-        version = self.db.fetch_one("document_version_by_partition_key", {"partition_key": key})
+    def _leases_for(self, key: str, version: dict[str, Any] | None) -> list[Lease]:
         if version is None:
             self._why[key] = "no document version has this partition key"
             return []
@@ -168,10 +183,11 @@ class IndexingRun:
         if not leases and (not self.tagged or self.profile):
             claimed = self._claim_for(version)
             leases = [claimed] if claimed else []
-        works = [self._work(key, version, lease) for lease in leases]
-        if not works and key not in self._why:
-            self._why[key] = "the claiming sensor's leases for this version were lost before the run adopted them"
-        return works
+        return leases
+
+    def _read_tasks(self, task_ids: list[int]) -> None:
+        missing = [t for t in task_ids if t not in self._tasks]
+        self._tasks.update(self.queue.get_many(missing))
 
     def _tagged_by_version(self) -> dict[tuple[str, str, int], list[Lease]]:
         """Adopt every tagged lease in one fenced statement, once per run, and index them by version.
@@ -183,9 +199,11 @@ class IndexingRun:
         if self._tagged_index is None:
             self._tagged_index = {}
             offered = [Lease(t, a, self.granted_by, None) for t, a in self.tagged]  # type: ignore[arg-type]
-            for lease in self.queue.adopt(offered, self.owner) if offered else []:
+            adopted = self.queue.adopt(offered, self.owner) if offered else []
+            self._read_tasks([lease.task_id for lease in adopted])
+            for lease in adopted:
                 self.keeper.hold(lease.task_id, lease)
-                task = self.queue.get(lease.task_id)
+                task = self._tasks[lease.task_id]
                 version = (task["tenant_id"], task["document_id"], task["version_number"])
                 self._tagged_index.setdefault(version, []).append(lease)
             lost = len(offered) - sum(len(v) for v in self._tagged_index.values())
@@ -225,8 +243,10 @@ class IndexingRun:
         return active["name"] if active else "minilm-v1"
 
     def _work(self, key: str, version: dict[str, Any], lease: Lease) -> TaskWork:
-        task = self.queue.get(lease.task_id)
-        profile = self.db.fetch_one("index_profile_get", {"name": task["profile"]})
+        task = self._tasks.get(lease.task_id) or self.queue.get(lease.task_id)
+        if task["profile"] not in self._profiles:
+            self._profiles[task["profile"]] = self.db.fetch_one("index_profile_get", {"name": task["profile"]})
+        profile = self._profiles[task["profile"]]
         return TaskWork(
             key=key, lease=lease, tenant_id=version["tenant_id"], document_id=version["document_id"],
             version_number=version["version_number"], profile=profile["name"], model=profile["model"],
@@ -257,8 +277,16 @@ class IndexingRun:
         return self._each(keys, Stage.CHUNK, step)
 
     def embed(self, keys: list[str]) -> dict[str, list[StepResult]]:
-        live = [w for w in self.works(keys) if w.task_id not in self._stopped]
-        shared = self._embed_shared(live)
+        works = self.works(keys)
+        totals = {}
+        for work in works:
+            try:
+                totals[work.task_id] = len(self._chunks(work))
+            except Exception:  # noqa: BLE001 - the per-task step classifies it
+                continue
+        lost = self._announce(works, Stage.EMBED, totals)
+        shared = self._embed_shared([w for w in works if w.task_id not in self._stopped])
+        covered: list[TaskWork] = []  # tasks the shared pass embedded entirely: their "n/n" goes in one statement
 
         def step(work: TaskWork) -> dict[str, Any]:
             chunks = self._chunks(work)
@@ -266,30 +294,53 @@ class IndexingRun:
             if vectors is None:
                 vectors, counts = self._embed_one(work, chunks, shared)
             else:
-                self.queue.progress(self.keeper.check(work.task_id), Stage.EMBED, len(chunks), len(chunks))
+                covered.append(work)
             self.state.put("chunk_embeddings", work.task_id, work.fingerprint("chunk_embeddings"), vectors)
             return {"vectors": int(vectors.shape[0]), "model": work.model, "dimension": work.dimension, **counts}
 
-        return self._each(keys, Stage.EMBED, step)
+        results = {key: [lost.get(w.task_id) or self._guarded(w, Stage.EMBED, step) for w in ws]
+                   for key, ws in self.acquire(keys).items()}
+        self._progress_many(covered, Stage.EMBED, {w.task_id: totals.get(w.task_id, 0) for w in covered})
+        return results
 
     def publish(self, keys: list[str]) -> dict[str, list[StepResult]]:
-        from resources.index_sink import IndexSink
+        """Every live task's version through ``IndexSink.publish_many``: batches of versions per fenced
+        transaction, each version still all-or-nothing and failing alone (resources/index_sink.py)."""
+        from resources.index_sink import IndexSink, PublishItem
 
-        sink = IndexSink(self.db, self.queue)
+        by_key = self.acquire(keys)
+        works = [w for ws in by_key.values() for w in ws]
+        lost = self._announce(works, Stage.PUBLISH)
+        outcomes: dict[int, Any] = {}
+        items: list[PublishItem] = []
+        for work in works:
+            if work.task_id in self._stopped:
+                continue
+            try:
+                chunks = self._chunks(work)
+                items.append(PublishItem(self.keeper.check(work.task_id), chunks, self._vectors(work, chunks), work))
+            except Exception as exc:  # noqa: BLE001 - classified by the task's own step below
+                outcomes[work.task_id] = exc
+        started = time.perf_counter()
+        results = IndexSink(self.db, self.queue).publish_many(items) if items else []
+        seconds = round((time.perf_counter() - started) / max(1, len(items)), 4)
+        for item, result in zip(items, results, strict=True):
+            outcomes[item.lease.task_id] = result
+            if not isinstance(result, Exception):  # SUCCEEDED: nothing left to heartbeat or re-execute
+                self.keeper.release(item.lease.task_id)
+                self.state.forget(item.lease.task_id)
 
         def step(work: TaskWork) -> dict[str, Any]:
-            chunks = self._chunks(work)
-            vectors = self._vectors(work, chunks)
-            lease = self.keeper.check(work.task_id)
-            started = time.perf_counter()
-            outcome = sink.publish(lease, work=work, chunks=chunks, vectors=vectors)
-            self.keeper.release(work.task_id)
-            self.state.forget(work.task_id)
+            outcome = outcomes[work.task_id]
+            if isinstance(outcome, Exception):
+                raise outcome
             return {"chunk_count": outcome.chunk_count, "superseded": outcome.superseded,
-                    "pointer_version": outcome.pointer_version,
-                    "publish_seconds": round(time.perf_counter() - started, 3)}
+                    "pointer_version": outcome.pointer_version, "publish_seconds": seconds}
 
-        return self._each(keys, Stage.PUBLISH, step)
+        return {key: [lost.get(w.task_id) or self._guarded(w, Stage.PUBLISH, step,
+                                                          check_lease=isinstance(outcomes.get(w.task_id), Exception))
+                      for w in ws]
+                for key, ws in by_key.items()}
 
     # -- outputs, computed on a miss (re-execution from a later step, or artifacts gone) ----------
     def _parse(self, work: TaskWork) -> Any:
@@ -336,29 +387,65 @@ class IndexingRun:
             return vectors
 
     # -- the failure boundary -------------------------------------------------------------------
-    def _each(self, keys: list[str], stage: Stage, fn: Callable[[TaskWork], dict[str, Any]]) -> dict[str, list[StepResult]]:
-        out: dict[str, list[StepResult]] = {}
-        for key, works in self.acquire(keys).items():
-            out[key] = [self._guarded(work, stage, fn) for work in works]
+    def _each(self, keys: list[str], stage: Stage, fn: Callable[[TaskWork], dict[str, Any]], *,
+              announce: bool = True) -> dict[str, list[StepResult]]:
+        """``fn`` for every task of ``keys`` under its own failure boundary, after announcing the step
+        for all of them in one fenced statement (``announce=False``: the step already did)."""
+        by_key = self.acquire(keys)
+        lost = self._announce([w for ws in by_key.values() for w in ws], stage) if announce else {}
+        return {key: [lost.get(work.task_id) or self._guarded(work, stage, fn) for work in works]
+                for key, works in by_key.items()}
+
+    def _announce(self, works: list[TaskWork], stage: Stage, totals: dict[int, int] | None = None) -> dict[int, StepResult]:
+        """Fenced ``stage 0/total`` for every live task in one statement; a lease found lost stops its task
+        (returned as its ``lease_lost`` result). Database trouble is left to the per-task steps."""
+        out: dict[int, StepResult] = {}
+        live, leases = [], []
+        for work in works:
+            if work.task_id in self._stopped:
+                continue
+            try:
+                leases.append(self.keeper.check(work.task_id))
+                live.append(work)
+            except FenceRejected as exc:  # the keeper already saw it lost
+                out[work.task_id] = self._lost(work, exc, stage)
+        totals = totals or {}
+        try:
+            refused = self.queue.progress_many(leases, stage, [0] * len(leases),
+                                               [totals.get(w.task_id, 1) for w in live])
+        except KbindexError as exc:
+            log.warning("could not announce %s for %d tasks (%s); each step checks its lease", stage.value,
+                        len(live), exc.code)
+            return out
+        by_id = {w.task_id: w for w in live}
+        for lease, exc in refused:
+            self.keeper.mark_lost(lease.task_id, exc)
+            out[lease.task_id] = self._lost(by_id[lease.task_id], exc, stage)
         return out
 
-    def _guarded(self, work: TaskWork, stage: Stage, fn: Callable[[TaskWork], dict[str, Any]]) -> StepResult:
-        """Run one step for one task under its lease; never raises for that task's own failure."""
+    def _lost(self, work: TaskWork, exc: FenceRejected, stage: Stage, seconds: float = 0.0) -> StepResult:
+        log.warning("%s (task %s): %s during %s; writing nothing more for it", work.key, work.task_id, exc.code,
+                    stage.value)
+        return self._stop(StepResult(work.task_id, work.profile, "lease_lost", seconds,
+                                     reason=f"{exc.code}: {exc.message}", error_code=exc.code))
+
+    def _guarded(self, work: TaskWork, stage: Stage, fn: Callable[[TaskWork], dict[str, Any]], *,
+                 check_lease: bool = True) -> StepResult:
+        """Run one step for one task under its lease; never raises for that task's own failure.
+        (``check_lease=False``: the task already completed and gave its lease back.)"""
         stopped = self._stopped.get(work.task_id)
         if stopped is not None:
             return StepResult(work.task_id, work.profile, "skipped", reason=stopped.reason,
                               error_code=stopped.error_code)
         started = time.perf_counter()
         try:
-            self.queue.progress(self.keeper.check(work.task_id), stage, 0, 1)
+            if check_lease:
+                self.keeper.check(work.task_id)
             details = fn(work)
             return StepResult(work.task_id, work.profile, "ok", time.perf_counter() - started, details=details)
         except FenceRejected as exc:
             self.keeper.mark_lost(work.task_id, exc)
-            log.warning("%s (task %s): %s during %s; writing nothing more for it", work.key, work.task_id,
-                        exc.code, stage.value)
-            return self._stop(StepResult(work.task_id, work.profile, "lease_lost", time.perf_counter() - started,
-                                         reason=f"{exc.code}: {exc.message}", error_code=exc.code))
+            return self._lost(work, exc, stage, time.perf_counter() - started)
         except Exception as exc:  # noqa: BLE001 - every failure of one task is classified, never swallowed
             err: KbindexError = classify(exc)
             log.error("%s (task %s): %s during %s: %s", work.key, work.task_id, err.code, stage.value, err.message)
@@ -451,7 +538,7 @@ class IndexingRun:
         for (model_name, dimension), members in by_model.items():
             if len(members) < 2:
                 continue
-            live = [w for w in members if self._started(w, len(chunks_of[w.task_id]))]
+            live = [w for w in members if self._alive(w)]  # announced (embed 0/total) by the step
             users: dict[str, set[int]] = {}
             for work in live:
                 for chunk in chunks_of[work.task_id]:
@@ -503,27 +590,30 @@ class IndexingRun:
                     self._report_pass_progress(live, chunks_of, shared)
         return shared
 
-    def _started(self, work: TaskWork, total: int) -> bool:
-        """Fenced ``embed 0/total`` for a task entering the shared pass; False if its lease is gone."""
-        try:
-            self.queue.progress(self.keeper.check(work.task_id), Stage.EMBED, 0, total)
-            return True
-        except FenceRejected as exc:
-            self.keeper.mark_lost(work.task_id, exc)
-            return False
-        except Exception:  # noqa: BLE001 - database trouble: the per-task step retries and classifies it
-            return False
-
     def _report_pass_progress(self, live: list[TaskWork], chunks_of: dict[int, list[Any]], shared: SharedVectors) -> None:
-        for work in live:
-            chunks = chunks_of[work.task_id]
-            done = sum(1 for c in chunks if shared.get(work, c.embed_text) is not None)
+        done = {w.task_id: sum(1 for c in chunks_of[w.task_id] if shared.get(w, c.embed_text) is not None)
+                for w in live}
+        self._progress_many(live, Stage.EMBED, {w.task_id: len(chunks_of[w.task_id]) for w in live}, done)
+
+    def _progress_many(self, works: list[TaskWork], stage: Stage, totals: dict[int, int],
+                       done: dict[int, int] | None = None) -> None:
+        """Advisory progress of many tasks in one fenced statement (``done`` defaults to the totals); a
+        lease found lost is marked so, and the next step stops that task."""
+        leases, sent = [], []
+        for work in works:
             try:
-                self.queue.progress(self.keeper.check(work.task_id), Stage.EMBED, done, len(chunks))
-            except FenceRejected as exc:
-                self.keeper.mark_lost(work.task_id, exc)
-            except Exception:  # noqa: BLE001 - progress is advisory
-                pass
+                leases.append(self.keeper.check(work.task_id))
+                sent.append(work)
+            except FenceRejected:
+                continue
+        done = done if done is not None else totals
+        try:
+            refused = self.queue.progress_many(leases, stage, [done[w.task_id] for w in sent],
+                                               [totals[w.task_id] for w in sent])
+        except KbindexError:  # database trouble: progress is advisory, the publish is fenced
+            return
+        for lease, exc in refused:
+            self.keeper.mark_lost(lease.task_id, exc)
 
 
 def _by_tenant_profile(works: list[TaskWork]) -> dict[tuple[str, str], list[TaskWork]]:

@@ -57,12 +57,20 @@ def lexical_rows(chunks: Sequence[Any], tokenizer: Any) -> dict[str, list[Any]]:
     return out
 
 
-def write_lexical(tx: Session, key: Mapping[str, Any], chunks: Sequence[Any], tokenizer: Any) -> None:
-    """Upsert the lexical rows and postings of a batch of one version's chunks (inside the publish transaction)."""
+def write_lexical(tx: Session, keys: Sequence[Mapping[str, Any]], chunks: Sequence[Any], tokenizer: Any) -> None:
+    """Upsert the lexical rows and postings of a batch of chunks (inside the publish transaction); ``keys[i]``
+    is the version (tenant_id, document_id, profile, version_number) of ``chunks[i]``."""
     rows = lexical_rows(chunks, tokenizer)
-    tx.execute("lexical_chunk_upsert", {**key, **rows})
+    tx.execute("lexical_chunk_upsert", {**rows, **version_columns(keys)})
     tx.execute("lexical_posting_prune", {"chunk_ids": rows["chunk_ids"]})
     tx.execute("lexical_posting_write", {"chunk_ids": rows["chunk_ids"]})
+
+
+def version_columns(keys: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """The per-row version arrays of a batch statement (``tenant_ids``, ``document_ids``, ``profiles``,
+    ``version_numbers``), one entry per key."""
+    return {"tenant_ids": [k["tenant_id"] for k in keys], "document_ids": [k["document_id"] for k in keys],
+            "profiles": [k["profile"] for k in keys], "version_numbers": [k["version_number"] for k in keys]}
 
 
 def query_weights(
@@ -158,9 +166,13 @@ def backfill_lexical_index(
                 groups.setdefault(key, []).append(_Row(r))
             for (tenant, document, profile, version, model), chunks in groups.items():
                 key = {"tenant_id": tenant, "document_id": document, "profile": profile, "version_number": version}
-                write_lexical(tx, key, chunks, tokenizer_for(model))
-            for tenant, document, profile in sorted({k[:3] for k in groups}):
-                tx.fetch_one("lexical_stats_reconcile", {"tenant_id": tenant, "document_id": document, "profile": profile})
+                write_lexical(tx, [key] * len(chunks), chunks, tokenizer_for(model))
+            documents: dict[tuple[str, str], set[str]] = {}
+            for tenant, document, profile, *_ in groups:
+                documents.setdefault((tenant, profile), set()).add(document)
+            for (tenant, profile), names in sorted(documents.items()):
+                tx.fetch_one("lexical_stats_reconcile",
+                             {"tenant_id": tenant, "profile": profile, "document_ids": sorted(names)})
             tx.execute("lexical_backfill_advance", {"after_chunk_id": rows[-1]["chunk_id"]})
         written += len(rows)
         if on_batch is not None:

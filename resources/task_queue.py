@@ -280,6 +280,41 @@ class TaskQueue:
             if row is None:
                 raise self._refused(s, lease, "progress")
 
+    def progress_many(
+        self, leases: Sequence[Lease], stage: Stage, completed: Sequence[int], total: Sequence[int],
+    ) -> list[tuple[Lease, FenceRejected]]:
+        """``progress`` for many leases of one owner in one statement; returns the leases refused, with why.
+
+        A run's step announces all its tasks at once: per-version statements are what made small
+        documents slow (issue #14). ``completed``/``total`` are per lease.
+        """
+        if not leases:
+            return []
+        if len({lease.owner for lease in leases}) != 1:
+            raise ValueError("progress_many takes the leases of one owner")
+        with self.db.session() as s:
+            rows = s.fetch_all(
+                "task_progress_many",
+                {
+                    "owner": leases[0].owner,
+                    "task_ids": [lease.task_id for lease in leases],
+                    "attempts": [lease.attempt for lease in leases],
+                    "completeds": list(completed),
+                    "totals": list(total),
+                    "stage": Stage(stage).value,
+                    "now": self.clock(),
+                },
+            )
+            moved = {(r["task_id"], r["attempts"]) for r in rows}
+            lost: list[tuple[Lease, FenceRejected]] = []
+            for lease in leases:
+                if (lease.task_id, lease.attempt) not in moved:  # rare: one read per refused lease explains why
+                    refusal = self._refused(s, lease, "progress")
+                    if not isinstance(refusal, FenceRejected):
+                        refusal = LeaseLost(refusal.message, reason="not found", task_id=lease.task_id)
+                    lost.append((lease, refusal))
+        return lost
+
     def complete(self, lease: Lease, *, chunk_count: int | None = None, session: Session | None = None) -> None:
         """RUNNING -> SUCCEEDED (fenced). Pass the publish transaction's ``session`` to commit with it."""
         with self._session(session) as s:
@@ -372,12 +407,36 @@ class TaskQueue:
         )
         return [int(r["run_ix"]) for r in rows]
 
-    def lock_fenced(self, session: Session, lease: Lease) -> dict[str, Any]:
-        """``SELECT ... FOR UPDATE`` of the task row that re-checks the fence (for the publish transaction)."""
-        row = session.fetch_one("task_lock_fenced", self._fence(lease))
-        if row is None:
-            raise self._refused(session, lease, "publish")
-        return row
+    def lock_fenced(
+        self, session: Session, leases: Sequence[Lease]
+    ) -> tuple[dict[int, dict[str, Any]], list[tuple[Lease, FenceRejected]]]:
+        """``SELECT ... FOR UPDATE`` of the task rows (one owner), in task-id order, re-checking each fence (for
+        the publish transaction): the locked rows by task id, and the leases refused with why."""
+        if not leases:
+            return {}, []
+        if len({lease.owner for lease in leases}) != 1:
+            raise ValueError("lock_fenced takes the leases of one owner")
+        rows = session.fetch_all(
+            "task_lock_fenced",
+            {"owner": leases[0].owner, "task_ids": [lease.task_id for lease in leases],
+             "attempts": [lease.attempt for lease in leases], "now": self.clock()},
+        )
+        locked = {r["task_id"]: r for r in rows}
+        held = {(r["task_id"], r["attempts"]) for r in rows}
+        refused: list[tuple[Lease, FenceRejected]] = []
+        for lease in leases:
+            if (lease.task_id, lease.attempt) not in held:
+                refusal = self._refused(session, lease, "publish")
+                if not isinstance(refusal, FenceRejected):
+                    refusal = LeaseLost(refusal.message, reason="not found", task_id=lease.task_id)
+                refused.append((lease, refusal))
+        return locked, refused
+
+    def complete_published(self, session: Session, leases: Sequence[Lease], chunk_counts: Sequence[int]) -> None:
+        """RUNNING -> SUCCEEDED of leases the publish transaction ``session`` holds locked (fenced, one statement)."""
+        refused = self._complete(session, leases, chunk_counts) if leases else []
+        if refused:  # cannot happen while the rows are locked; refuse the whole transaction if it does
+            raise self._refused(session, refused[0], "complete")
 
     # -- operator verbs ---------------------------------------------------------------------
 
@@ -451,6 +510,12 @@ class TaskQueue:
         if row is None:
             raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
         return row
+
+    def get_many(self, task_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """The task rows of these ids in one statement, by id (ids that do not exist are missing)."""
+        if not task_ids:
+            return {}
+        return {r["task_id"]: r for r in self.db.fetch_all("task_get_many", {"task_ids": list(task_ids)})}
 
     def events(self, task_id: int, after_event_id: int = 0) -> list[dict[str, Any]]:
         """The task's event rows after ``after_event_id``, oldest first."""

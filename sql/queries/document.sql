@@ -86,11 +86,12 @@ SELECT tenant_id, document_id, version_number, content_hash, byte_size, filename
 FROM document_version
 WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s AND version_number = %(version)s;
 
--- name: document_version_by_partition_key
--- The version a Dagster partition key names (keys are looked up, never parsed).
+-- name: document_versions_by_partition_keys
+-- The versions these Dagster partition keys name (looked up, never parsed), in one statement for a run's
+-- keys; unknown keys have no row.
 SELECT tenant_id, document_id, version_number, content_hash, byte_size, filename, media_type, partition_key, published_at
 FROM document_version
-WHERE partition_key = %(partition_key)s;
+WHERE partition_key = ANY(%(partition_keys)s::text[]);
 
 -- name: document_version_partition_keys
 -- Partition keys (and byte sizes) of the task ids given, in the order given (the claiming sensor

@@ -2,17 +2,24 @@
 -- They run inside one transaction that first locks the task row with task_lock_fenced.
 
 -- name: search_pointer_advance
--- Point search at this version unless a newer one is already pointed (forward only; same version: refresh).
--- The ON CONFLICT row lock serializes concurrent publishes of one document; no row back = superseded.
+-- Point search at each of these versions unless a newer one is already pointed (forward only; same version:
+-- refresh). Parallel arrays, one row per version, at most one per (tenant, document, profile). Rows are
+-- taken in key order, so two publishes lock pointer rows in the same order; the ON CONFLICT row lock
+-- serializes concurrent publishes of one document. Returns the task ids that moved their pointer: a
+-- version missing from the rows is superseded.
 INSERT INTO search_pointer AS p (tenant_id, document_id, profile, version_number, task_id, chunk_count, updated_at)
-VALUES (%(tenant_id)s, %(document_id)s, %(profile)s, %(version_number)s, %(task_id)s, %(chunk_count)s, now())
+SELECT r.tenant_id, r.document_id, r.profile, r.version_number, r.task_id, r.chunk_count, now()
+FROM unnest(%(tenant_ids)s::text[], %(document_ids)s::text[], %(profiles)s::text[], %(version_numbers)s::integer[],
+            %(task_ids)s::bigint[], %(chunk_counts)s::integer[])
+     AS r (tenant_id, document_id, profile, version_number, task_id, chunk_count)
+ORDER BY r.tenant_id, r.document_id, r.profile
 ON CONFLICT (tenant_id, document_id, profile) DO UPDATE
 SET version_number = EXCLUDED.version_number,
     task_id        = EXCLUDED.task_id,
     chunk_count    = EXCLUDED.chunk_count,
     updated_at     = EXCLUDED.updated_at
 WHERE p.version_number <= EXCLUDED.version_number
-RETURNING p.version_number;
+RETURNING p.task_id;
 
 -- name: search_pointer_get
 -- The version search currently reads for one document under one profile (none: never published).
@@ -21,28 +28,35 @@ FROM search_pointer
 WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s AND profile = %(profile)s;
 
 -- name: chunk_delete_stale
--- Drop rows of this version + profile that the new chunk set does not contain (a re-run with a changed chunker).
-DELETE FROM chunk
-WHERE tenant_id = %(tenant_id)s
-  AND document_id = %(document_id)s
-  AND profile = %(profile)s
-  AND version_number = %(version_number)s
-  AND chunk_id <> ALL (%(chunk_ids)s::text[]);
+-- Drop rows of these versions (parallel arrays, one row per version + profile) that the new chunk sets do
+-- not contain (a re-run with a changed chunker); ``chunk_ids`` is every new chunk id of all of them (ids
+-- are unique across versions).
+DELETE FROM chunk c
+USING unnest(%(tenant_ids)s::text[], %(document_ids)s::text[], %(profiles)s::text[], %(version_numbers)s::integer[])
+      AS v (tenant_id, document_id, profile, version_number)
+WHERE c.tenant_id = v.tenant_id
+  AND c.document_id = v.document_id
+  AND c.profile = v.profile
+  AND c.version_number = v.version_number
+  AND c.chunk_id <> ALL (%(chunk_ids)s::text[]);
 
 -- name: chunk_upsert
--- Write a batch of chunks in one statement (parallel arrays, unnested). Stable ids make a re-run
--- rewrite nothing: an existing row is updated only if something in it differs. embed_digest is the
--- sha256 of the text the vector was computed from (NULL if the caller did not say): embedding reuse.
--- heading_paths are JSON arrays of strings, one per chunk (text[] cannot be ragged).
+-- Write a batch of chunks, of one version or several, in one statement (parallel arrays, unnested; each
+-- row names its version). Stable ids make a re-run rewrite nothing: an existing row is updated only if
+-- something in it differs, and never one of another version. embed_digest is the sha256 of the text the
+-- vector was computed from (NULL if the caller did not say): embedding reuse. heading_paths are JSON
+-- arrays of strings, one per chunk (text[] cannot be ragged).
 INSERT INTO chunk AS c (chunk_id, tenant_id, document_id, version_number, profile, ordinal,
                         heading_path, page, text, token_count, content_digest, embed_digest, embedding)
-SELECT r.chunk_id, %(tenant_id)s, %(document_id)s, %(version_number)s, %(profile)s, r.ordinal,
+SELECT r.chunk_id, r.tenant_id, r.document_id, r.version_number, r.profile, r.ordinal,
        ARRAY(SELECT jsonb_array_elements_text(r.heading_path)), r.page, r.text, r.token_count,
        r.content_digest, r.embed_digest, r.embedding
-FROM unnest(%(chunk_ids)s::text[], %(ordinals)s::integer[], %(heading_paths)s::jsonb[], %(pages)s::integer[],
+FROM unnest(%(chunk_ids)s::text[], %(tenant_ids)s::text[], %(document_ids)s::text[], %(version_numbers)s::integer[],
+            %(profiles)s::text[], %(ordinals)s::integer[], %(heading_paths)s::jsonb[], %(pages)s::integer[],
             %(texts)s::text[], %(token_counts)s::integer[], %(content_digests)s::text[], %(embed_digests)s::text[],
             %(embeddings)b::vector[])
-     AS r (chunk_id, ordinal, heading_path, page, text, token_count, content_digest, embed_digest, embedding)
+     AS r (chunk_id, tenant_id, document_id, version_number, profile, ordinal, heading_path, page, text,
+           token_count, content_digest, embed_digest, embedding)
 ON CONFLICT (chunk_id) DO UPDATE
 SET ordinal        = EXCLUDED.ordinal,
     heading_path   = EXCLUDED.heading_path,
@@ -59,12 +73,19 @@ WHERE (c.tenant_id, c.document_id, c.version_number, c.profile) =
       (EXCLUDED.ordinal, EXCLUDED.heading_path, EXCLUDED.page, EXCLUDED.text, EXCLUDED.token_count,
        EXCLUDED.content_digest, EXCLUDED.embed_digest, EXCLUDED.embedding);
 
--- name: chunk_count_version
--- How many chunk rows one version has under one profile.
-SELECT count(*)::integer AS n
-FROM chunk
-WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s
-  AND profile = %(profile)s AND version_number = %(version_number)s;
+-- name: index_rows_per_version
+-- How many chunk rows and lexical rows each of these versions has under its profile (the publish checks
+-- both equal what it wrote).
+SELECT v.task_id,
+       (SELECT count(*) FROM chunk c
+        WHERE c.tenant_id = v.tenant_id AND c.document_id = v.document_id
+          AND c.profile = v.profile AND c.version_number = v.version_number)::integer AS chunks,
+       (SELECT count(*) FROM lexical_chunk l
+        WHERE l.tenant_id = v.tenant_id AND l.document_id = v.document_id
+          AND l.profile = v.profile AND l.version_number = v.version_number)::integer AS lexical
+FROM unnest(%(task_ids)s::bigint[], %(tenant_ids)s::text[], %(document_ids)s::text[], %(profiles)s::text[],
+            %(version_numbers)s::integer[])
+     AS v (task_id, tenant_id, document_id, profile, version_number);
 
 -- name: task_event_superseded
 -- Note on the task's history that its version was not written because a newer one is already searchable.

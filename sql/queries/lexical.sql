@@ -2,15 +2,17 @@
 -- read by hybrid and lexical search (resources/lexical.py). Terms are pipelines/domain/lexical.py's ids.
 
 -- name: lexical_chunk_upsert
--- Write the lexical rows of a batch of chunks (parallel arrays; terms and tfs as integer[] literals, one
--- per chunk). Like chunk_upsert: a re-run rewrites nothing, and a row of another version is never taken over.
+-- Write the lexical rows of a batch of chunks, of one version or several (parallel arrays, each row names
+-- its version; terms and tfs as integer[] literals, one per chunk). Like chunk_upsert: a re-run rewrites
+-- nothing, and a row of another version is never taken over.
 INSERT INTO lexical_chunk AS l (chunk_id, tenant_id, document_id, profile, version_number, content_digest,
                                 terms, tfs, length)
-SELECT r.chunk_id, %(tenant_id)s, %(document_id)s, %(profile)s, %(version_number)s, r.content_digest,
+SELECT r.chunk_id, r.tenant_id, r.document_id, r.profile, r.version_number, r.content_digest,
        r.terms::integer[], r.tfs::integer[], r.length
-FROM unnest(%(chunk_ids)s::text[], %(content_digests)s::text[], %(terms)s::text[], %(tfs)s::text[],
+FROM unnest(%(chunk_ids)s::text[], %(tenant_ids)s::text[], %(document_ids)s::text[], %(profiles)s::text[],
+            %(version_numbers)s::integer[], %(content_digests)s::text[], %(terms)s::text[], %(tfs)s::text[],
             %(lengths)s::integer[])
-     AS r (chunk_id, content_digest, terms, tfs, length)
+     AS r (chunk_id, tenant_id, document_id, profile, version_number, content_digest, terms, tfs, length)
 ON CONFLICT (chunk_id) DO UPDATE
 SET content_digest = EXCLUDED.content_digest,
     terms          = EXCLUDED.terms,
@@ -42,40 +44,40 @@ WHERE x.chunk_id = l.chunk_id
   AND l.chunk_id = ANY (%(chunk_ids)s::text[])
   AND x.term <> ALL (l.terms);
 
--- name: lexical_count_version
--- How many lexical rows one version has under one profile (the publish checks it equals its chunk count).
-SELECT count(*)::integer AS n
-FROM lexical_chunk
-WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s
-  AND profile = %(profile)s AND version_number = %(version_number)s;
-
 -- name: lexical_stats_reconcile
--- Make lexical_term_stats count what the document's pointed version holds now: subtract what the ledger
--- (lexical_document) says was counted, add the pointed version's rows, in ONE statement that touches the
--- stats rows in term order (two publishes of one tenant lock them in the same order: no deadlock).
--- Run by the publish transaction after its rows are written, with the pointer row locked.
-WITH counted AS (
-    SELECT t.term, t.df
-    FROM lexical_document d, unnest(d.terms, d.dfs) AS t (term, df)
-    WHERE d.tenant_id = %(tenant_id)s AND d.document_id = %(document_id)s AND d.profile = %(profile)s
+-- Make lexical_term_stats count what these documents' pointed versions hold now (one tenant and profile):
+-- subtract what the ledger (lexical_document) says was counted, add the pointed versions' rows, in ONE
+-- statement that touches the stats rows in term order (two publishes of one tenant lock them in the same
+-- order: no deadlock). Run by the publish transaction after its rows are written, with the pointer rows
+-- locked. ``document_ids`` must be distinct.
+WITH docs AS (
+    SELECT unnest(%(document_ids)s::text[]) AS document_id
+),
+counted AS (
+    SELECT d.document_id, t.term, t.df
+    FROM lexical_document d
+    JOIN docs USING (document_id), unnest(d.terms, d.dfs) AS t (term, df)
+    WHERE d.tenant_id = %(tenant_id)s AND d.profile = %(profile)s
 ),
 pointed AS (
-    SELECT l.terms, l.length, l.version_number
+    SELECT l.document_id, l.terms, l.length, l.version_number
     FROM lexical_chunk l
     JOIN search_pointer p
       ON p.tenant_id = l.tenant_id AND p.document_id = l.document_id
      AND p.profile = l.profile AND p.version_number = l.version_number
-    WHERE l.tenant_id = %(tenant_id)s AND l.document_id = %(document_id)s AND l.profile = %(profile)s
+    WHERE l.tenant_id = %(tenant_id)s AND l.profile = %(profile)s
+      AND l.document_id = ANY (%(document_ids)s::text[])
 ),
 now_counted AS (
-    SELECT term, count(*)::bigint AS df FROM pointed, unnest(pointed.terms) AS term GROUP BY term
-    UNION ALL SELECT -1, count(*)::bigint FROM pointed HAVING count(*) > 0
-    UNION ALL SELECT -2, sum(length)::bigint FROM pointed HAVING count(*) > 0
+    SELECT document_id, term, count(*)::bigint AS df FROM pointed, unnest(pointed.terms) AS term
+    GROUP BY document_id, term
+    UNION ALL SELECT document_id, -1, count(*)::bigint FROM pointed GROUP BY document_id
+    UNION ALL SELECT document_id, -2, sum(length)::bigint FROM pointed GROUP BY document_id
 ),
 delta AS (
-    SELECT coalesce(n.term, o.term) AS term, coalesce(n.df, 0) - coalesce(o.df, 0) AS df
-    FROM now_counted n
-    FULL JOIN counted o ON o.term = n.term
+    SELECT term, sum(df)::bigint AS df
+    FROM (SELECT term, df FROM now_counted UNION ALL SELECT term, -df FROM counted) AS changes
+    GROUP BY term
 ),
 applied AS (
     INSERT INTO lexical_term_stats AS s (tenant_id, profile, term, df)
@@ -85,9 +87,13 @@ applied AS (
 ),
 ledger AS (
     INSERT INTO lexical_document AS d (tenant_id, document_id, profile, version_number, terms, dfs)
-    SELECT %(tenant_id)s, %(document_id)s, %(profile)s, (SELECT max(version_number) FROM pointed),
-           coalesce(array_agg(term ORDER BY term), '{}'), coalesce(array_agg(df ORDER BY term), '{}')
-    FROM now_counted
+    SELECT %(tenant_id)s, docs.document_id, %(profile)s,
+           (SELECT max(p.version_number) FROM pointed p WHERE p.document_id = docs.document_id),
+           coalesce(array_agg(n.term ORDER BY n.term) FILTER (WHERE n.term IS NOT NULL), '{}'),
+           coalesce(array_agg(n.df ORDER BY n.term) FILTER (WHERE n.term IS NOT NULL), '{}')
+    FROM docs
+    LEFT JOIN now_counted n USING (document_id)
+    GROUP BY docs.document_id
     ON CONFLICT (tenant_id, document_id, profile) DO UPDATE
     SET version_number = EXCLUDED.version_number, terms = EXCLUDED.terms, dfs = EXCLUDED.dfs
     RETURNING d.document_id

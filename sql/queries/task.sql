@@ -233,6 +233,55 @@ logged AS (
 )
 SELECT m.task_id, m.advanced FROM moved m;
 
+-- name: task_progress_many
+-- task_progress for many leases of one owner at one stage, in one statement (a run's step announces all
+-- its tasks at once): rows are locked in task-id order; a lease whose fence fails is missing from the
+-- rows returned (the caller lost it).
+WITH
+clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+leases AS (
+    SELECT l.task_id, l.attempt, l.completed, l.total
+    FROM unnest(%(task_ids)s::bigint[], %(attempts)s::integer[], %(completeds)s::integer[], %(totals)s::integer[])
+         AS l (task_id, attempt, completed, total)
+),
+cur AS (
+    SELECT t.task_id, t.stage, t.completed, t.total, l.completed AS new_completed, l.total AS new_total,
+           coalesce(array_position(ARRAY['parse', 'chunk', 'embed', 'publish'], t.stage), 0) AS old_rank,
+           array_position(ARRAY['parse', 'chunk', 'embed', 'publish'], %(stage)s::text) AS new_rank
+    FROM index_task t
+    JOIN leases l ON l.task_id = t.task_id AND l.attempt = t.attempts
+    WHERE t.status = 'RUNNING'
+      AND t.lease_owner = %(owner)s
+      AND t.lease_until > (SELECT now FROM clock)
+    ORDER BY t.task_id
+    FOR UPDATE OF t
+),
+moved AS (
+    UPDATE index_task t
+    SET stage      = CASE WHEN c.new_rank >= c.old_rank THEN %(stage)s::text ELSE c.stage END,
+        completed  = CASE WHEN c.new_rank > c.old_rank THEN c.new_completed
+                          WHEN c.new_rank = c.old_rank THEN greatest(c.completed, c.new_completed)
+                          ELSE c.completed END,
+        total      = CASE WHEN c.new_rank >= c.old_rank THEN c.new_total ELSE c.total END,
+        updated_at = (SELECT now FROM clock)
+    FROM cur c
+    WHERE t.task_id = c.task_id
+    RETURNING t.task_id, t.attempts, t.stage, t.completed, t.total, t.lease_owner,
+              (c.new_rank > c.old_rank OR (c.new_rank = c.old_rank AND c.new_completed > c.completed)
+               OR (c.new_rank = c.old_rank AND c.new_completed = c.completed AND c.new_total <> c.total)) AS advanced
+),
+logged AS (
+    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, stage, completed, total,
+                            lease_owner, created_at)
+    SELECT m.task_id, 'progress', m.attempts, 'RUNNING', 'RUNNING', m.stage, m.completed, m.total,
+           m.lease_owner, (SELECT now FROM clock)
+    FROM moved m
+    WHERE m.advanced
+)
+SELECT m.task_id, m.attempts, m.advanced FROM moved m;
+
 -- name: task_complete_many
 -- Fenced RUNNING -> SUCCEEDED for one or many leases of one owner (one statement, one NOTIFY); a lease
 -- that changed nothing is missing from the rows returned: the caller lost it.
@@ -308,15 +357,17 @@ logged AS (
 SELECT m.task_id, m.status, m.next_attempt_at FROM moved m;
 
 -- name: task_lock_fenced
--- Lock the caller's task row for its publish transaction, only while the fence holds.
+-- Lock the callers' task rows for their publish transaction (one or many leases of one owner), in task-id
+-- order, only where the fence holds; a lease missing from the rows returned was lost.
 SELECT t.*
 FROM index_task t
-WHERE t.task_id = %(task_id)s
-  AND t.status = 'RUNNING'
+JOIN unnest(%(task_ids)s::bigint[], %(attempts)s::integer[]) AS l (task_id, attempt)
+  ON l.task_id = t.task_id AND l.attempt = t.attempts
+WHERE t.status = 'RUNNING'
   AND t.lease_owner = %(owner)s
-  AND t.attempts = %(attempt)s
   AND t.lease_until > coalesce(%(now)s::timestamptz, now())
-FOR UPDATE;
+ORDER BY t.task_id
+FOR UPDATE OF t;
 
 -- name: task_fence_state
 -- Why a fenced write changed nothing: the task's status, attempt, owner and lease versus the clock.
@@ -395,6 +446,10 @@ SELECT m.task_id, m.from_status FROM moved m;
 -- name: task_get
 -- One task by id.
 SELECT t.* FROM index_task t WHERE t.task_id = %(task_id)s;
+
+-- name: task_get_many
+-- The tasks of these ids (a run reads all of its tasks at once); missing ids have no row.
+SELECT t.* FROM index_task t WHERE t.task_id = ANY(%(task_ids)s::bigint[]);
 
 -- name: task_list
 -- Newest tasks first, optionally of one status and/or tenant.

@@ -138,7 +138,7 @@ def test_failure_inside_the_transaction_rolls_everything_back(db_url, sink, queu
     def broken_complete(*args, **kwargs):
         raise IndexWriteFailed("connection lost during commit")
 
-    monkeypatch.setattr(queue, "complete", broken_complete)
+    monkeypatch.setattr(queue, "complete_published", broken_complete)
     with pytest.raises(IndexWriteFailed):
         sink.publish(task.lease, chunks, vectors)
     assert rows(db_url) == [] and pointer(db_url, "policy") is None
@@ -271,3 +271,107 @@ def test_chunks_made_for_another_profile_or_version_are_refused(db_url, sink, qu
         sink.publish(task.lease, tampered, embed(tampered))
     assert rows(db_url) == [] and pointer(db_url, "policy") is None
     assert sink.publish(task.lease, right, embed(right)).chunk_count == 23
+
+
+# -- many versions per transaction (publish_many: issue #14, small documents) -------------------------
+
+
+def work_of(task, model: str = "all-MiniLM-L6-v2"):
+    """The run's idea of a claimed task (what IndexingRun passes as ``work``)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(tenant_id=task.tenant_id, document_id=task.document_id, version_number=task.version_number,
+                           profile=PROFILE, model=model, dimension=384)
+
+
+def item_of(task, texts: list[str]):
+    from resources.index_sink import PublishItem
+
+    chunks = make_chunks(task.tenant_id, task.document_id, task.version_number, texts)
+    return PublishItem(task.lease, chunks, embed(chunks), work_of(task))
+
+
+def assert_index_consistent(db) -> None:
+    from resources.verifier import verify
+
+    report = verify(db)
+    assert report.ok, report.to_dict()
+
+
+def test_many_versions_publish_in_one_transaction_and_a_lost_lease_fails_alone(db, db_url, queue, publish_task):
+    for i in range(5):
+        publish_task(document=f"doc-{i}")
+    tasks = queue.claim("w1", limit=5)
+    queue.cancel(tasks[2].lease.task_id)
+    sink = IndexSink(db, queue, write_batch=100)
+    assert sink._batches([item_of(t, [f"Text {t.document_id}"]) for t in tasks]) == [[0, 1, 2, 3, 4]]
+    results = sink.publish_many([item_of(t, [f"Refunds of {t.document_id}.", f"Hours of {t.document_id}."])
+                                 for t in tasks])
+    assert isinstance(results[2], TaskCancelled)
+    assert [r.chunk_count for i, r in enumerate(results) if i != 2] == [2, 2, 2, 2]
+    statuses = {t.document_id: queue.get(t.lease.task_id)["status"] for t in tasks}
+    assert statuses == {"doc-0": "SUCCEEDED", "doc-1": "SUCCEEDED", "doc-2": "CANCELLED", "doc-3": "SUCCEEDED",
+                        "doc-4": "SUCCEEDED"}
+    assert pointer(db_url, "doc-2") is None and all(pointer(db_url, f"doc-{i}")[2] == 2 for i in (0, 1, 3, 4))
+    assert_index_consistent(db)
+
+
+def test_a_version_that_spoils_its_batch_fails_alone_and_its_batch_mates_publish(db, db_url, queue, publish_task):
+    for i in range(3):
+        publish_task(document=f"doc-{i}")
+    tasks = queue.claim("w1", limit=3)
+    items = [item_of(t, [f"Refunds of {t.document_id}."]) for t in tasks]
+    # A row already holds doc-1's chunk id under another version: the upsert may not take it over, so the
+    # count check fails inside the batch transaction (everything rolls back) ...
+    clash = items[1].chunks[0]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, heading_path,"
+                     " text, token_count, content_digest, embedding) SELECT %s, 'acme', 'doc-1', 7, %s, 0, '{}', 'x', 1,"
+                     " 'd', embedding FROM (SELECT %s::vector AS embedding) v", (clash.chunk_id, PROFILE, str([float(x) for x in items[1].vectors[0]])))
+    results = IndexSink(db, queue).publish_many(items)
+    # ... and each version is published again on its own: only doc-1 fails.
+    assert isinstance(results[1], IndexWriteFailed)
+    assert [results[0].chunk_count, results[2].chunk_count] == [1, 1]
+    assert [queue.get(t.lease.task_id)["status"] for t in tasks] == ["SUCCEEDED", "RUNNING", "SUCCEEDED"]
+    assert pointer(db_url, "doc-1") is None
+
+
+@pytest.mark.parametrize("order", ["newer_first", "older_first"])
+def test_two_versions_of_one_document_in_one_call_never_share_a_transaction(db, db_url, queue, publish_task, order):
+    publish_task(document="policy")
+    publish_task(document="policy")
+    tasks = sorted(queue.claim("w1", limit=2), key=lambda t: t.version_number)
+    if order == "newer_first":
+        tasks.reverse()
+    sink = IndexSink(db, queue)
+    items = [item_of(t, [f"Policy text of version {t.version_number}."]) for t in tasks]
+    assert sink._batches(items) == [[0], [1]]
+    results = sink.publish_many(items)
+    by_version = {t.version_number: r for t, r in zip(tasks, results)}
+    assert pointer(db_url, "policy")[0] == 2 and not by_version[2].superseded
+    assert by_version[1].superseded == (order == "newer_first")
+    assert_index_consistent(db)
+
+
+def test_batched_and_one_by_one_publishes_leave_the_same_index(db, db_url, queue, publish_task):
+    """Same documents under two tenants: one published in a batch, the other one version per call."""
+    texts = {f"doc-{i}": [f"Refunds take {i} days.", f"Desk {i} opens at nine.", "Shared closing words."]
+             for i in range(4)}
+    for tenant in ("batch", "single"):
+        for document in texts:
+            publish_task(tenant=tenant, document=document)
+    tasks = queue.claim("w1", limit=8)
+    sink = IndexSink(db, queue)
+    batch = [t for t in tasks if t.tenant_id == "batch"]
+    assert all(not isinstance(r, Exception) for r in sink.publish_many([item_of(t, texts[t.document_id]) for t in batch]))
+    for task in (t for t in tasks if t.tenant_id == "single"):
+        item = item_of(task, texts[task.document_id])
+        sink.publish(item.lease, item.chunks, item.vectors, work=item.work)
+    with psycopg.connect(db_url) as conn:
+        stats = {tenant: conn.execute("SELECT term, df FROM lexical_term_stats WHERE tenant_id = %s ORDER BY term",
+                                      (tenant,)).fetchall() for tenant in ("batch", "single")}
+        chunk_texts = {tenant: conn.execute("SELECT document_id, ordinal, text FROM chunk WHERE tenant_id = %s"
+                                            " ORDER BY 1, 2", (tenant,)).fetchall() for tenant in ("batch", "single")}
+    assert stats["batch"] == stats["single"] and len(stats["batch"]) > 10
+    assert chunk_texts["batch"] == chunk_texts["single"]
+    assert_index_consistent(db)

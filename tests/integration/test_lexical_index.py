@@ -120,7 +120,7 @@ def test_a_publish_failing_after_all_its_writes_leaves_neither_side_visible(db, 
     def die(*args, **kwargs):  # everything is written (chunks, lexical rows, statistics): then the publish dies
         raise RuntimeError("killed before commit")
 
-    monkeypatch.setattr(queue, "complete", die)
+    monkeypatch.setattr(queue, "complete_published", die)
     with pytest.raises(RuntimeError):
         IndexSink(db, queue).publish(claimed.lease, chunks, vectors([c.text for c in chunks]))
     assert count(db_url, "chunk", 2) == 0 and count(db_url, "lexical_chunk", 2) == 0
@@ -141,7 +141,7 @@ def _publish_and_hang(db_url: str, lease, texts: list[str], ready: str) -> None:
         Path(ready).write_text("written")
         time.sleep(600)
 
-    queue.complete = hang  # type: ignore[method-assign]
+    queue.complete_published = hang  # type: ignore[method-assign]
     IndexSink(db, queue).publish(lease, pieces("acme", "refunds", 2, texts), vectors(texts))
 
 

@@ -77,8 +77,8 @@ def test_a_taken_over_lease_cannot_write_any_more(queue, publish_task, clock, db
         with pytest.raises(LeaseLost) as info:
             write()
         assert info.value.data["reason"] == "taken over by attempt 2"
-    with db.transaction() as tx, pytest.raises(LeaseLost):
-        queue.lock_fenced(tx, stale)
+    with db.transaction() as tx:
+        assert [(lease, type(exc)) for lease, exc in queue.lock_fenced(tx, [stale])[1]] == [(stale, LeaseLost)]
     row = queue.get(task.task_id)
     assert (row["status"], row["attempts"], row["lease_owner"], row["stage"]) == ("RUNNING", 2, new_owner, None)
     queue.complete(new.lease, chunk_count=4)
@@ -316,16 +316,51 @@ def test_complete_inside_the_callers_transaction_commits_or_rolls_back_with_it(q
     task = publish_task()
     (c,) = queue.claim("w1")
     with pytest.raises(RuntimeError), db.transaction() as tx:
-        locked = queue.lock_fenced(tx, c.lease)
-        assert locked["task_id"] == task.task_id
-        queue.complete(c.lease, chunk_count=3, session=tx)
+        locked, refused = queue.lock_fenced(tx, [c.lease])
+        assert list(locked) == [task.task_id] and refused == []
+        queue.complete_published(tx, [c.lease], [3])
         raise RuntimeError("the chunk write failed")
     assert queue.get(task.task_id)["status"] == "RUNNING"
     with db.transaction() as tx:
-        queue.lock_fenced(tx, c.lease)
-        queue.complete(c.lease, chunk_count=3, session=tx)
+        queue.lock_fenced(tx, [c.lease])
+        queue.complete_published(tx, [c.lease], [3])
     row = queue.get(task.task_id)
     assert (row["status"], row["chunk_count"], row["lease_owner"]) == ("SUCCEEDED", 3, None)
+
+
+def test_lock_fenced_locks_held_leases_and_explains_the_lost_ones(queue, publish_task, db, clock):
+    for _ in range(3):
+        publish_task()
+    a, b, c = queue.claim("w1")
+    queue.cancel(b.lease.task_id)
+    stale = Lease(c.lease.task_id, c.lease.attempt + 1, "w1", c.lease.lease_until)
+    with db.transaction() as tx:
+        locked, refused = queue.lock_fenced(tx, [c.lease, a.lease, b.lease, stale])
+        assert sorted(locked) == sorted([a.lease.task_id, c.lease.task_id])
+        assert [(lease, type(exc)) for lease, exc in refused] == [(b.lease, TaskCancelled), (stale, LeaseLost)]
+    with pytest.raises(ValueError):
+        with db.transaction() as tx:
+            queue.lock_fenced(tx, [a.lease, Lease(c.lease.task_id, 1, "w2", c.lease.lease_until)])
+
+
+def test_progress_many_moves_every_held_lease_forward_and_returns_the_lost_ones(queue, publish_task, clock):
+    for _ in range(3):
+        publish_task()
+    a, b, c = queue.claim("w1")
+    assert queue.progress_many([a.lease, b.lease, c.lease], Stage.EMBED, [5, 0, 2], [10, 4, 2]) == []
+    assert queue.progress_many([a.lease], Stage.EMBED, [3], [10]) == []  # late report: ignored
+    assert queue.progress_many([b.lease], Stage.PARSE, [1], [1]) == []  # earlier stage: ignored
+    rows = [queue.get(x.lease.task_id) for x in (a, b, c)]
+    assert [(r["stage"], r["completed"], r["total"]) for r in rows] == [("embed", 5, 10), ("embed", 0, 4), ("embed", 2, 2)]
+    progress = [(e["stage"], e["completed"]) for e in queue.events(a.lease.task_id) if e["kind"] == "progress"]
+    assert progress == [("embed", 5)]  # one event per advance, none for the ignored report
+    queue.cancel(b.lease.task_id)
+    clock.advance(31)  # every lease expired: each refusal says why
+    (again,) = [x for x in queue.claim("w2", limit=3) if x.lease.task_id == c.lease.task_id]
+    refused = queue.progress_many([a.lease, b.lease, c.lease], Stage.PUBLISH, [0, 0, 0], [1, 1, 1])
+    assert [(lease.task_id, type(exc)) for lease, exc in refused] == [
+        (a.lease.task_id, LeaseLost), (b.lease.task_id, TaskCancelled), (c.lease.task_id, LeaseLost)]
+    assert queue.progress_many([], Stage.PARSE, [], []) == []
 
 
 def test_complete_many_completes_held_leases_and_returns_the_lost_ones(queue, publish_task, clock):

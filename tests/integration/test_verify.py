@@ -55,7 +55,7 @@ def insert_chunk(db_url: str, tenant: str, document: str, version: int, ordinal:
 
 def reconcile(db_url: str, tenant: str = "acme", document: str = "refund-policy") -> None:
     """Bring the document's BM25 statistics in line with its pointer, as the publish transaction does."""
-    sql(db_url, queries["lexical_stats_reconcile"], {"tenant_id": tenant, "document_id": document, "profile": PROFILE})
+    sql(db_url, queries["lexical_stats_reconcile"], {"tenant_id": tenant, "document_ids": [document], "profile": PROFILE})
 
 
 def publish_version(db_url: str, queue: TaskQueue, lease: Lease, result: PublishResult, texts: list[str]) -> None:

@@ -39,10 +39,16 @@ from pipelines.domain.errors import KbindexError
 from resources.partition_keys import record_added
 from resources.task_queue import ClaimedTask, Lease, TaskQueue
 
-BATCH_MAX = int(os.environ.get("KBINDEX_RUN_BATCH", "160"))  # versions per run, at most
+BATCH_MAX = int(os.environ.get("KBINDEX_RUN_BATCH", "1000"))  # versions per run, at most
+# A run is sized by its documents' bytes, not their number: a run pays a fixed cost (process start,
+# imports, Dagster's step events: seconds), which 160 long documents spread thin and 160 abstracts do
+# not (issue #14: small documents ran at ~0.3 of bare encode). ~160 documents of the shared corpus.
+RUN_BYTES = int(os.environ.get("KBINDEX_RUN_BYTES", str(5 * 1024 * 1024)))
+# Versions per run of lease takeovers, whose sizes are unknown before the claim.
+BATCH_UNSIZED = int(os.environ.get("KBINDEX_RUN_BATCH_UNSIZED", "160"))
 # A tick's fresh versions of one tenant are spread over this many runs (the per-tenant run limit in
-# dagster.yaml), none smaller than BATCH_MIN: a deep queue fills every slot with one big run each
-# (a run pays ~2 s of process start plus imports and a model load), a shallow one gets one small run.
+# dagster.yaml), none smaller than BATCH_MIN: a deep queue fills every slot with one big run each,
+# a shallow one gets one small run.
 RUN_SPREAD = int(os.environ.get("KBINDEX_RUN_SPREAD", "2"))
 BATCH_MIN = int(os.environ.get("KBINDEX_RUN_BATCH_MIN", "12"))
 MAX_WAITING_RUNS = int(os.environ.get("KBINDEX_MAX_WAITING_RUNS", "1"))
@@ -55,12 +61,25 @@ ASSET_JOB_NAME = "__ASSET_JOB"  # UI materializations; a re-execution keeps the 
 PARTITION_TAGS = ("dagster/partition", "dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
 
 
-def split_sizes(n: int, batch_max: int, spread: int = 1, batch_min: int = 1) -> list[int]:
+def claim_count(due_bytes: list[int], budget: int, floor: int) -> int:
+    """How many of the due versions (byte sizes, in claim order) to claim: as many as fit ``budget``
+    bytes, at least ``floor`` (or all of them, if fewer are due)."""
+    total = count = 0
+    for size in due_bytes:
+        total += max(1, size)
+        if total > budget and count >= floor:
+            break
+        count += 1
+    return count
+
+
+def split_sizes(n: int, batch_max: int, spread: int = 1, batch_min: int = 1, min_runs: int = 1) -> list[int]:
     """Sizes of the runs for ``n`` fresh versions: as even as possible, at most ``batch_max`` each,
-    over at least ``spread`` runs when every run still gets ``batch_min`` versions."""
+    over at least ``spread`` runs when every run still gets ``batch_min`` versions, and over at least
+    ``min_runs`` (the byte budget's count) as long as each gets a version."""
     if n <= 0:
         return []
-    runs = max(-(-n // max(1, batch_max)), min(max(1, spread), max(1, n // max(1, batch_min))))
+    runs = max(-(-n // max(1, batch_max)), min(max(1, spread), max(1, n // max(1, batch_min))), min(n, min_runs))
     base, extra = divmod(n, runs)
     return [base + (1 if i < extra else 0) for i in range(runs)]
 
@@ -115,6 +134,7 @@ def plan_runs(
     weights: dict[int, int] | None = None,
     caps: dict[int, int | None] | None = None,
     pinned: set[str] = frozenset(),  # type: ignore[assignment]
+    run_bytes: int = 0,
 ) -> RunPlan:
     """Group claimed tasks into run requests over contiguous partition-key ranges.
 
@@ -124,7 +144,8 @@ def plan_runs(
     big runs too, unless a run that is not finished still covers it (``pinned``): moving it would
     change that run's range under it, so it gets a run of its own as before. The tasks of one key
     always share a run. Tasks with a crash-bisection cap (``caps``) run in groups of the same cap,
-    at most that many tasks per run.
+    at most that many tasks per run. ``run_bytes`` (with ``weights``, the versions' byte sizes): no run
+    carries much more than that many bytes.
     """
     caps = caps or {}
     plan = RunPlan()
@@ -142,9 +163,10 @@ def plan_runs(
                 plan.delete.append(key)
             task_caps = [c for c in (caps.get(t.lease.task_id) for t in tasks) if c]
             (capped[min(task_caps)] if task_caps else free).append(key)
-        sizes = split_sizes(len(free), batch_max, spread, batch_min)
+        unit_weights = [sum(max(1, (weights or {}).get(t.lease.task_id, 1)) for t in units[k]) for k in free]
+        by_bytes = -(-sum(unit_weights) // run_bytes) if weights and run_bytes > 0 else 1
+        sizes = split_sizes(len(free), batch_max, spread, batch_min, min_runs=by_bytes)
         if weights:
-            unit_weights = [sum(max(1, weights.get(t.lease.task_id, 1)) for t in units[k]) for k in free]
             sizes = balance_sizes(unit_weights, sizes, batch_max)
         groups = _cut(free, sizes)
         for cap, group_keys in sorted(capped.items(), reverse=True):
@@ -203,11 +225,13 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
     queue_full = waiting >= MAX_WAITING_RUNS
     # for_run: each lease waits for its run to adopt it (task_adopt); one that expires unadopted is
     # given back without counting as an attempt.
-    limit = BATCH_MAX * max(1, RUN_SPREAD)
+    limit, left = claim_limit(database, queue_full)
     claimed = queue.claim(owner, limit=limit, expired_only=queue_full, for_run=True)
-    if not queue_full and len(claimed) < limit:
+    if not queue_full and len(claimed) < limit and left > 0:
         # Capacity live work left free goes to requested profile backfills (a model migration).
-        claimed += queue.claim_backfill(owner, limit - len(claimed), for_run=True)
+        room = backfill_limit(database, min(limit, BATCH_MAX * max(1, RUN_SPREAD)) - len(claimed), left,
+                              bool(claimed))
+        claimed += queue.claim_backfill(owner, room, for_run=True) if room else []
     # After the claim, so a slow cancel never delays a takeover (invariant 7).
     for run_id in release_hung_runs(context.instance, queue):
         context.log.warning(f"run {run_id} holds none of its leases any more: canceled to free its run slot")
@@ -227,7 +251,7 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
     pinned = (existing if _backfill_in_progress(context.instance) else live_run_keys(context.instance, database)
               ) if existing else set()
     plan = plan_runs(claimed, keys, existing, owner, BATCH_MAX, spread=RUN_SPREAD, batch_min=BATCH_MIN,
-                     weights=weights, caps=caps, pinned=pinned)
+                     weights=weights, caps=caps, pinned=pinned, run_bytes=RUN_BYTES)
     # Moved keys are deleted here and re-added, in plan order, by the add request below. One
     # SensorResult may not both delete and add a key (Dagster refuses it). If the tick dies in
     # between, the keys are simply missing: the leases expire and the next claim adds them afresh.
@@ -243,6 +267,35 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
         run_requests=requests,
         dynamic_partitions_requests=[document_versions.build_add_request(plan.add)] if plan.add else [],
     )
+
+
+def claim_limit(database: DatabaseResource, queue_full: bool) -> tuple[int, int]:
+    """How many tasks this tick claims, and the bytes it leaves for a profile backfill.
+
+    The due versions that fill ``RUN_SPREAD`` runs of ``RUN_BYTES`` (one indexed read of the queue's
+    head, O(limit)), at most ``BATCH_MAX`` per run; when all that is due fits, room for
+    ``BATCH_UNSIZED`` per run of lease takeovers (their sizes are not known before the claim).
+    """
+    spread = max(1, RUN_SPREAD)
+    unsized = min(BATCH_UNSIZED, BATCH_MAX) * spread
+    if queue_full:
+        return unsized, 0
+    budget = RUN_BYTES * spread
+    due = [r["byte_size"] for r in database.db.fetch_all("task_due_sizes", {"limit": BATCH_MAX * spread})]
+    count = claim_count(due, budget, min(len(due), BATCH_MIN * spread))
+    if count < len(due):
+        return count, 0
+    return max(count, unsized), max(0, budget - sum(max(1, b) for b in due))
+
+
+def backfill_limit(database: DatabaseResource, slots: int, budget: int, claimed_any: bool) -> int:
+    """How many backlog tasks of requested profile backfills fill ``budget`` bytes (a model migration
+    gets what live work left, sized like it; at least ``BATCH_MIN`` per run when nothing else was claimed)."""
+    if slots < 1:
+        return 0
+    sizes = [r["byte_size"] for r in database.db.fetch_all("task_backfill_sizes", {"limit": slots})]
+    floor = 0 if claimed_any else min(len(sizes), BATCH_MIN * max(1, RUN_SPREAD))
+    return claim_count(sizes, budget, floor)
 
 
 def _backfill_in_progress(instance: dg.DagsterInstance) -> bool:

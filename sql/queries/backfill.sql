@@ -14,6 +14,22 @@ SELECT r.name, r.backfill_requested_at,
            AS backlog
 FROM requested r;
 
+-- name: task_backfill_sizes
+-- The byte sizes of the next %(limit)s backlog tasks task_claim_backfill would take, in its order, without
+-- locking (the claiming sensor sizes its claim by bytes). Same index walk: O(limit).
+SELECT v.byte_size
+FROM index_profile p
+CROSS JOIN LATERAL (
+    SELECT t.tenant_id, t.document_id, t.version_number
+    FROM index_task t
+    WHERE t.profile = p.name AND t.task_type = 'REINDEX' AND t.status = 'PENDING' AND t.attempts = 0
+    ORDER BY t.task_id
+    LIMIT %(limit)s
+) b
+JOIN document_version v USING (tenant_id, document_id, version_number)
+WHERE p.building AND p.backfill_requested_at IS NOT NULL
+LIMIT %(limit)s;
+
 -- name: task_claim_backfill
 -- Lease up to %(limit)s never-attempted REINDEX tasks of profiles whose backfill was requested, oldest
 -- task first, in one statement (same transition and event as task_claim). Walks

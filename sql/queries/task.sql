@@ -92,6 +92,17 @@ FROM moved m
 WHERE m.status = 'RUNNING'
 ORDER BY m.task_id;
 
+-- name: task_due_sizes
+-- The byte sizes of the next %(limit)s due versions, in task_claim's due order (the claiming sensor sizes
+-- its claim by bytes, not count). Walks index_task_due_idx like the claim: O(limit), not O(queue).
+SELECT v.byte_size
+FROM index_task t
+JOIN document_version v USING (tenant_id, document_id, version_number)
+WHERE t.status IN ('PENDING', 'RETRY_WAIT') AND (t.task_type = 'INDEX' OR t.attempts > 0)
+  AND t.next_attempt_at <= now()
+ORDER BY t.next_attempt_at
+LIMIT %(limit)s;
+
 -- name: task_adopt
 -- Fenced hand-over of the claiming sensor's leases to the run that starts them: the run becomes the
 -- owner, so no other run (a re-execution copying the tags) can adopt the same attempt, and the attempt

@@ -105,3 +105,32 @@ def test_finished_versions_lose_their_partition_key_after_the_window(db, db_url,
     assert out.success
     assert instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME) == [keys[busy.task_id]]
     assert prunable(db, window_seconds=0) == []
+
+
+def test_a_tick_claims_by_bytes_and_leaves_the_rest_due(db, db_url, publish_task, instance, monkeypatch):
+    """Runs are sized by their documents' bytes (issue #14, small documents): the tick claims the due
+    versions that fill its run slots' byte budget, at least BATCH_MIN per slot, and the rest stay due."""
+    monkeypatch.setattr(sensors, "RUN_SPREAD", 2)
+    monkeypatch.setattr(sensors, "BATCH_MIN", 3)
+    monkeypatch.setattr(sensors, "RUN_BYTES", 2_000)
+    for i in range(40):
+        publish_task(data=f"Document {i:03d} ".encode() * 20)  # 260 bytes each
+    first = tick(instance, db_url)
+    assert len(claimed_task_ids(first)) == 15  # 2 runs x 2,000 bytes fit 15 of them
+    assert [len(json.loads(r.tags[LEASES_TAG])) for r in first.run_requests] == [8, 7]
+    monkeypatch.setattr(sensors, "RUN_BYTES", 10)  # each is bigger than a run's budget: the floor holds
+    assert len(claimed_task_ids(tick(instance, db_url))) == 6
+    monkeypatch.setattr(sensors, "RUN_BYTES", 1_000_000)  # everything left fits
+    assert len(claimed_task_ids(tick(instance, db_url))) == 19
+
+
+def test_a_backfill_claim_is_sized_by_bytes_too(db, db_url, publish_task, instance, monkeypatch):
+    monkeypatch.setattr(sensors, "RUN_SPREAD", 1)
+    monkeypatch.setattr(sensors, "BATCH_MIN", 2)
+    monkeypatch.setattr(sensors, "MAX_WAITING_RUNS", 100)
+    monkeypatch.setattr(sensors, "RUN_BYTES", 1_000)
+    finish(db, [publish_task(data=f"Document {i:03d} ".encode() * 20).task_id for i in range(12)])  # 260 B each
+    create_profile(db, "shadow-bytes", model="fake-384", chunk_tokens=64, overlap=8)
+    request_backfill(db, "shadow-bytes")
+    assert [len(claimed_task_ids(tick(instance, db_url))) for _ in range(4)] == [3, 3, 3, 3]  # 1,000 B: 3 a tick
+    assert claimed_task_ids(tick(instance, db_url)) == []  # the backlog is done

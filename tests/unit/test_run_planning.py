@@ -95,3 +95,31 @@ def test_tenants_never_share_a_run():
     plan = plan_runs(tasks, keys, {"b/doc-2/v1"}, "batch-x", 160)
 
     assert sizes(plan) == [1, 1] and plan.delete == ["b/doc-2/v1"]
+
+
+# -- runs sized by bytes, not by count (issue #14: small documents) -------------------------------------
+
+
+def test_a_claim_takes_the_due_versions_that_fit_its_byte_budget():
+    from pipelines.sensors import claim_count
+
+    assert claim_count([1_000] * 5_000, budget=1_000_000, floor=24) == 1_000  # abstracts: a thousand fit
+    assert claim_count([400_000] * 100, budget=1_000_000, floor=24) == 24  # huge files: the floor still
+    assert claim_count([100] * 5, budget=1_000_000, floor=5) == 5  # fewer are due than fit: all of them
+    assert claim_count([0] * 10, budget=3, floor=1) == 3  # an empty file still counts as a byte
+    assert claim_count([], budget=10, floor=0) == 0
+
+
+def test_many_small_versions_make_few_big_runs_and_long_ones_more_runs():
+    claimed = [task(i) for i in range(1, 1001)]
+    keys = {t.lease.task_id: f"acme/doc-{t.lease.task_id}/v1" for t in claimed}
+    small = plan_runs(claimed, keys, set(), "batch-x", 1000, spread=2, batch_min=12,
+                      weights={t.lease.task_id: 1_500 for t in claimed}, run_bytes=5_000_000)
+    assert sizes(small) == [500, 500]  # 1.5 MB: the two run slots, not seven runs of 160
+    large = plan_runs(claimed, keys, set(), "batch-x", 1000, spread=2, batch_min=12,
+                      weights={t.lease.task_id: 40_000 for t in claimed}, run_bytes=5_000_000)
+    assert len(large.requests) == 8 and max(sizes(large)) <= 126  # 40 MB: no run much over 5 MB
+    check_ranges(large)
+    capped = plan_runs(claimed, keys, set(), "batch-x", 300, spread=2, batch_min=12,
+                       weights={t.lease.task_id: 1 for t in claimed}, run_bytes=5_000_000)
+    assert sizes(capped) == [250, 250, 250, 250]  # and never over the version cap

@@ -87,6 +87,7 @@ def parsed_document(
     run = indexing_run.run(embedder)
     keys = list(context.partition_keys)
     embedder.preload(run.models(keys))  # torch + model load overlap parse and chunk
+    run.start_ahead(keys)  # parse, chunk and embed go on ahead of the steps (resources/run_ahead.py)
     return _report(context, keys, run.parse(keys), run.why_skipped)
 
 

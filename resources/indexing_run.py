@@ -34,6 +34,7 @@ from pipelines.domain.task_states import Stage
 from resources.blob_store import BlobStore
 from resources.database import Database
 from resources.lease_keeper import LeaseKeeper
+from resources.run_ahead import RunAhead
 from resources.run_state import RunState
 from resources.task_queue import Lease, TaskQueue
 
@@ -146,6 +147,7 @@ class IndexingRun:
         self._parsed: dict[tuple[str, str, str], Any] = {}  # one parse per document bytes, for every profile
         self._tasks: dict[int, dict[str, Any]] = {}  # task rows read in one statement per batch of leases
         self._profiles: dict[str, dict[str, Any]] = {}  # profile rows, read once per run
+        self._ahead: RunAhead | None = None  # parse, chunk and embed done ahead of the steps
 
     # -- leases ---------------------------------------------------------------------------------
     def acquire(self, keys: Iterable[str]) -> dict[str, list[TaskWork]]:
@@ -259,10 +261,25 @@ class IndexingRun:
         return {w.model for w in self.works(keys)}
 
     # -- the four steps -------------------------------------------------------------------------
+    def start_ahead(self, keys: list[str]) -> None:
+        """Start parsing, chunking and embedding the live tasks of ``keys`` ahead of the steps
+        (resources/run_ahead.py); the parse step calls it first. Idempotent."""
+        if self._ahead is None:
+            works = [w for w in self.works(keys) if w.task_id not in self._stopped]
+            self._ahead = RunAhead(self, works, SharedVectors()).start()
+
+    def close(self) -> None:
+        """The run is over: stop any work still going on ahead."""
+        if self._ahead is not None:
+            self._ahead.stop()
+
     def parse(self, keys: list[str]) -> dict[str, list[StepResult]]:
         def step(work: TaskWork) -> dict[str, Any]:
-            parsed = self._parse(work)
-            self.state.put("parsed_document", work.task_id, work.fingerprint("parsed_document"), parsed)
+            if self._ahead is not None and self._ahead.covers(work):
+                self._ahead.prepared(work, "parse")
+                parsed = self._parsed_of(work)
+            else:
+                parsed = self.parse_ahead(work)
             return {"blocks": len(parsed.blocks), "pages": parsed.page_count or 0, "media_type": parsed.media_type,
                     **{k: v for k, v in (getattr(parsed, "metadata", None) or {}).items() if k in PARSE_FIGURES},
                     **({"warnings": "; ".join(parsed.warnings[:5])} if getattr(parsed, "warnings", ()) else {})}
@@ -271,7 +288,11 @@ class IndexingRun:
 
     def chunk(self, keys: list[str]) -> dict[str, list[StepResult]]:
         def step(work: TaskWork) -> dict[str, Any]:
-            chunks = self._chunk(work)
+            if self._ahead is not None and self._ahead.covers(work):
+                self._ahead.prepared(work, "chunk")
+                chunks = self._chunks(work)
+            else:
+                chunks = self._chunk(work)
             return {"chunks": len(chunks), "tokens": sum(c.token_count for c in chunks)}
 
         return self._each(keys, Stage.CHUNK, step)
@@ -285,7 +306,13 @@ class IndexingRun:
             except Exception:  # noqa: BLE001 - the per-task step classifies it
                 continue
         lost = self._announce(works, Stage.EMBED, totals)
-        shared = self._embed_shared([w for w in works if w.task_id not in self._stopped])
+        ahead = None
+        if self._ahead is not None:
+            ahead = self._ahead.shared
+            while not self._ahead.wait_embedded(PASS_PROGRESS_SECONDS):  # progress while it finishes
+                live = [w for w in works if w.task_id in totals and self.alive(w)]
+                self._report_pass_progress(live, {w.task_id: self._chunks(w) for w in live}, ahead)
+        shared = self._embed_shared([w for w in works if w.task_id not in self._stopped], ahead)
         covered: list[TaskWork] = []  # tasks the shared pass embedded entirely: their "n/n" goes in one statement
 
         def step(work: TaskWork) -> dict[str, Any]:
@@ -343,6 +370,16 @@ class IndexingRun:
                 for key, ws in by_key.items()}
 
     # -- outputs, computed on a miss (re-execution from a later step, or artifacts gone) ----------
+    def parse_ahead(self, work: TaskWork) -> Any:
+        """Parse the task's document and keep the result for the later steps."""
+        parsed = self._parse(work)
+        self.state.put("parsed_document", work.task_id, work.fingerprint("parsed_document"), parsed)
+        return parsed
+
+    def chunk_ahead(self, work: TaskWork) -> list[Any]:
+        """Chunk the task's parsed document and keep the chunks for the later steps."""
+        return self._chunk(work)
+
     def _parse(self, work: TaskWork) -> Any:
         from pipelines.domain.parsing import parse_document
 
@@ -466,7 +503,7 @@ class IndexingRun:
         self.state.forget(result.task_id)
         return result
 
-    def _alive(self, work: TaskWork) -> bool:
+    def alive(self, work: TaskWork) -> bool:
         if work.task_id in self._stopped:
             return False
         try:
@@ -508,23 +545,21 @@ class IndexingRun:
         return out, {"embedded": stats_embedded + covered["embedded"], "reused": stats_reused + covered["reused"],
                      "shared": covered["shared"]}
 
-    def _embed_shared(self, works: list[TaskWork]) -> SharedVectors:
+    def _embed_shared(self, works: list[TaskWork], shared: SharedVectors | None = None) -> SharedVectors:
         """Embed the texts of all the run's live tasks in one pass per model, longest first, in validated batches.
 
         Why one pass: batches of similar length pad little, and sorting the whole run is what a bare
         ``model.encode`` over the same texts does. Texts shared by several tasks of one model, or
         already stored under the same tenant and profile, are embedded once or not at all. The cache
         is keyed by (model, dimension, text): profiles with different models never share vectors.
+        ``shared``: what the run embedded ahead (``RunAhead``); only what it left is embedded here.
 
         An invalid batch is skipped (its tasks embed those texts on their own, so only a task whose
         own texts fail is failed); a transient error ends the pass. Between batches the pass drops
         texts that only lost or cancelled tasks still need; every PASS_PROGRESS_SECONDS it writes
         each live task's progress (fenced, so a lost lease shows).
         """
-        from resources.embedder import checked_embed
-        from resources.embedding_reuse import embed_digest, stored_vectors
-
-        shared = SharedVectors()
+        shared = shared if shared is not None else SharedVectors()
         chunks_of: dict[int, list[Any]] = {}
         for work in works:
             try:
@@ -538,57 +573,70 @@ class IndexingRun:
         for (model_name, dimension), members in by_model.items():
             if len(members) < 2:
                 continue
-            live = [w for w in members if self._alive(w)]  # announced (embed 0/total) by the step
-            users: dict[str, set[int]] = {}
-            for work in live:
-                for chunk in chunks_of[work.task_id]:
-                    users.setdefault(chunk.embed_text, set()).add(work.task_id)
-            try:
-                digests = {t: embed_digest(t) for t in users}
-                for (tenant_id, profile), group in _by_tenant_profile(live).items():
-                    wanted = {digests[c.embed_text] for w in group for c in chunks_of[w.task_id]}
-                    stored = stored_vectors(self.db, tenant_id=tenant_id, profile=profile, model=model_name,
-                                            dimension=dimension, digests=sorted(wanted))
-                    for work in group:
-                        for chunk in chunks_of[work.task_id]:
-                            vector = stored.get(digests[chunk.embed_text])
-                            if vector is not None:
-                                shared.put_reused(work, chunk.embed_text, vector)
-                model = self.embedder_for(model_name)
-            except Exception as exc:  # noqa: BLE001 - the tasks embed on their own and classify it
-                log.warning("shared embedding of %d tasks could not start (%s)", len(live), type(exc).__name__)
-                continue
-            by_id = {w.task_id: w for w in live}
-            pending = sorted((t for t in users if not shared.covers(model_name, dimension, t, users[t], by_id)),
-                             key=len, reverse=True)
-            start, reported = 0, time.monotonic()
-            while start < len(pending):
-                gone = {w.task_id for w in live if not self._alive(w)}
-                if gone:
-                    live = [w for w in live if w.task_id not in gone]
-                    for text in pending[start:]:
-                        users[text].difference_update(gone)
-                    pending = pending[:start] + [t for t in pending[start:] if users[t]]
-                    if start >= len(pending):
-                        break
-                batch = pending[start : start + self.batch_size]
-                start += len(batch)
-                try:
-                    vectors = checked_embed(model, batch, expected_model=model_name, expected_dim=dimension,
-                                            batch_size=len(batch))
-                except EmbeddingInvalidResponse as exc:
-                    log.warning("a shared embedding batch of %d texts was invalid (%s); its tasks embed those "
-                                "texts on their own", len(batch), exc.code)
-                    continue
-                except Exception as exc:  # noqa: BLE001 - transient trouble: the tasks retry on their own
-                    log.warning("shared embedding stopped (%s); the tasks embed on their own", type(exc).__name__)
-                    break
-                for text, vector in zip(batch, vectors, strict=True):
-                    shared.put_embedded(model_name, dimension, text, vector, for_task=min(users[text]))
-                if time.monotonic() - reported >= PASS_PROGRESS_SECONDS:
-                    reported = time.monotonic()
-                    self._report_pass_progress(live, chunks_of, shared)
+            live = [w for w in members if self.alive(w)]  # announced (embed 0/total) by the step
+            self.embed_group(model_name, dimension, live, chunks_of, shared, report=True)
         return shared
+
+    def embed_group(self, model_name: str, dimension: int, live: list[TaskWork], chunks_of: dict[int, list[Any]],
+                    shared: SharedVectors, *, report: bool = False) -> bool:
+        """Embed into ``shared`` what ``live`` tasks (of one model) still need: stored vectors of their tenant
+        and profile first (looked up once per task), then the rest longest first, in validated batches.
+        False if transient trouble stopped it (the tasks then embed those texts on their own)."""
+        from resources.embedder import checked_embed
+        from resources.embedding_reuse import embed_digest, stored_vectors
+
+        users: dict[str, set[int]] = {}
+        for work in live:
+            for chunk in chunks_of[work.task_id]:
+                users.setdefault(chunk.embed_text, set()).add(work.task_id)
+        try:
+            fresh = [w for w in live if w.task_id not in shared.looked_up]
+            for (tenant_id, profile), group in _by_tenant_profile(fresh).items():
+                digests = {c.embed_text: embed_digest(c.embed_text) for w in group for c in chunks_of[w.task_id]}
+                stored = stored_vectors(self.db, tenant_id=tenant_id, profile=profile, model=model_name,
+                                        dimension=dimension, digests=sorted(set(digests.values())))
+                for work in group:
+                    for chunk in chunks_of[work.task_id]:
+                        vector = stored.get(digests[chunk.embed_text])
+                        if vector is not None:
+                            shared.put_reused(work, chunk.embed_text, vector)
+                    shared.looked_up.add(work.task_id)
+            model = self.embedder_for(model_name)
+        except Exception as exc:  # noqa: BLE001 - the tasks embed on their own and classify it
+            log.warning("shared embedding of %d tasks could not start (%s)", len(live), type(exc).__name__)
+            return False
+        by_id = {w.task_id: w for w in live}
+        pending = sorted((t for t in users if not shared.covers(model_name, dimension, t, users[t], by_id)
+                          and (model_name, dimension, t) not in shared.invalid), key=len, reverse=True)
+        start, reported = 0, time.monotonic()
+        while start < len(pending):
+            gone = {w.task_id for w in live if not self.alive(w)}
+            if gone:
+                live = [w for w in live if w.task_id not in gone]
+                for text in pending[start:]:
+                    users[text].difference_update(gone)
+                pending = pending[:start] + [t for t in pending[start:] if users[t]]
+                if start >= len(pending):
+                    break
+            batch = pending[start : start + self.batch_size]
+            start += len(batch)
+            try:
+                vectors = checked_embed(model, batch, expected_model=model_name, expected_dim=dimension,
+                                        batch_size=len(batch))
+            except EmbeddingInvalidResponse as exc:
+                log.warning("a shared embedding batch of %d texts was invalid (%s); its tasks embed those "
+                            "texts on their own", len(batch), exc.code)
+                shared.invalid.update((model_name, dimension, t) for t in batch)  # not again in a shared batch
+                continue
+            except Exception as exc:  # noqa: BLE001 - transient trouble: the tasks retry on their own
+                log.warning("shared embedding stopped (%s); the tasks embed on their own", type(exc).__name__)
+                return False
+            for text, vector in zip(batch, vectors, strict=True):
+                shared.put_embedded(model_name, dimension, text, vector, for_task=min(users[text]))
+            if report and time.monotonic() - reported >= PASS_PROGRESS_SECONDS:
+                reported = time.monotonic()
+                self._report_pass_progress(live, chunks_of, shared)
+        return True
 
     def _report_pass_progress(self, live: list[TaskWork], chunks_of: dict[int, list[Any]], shared: SharedVectors) -> None:
         done = {w.task_id: sum(1 for c in chunks_of[w.task_id] if shared.get(w, c.embed_text) is not None)
@@ -635,6 +683,8 @@ class SharedVectors:
         self.embedded: dict[tuple[str, int, str], np.ndarray] = {}
         self.embedded_for: dict[tuple[str, int, str], int] = {}
         self.reused: dict[tuple[int, str], np.ndarray] = {}
+        self.looked_up: set[int] = set()  # tasks whose stored vectors were looked up (once per task)
+        self.invalid: set[tuple[str, int, str]] = set()  # texts of an invalid shared batch: each task embeds its own
 
     def put_embedded(self, model: str, dimension: int, text: str, vector: np.ndarray, *, for_task: int) -> None:
         self.embedded[(model, dimension, text)] = vector

@@ -81,8 +81,11 @@ class BlobStoreResource(dg.ConfigurableResource):
 
 
 class EmbedderResource(dg.ConfigurableResource):
-    """sentence-transformers models by profile (loaded once per process).
+    """sentence-transformers models by profile: the warm embedding service's when one answers, else
+    loaded once in this process.
 
+    A run that finds the service (``service_home``) at setup embeds every batch there and never
+    imports torch; it loads its own model only if the service fails mid-run (``ServiceOrLocal``).
     A profile whose model is ``fake-384`` gets the deterministic FakeEmbedder (tests and fault
     injection only; faults from KBINDEX_FAKE_FAULTS, e.g. ``timeout=0.1,wrong_dimension=0.05``).
     """
@@ -91,15 +94,16 @@ class EmbedderResource(dg.ConfigurableResource):
     torch_threads: int = 0  # 0: run_torch_threads() (cores divided among the runs that embed at once)
     service_home: str = ""
     """KBINDEX_EMBED_SERVICE: the folder of a running embedding service (``kbindex embed-service``); "" for none."""
-    service_max_versions: int = 8
-    """Runs of at most this many versions embed through the service; bigger ones load their own model."""
+    service_max_versions: int = 0
+    """0: every run embeds through the service; n: only runs of at most n leased versions (bigger ones,
+    and backfills of unknown size, load their own model)."""
 
     _preloads: dict[str, threading.Thread] = PrivateAttr(default_factory=dict)
     _use_service: bool = PrivateAttr(default=False)
     _served: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        """Small runs use the warm embedding service if one answers; the others start loading the
+        """Runs use the warm embedding service if one answers; without it, a run starts loading the
         models the claiming sensor named (run tag) before the first step runs."""
         run = context.dagster_run
         tags = run.tags if run else {}
@@ -110,7 +114,9 @@ class EmbedderResource(dg.ConfigurableResource):
     def _service_fits(self, leases: list[tuple[int, int]]) -> bool:
         from resources.embedding_service import service_available
 
-        if not self.service_home or not leases or len(leases) > self.service_max_versions:
+        if not self.service_home:
+            return False
+        if self.service_max_versions and (not leases or len(leases) > self.service_max_versions):
             return False
         return service_available(self.service_home)
 
@@ -238,6 +244,8 @@ class IndexingRunResource(dg.ConfigurableResource):
         )
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._run is not None:
+            self._run.close()
         if self._keeper is not None:
             self._keeper.stop()
 

@@ -2,12 +2,11 @@
 
 Why: every Dagster run is a fresh process, and importing torch + sentence-transformers and loading
 the model costs ~5 s of it: most of a single document's publish-to-searchable time. The service
-keeps the model loaded; a small run (a few versions, the interactive case) sends its batches here
-and never imports torch. Big runs still embed in their own process (runs are the unit of
-parallelism for bulk work, see ``run_torch_threads``), and any trouble with the service makes the
-run fall back to its own model: the service is a shortcut, never a dependency.
+keeps the model loaded in a pool of worker processes; every run sends its batches here and never
+imports torch, and any trouble with the service makes the run fall back to its own model: the
+service is a shortcut, never a dependency.
 
-    serve(home)                      load the packaged model, answer on home/embedder.sock until stopped
+    serve(home, workers=n)           n worker processes with the packaged model, answering on home/embedder.sock
     ServiceEmbedder(model, address)  the client: an ``Embedder`` with ``respond`` (checked_embed validates it)
     start_service(home, env)         start ``kbindex embed-service`` as a child process and wait until it answers
 
@@ -17,8 +16,15 @@ messages are pickles, so the key is what keeps strangers out, both ways: a clien
 replies). So a key is refused, by the service and by its clients, when it is empty (the standard
 library would then skip authentication), a symlink, not owned by this user, or readable or
 writable by group or others; ``home`` is created 0700. Each connection's handshake runs on its own
-thread and must finish within ``HANDSHAKE_TIMEOUT`` seconds: a silent client cannot block the service. One request is encoded at a time,
-with every core: requests of several runs queue instead of fighting over the cores.
+thread and must finish within ``HANDSHAKE_TIMEOUT`` seconds: a silent client cannot block the service.
+
+Workers: ``KBINDEX_EMBED_WORKERS`` (``--workers``) spawned processes, default one per core, each with
+``cores // workers`` threads (on 2 cores, 2 one-thread processes encode 32.5 chunks/s against 29.2 for
+one two-thread process). A request goes to an idle worker; more requests than workers queue, so
+several runs share the cores instead of fighting over them. A client deals each batch into one part
+per worker (``deal``), so even a single run keeps them all busy. A killed worker fails the requests
+in flight at once (EMBEDDING_UNAVAILABLE: the runs fall back) and a fresh pool serves the next one;
+workers exit with the service, even a SIGKILLed one.
 """
 
 from __future__ import annotations
@@ -31,14 +37,15 @@ import subprocess
 import sys
 import threading
 import time
-from multiprocessing import AuthenticationError
+from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
+from multiprocessing import AuthenticationError, get_context
 from multiprocessing.connection import Client, Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipelines.domain.errors import EmbeddingError, EmbeddingTimeout, EmbeddingUnavailable
+from pipelines.domain.errors import EmbeddingError, EmbeddingInvalidResponse, EmbeddingTimeout, EmbeddingUnavailable
 from resources.private_files import make_private_dirs
 
 SOCKET_NAME = "embedder.sock"
@@ -87,40 +94,165 @@ def _set_timeouts(conn: Connection, seconds: float) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# server
+# server: a pool of worker processes, each with its own copy of the models
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; a container's CPU quota is not seen here)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+
+
+def default_workers() -> int:
+    """KBINDEX_EMBED_WORKERS, else one worker per usable core (on 2 cores, 2 x 1 thread beat 1 x 2 threads)."""
+    return max(1, int(os.environ.get("KBINDEX_EMBED_WORKERS", "0") or 0) or usable_cores())
+
+
+_WORKER: dict[str, Any] = {}  # in a worker process: its thread budget and loaded embedders
+
+
+def _worker_start(threads: int, preload: list[str], parent: int, started: Any) -> None:
+    """Initializer of a worker process: limit threads, ignore Ctrl-C (the service stops us), load models.
+
+    A watcher thread exits the worker when the service is gone: a SIGKILLed service would otherwise
+    leave its workers blocked on the call queue forever, each holding a model.
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    _WORKER.update(threads=threads, embedders={}, started=started)
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    for model in preload:
+        _worker_embedder(model).dimension
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _worker_embedder(model: str) -> Any:
+    """This worker's embedder for ``model``, its runtime limited to the worker's share of the cores."""
+    embedders = _WORKER.setdefault("embedders", {})
+    if model not in embedders:
+        from resources.derived_models import DERIVED_MODELS, DerivedModelEmbedder
+        from resources.embedder import FakeEmbedder, embedder_for_model
+
+        threads = int(_WORKER.get("threads") or 1)
+        if model in DERIVED_MODELS:
+            embedder: Any = DerivedModelEmbedder(model, threads=threads)
+        else:
+            embedder = embedder_for_model(model)
+            if not isinstance(embedder, FakeEmbedder):
+                import torch
+
+                torch.set_num_threads(threads)
+        embedders[model] = embedder
+    return embedders[model]
+
+
+def _worker_warm() -> int:
+    """A warm-up task: wait until every worker of the pool has loaded its models (so each takes one)."""
+    _WORKER["started"].wait(timeout=600)
+    return os.getpid()
+
+
+def _worker_answer(op: str, model: str, texts: list[str]) -> tuple[Any, ...]:
+    """One request in a worker; errors come back as ("error", code, message) (exceptions may not unpickle)."""
+    try:
+        embedder = _worker_embedder(model)
+        if op == "dimension":
+            return ("ok", embedder.dimension)
+        delay = float(os.environ.get("KBINDEX_FAKE_DELAY", "0") or 0)
+        if delay > 0 and model.startswith("fake-"):  # fault injection, as for a run's fake (dagster_resources)
+            time.sleep(delay)
+        return ("ok", (embedder.model_name, np.asarray(embedder.embed(texts), dtype=np.float32)))
+    except EmbeddingError as exc:
+        return ("error", exc.code, exc.message)
+    except Exception as exc:  # noqa: BLE001 - the client classifies it; the worker keeps serving
+        return ("error", "EMBEDDING_UNAVAILABLE", f"the embedding service failed ({type(exc).__name__})")
+
+
+class _WorkerPool:
+    """``size`` spawned processes with ``cores // size`` threads each; requests beyond them queue.
+
+    A worker that dies (killed, out of memory) breaks the whole ``ProcessPoolExecutor``: every request
+    in it fails with EMBEDDING_UNAVAILABLE at once (no client hangs) and a fresh pool takes over,
+    warming up in the background, for the next request.
+    """
+
+    def __init__(self, size: int, preload: list[str]) -> None:
+        self.size, self.preload = size, list(preload)
+        self.threads = max(1, usable_cores() // size)
+        self.pids: list[int] = []
+        self._lock = threading.Lock()
+        self._executor = self._start()
+
+    def _start(self) -> ProcessPoolExecutor:
+        spawn = get_context("spawn")
+        return ProcessPoolExecutor(self.size, mp_context=spawn, initializer=_worker_start,
+                                   initargs=(self.threads, self.preload, os.getpid(), spawn.Barrier(self.size)))
+
+    def warm(self) -> None:
+        """Start every worker and load its models now (a spawn pool starts workers on demand);
+        EmbeddingUnavailable if they cannot start (e.g. a preloaded model fails to load)."""
+        try:
+            futures = [self._executor.submit(_worker_warm) for _ in range(self.size)]
+            self.pids = sorted({f.result() for f in futures})
+        except RuntimeError as exc:  # BrokenExecutor, or a pool shut down meanwhile
+            raise EmbeddingUnavailable(f"the embedding workers could not start ({type(exc).__name__})") from exc
+
+    def _warm_quietly(self) -> None:
+        try:
+            self.warm()
+        except EmbeddingUnavailable:
+            pass  # the next request finds the pool broken and starts another
+
+    def run(self, op: str, model: str, texts: list[str]) -> tuple[Any, ...]:
+        executor = self._executor
+        try:
+            return executor.submit(_worker_answer, op, model, texts).result()
+        except BrokenExecutor:
+            self._replace(executor)
+            return ("error", "EMBEDDING_UNAVAILABLE", "an embedding worker died during the request; the pool restarts")
+
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._executor is not broken:
+                return  # another request replaced it already
+            broken.shutdown(wait=False, cancel_futures=True)
+            self.pids = []
+            self._executor = self._start()
+        threading.Thread(target=self._warm_quietly, daemon=True).start()
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 class _Service:
-    def __init__(self, preload: list[str]) -> None:
-        self.lock = threading.Lock()  # one encode at a time, with every core
+    def __init__(self, preload: list[str], workers: int) -> None:
+        self.pool = _WorkerPool(workers, preload)
+        self.pool.warm()
         self.requests = 0
-        for model in preload:
-            self._embedder(model).dimension
-
-    @staticmethod
-    def _embedder(model: str) -> Any:
-        from resources.embedder import embedder_for_model
-
-        return embedder_for_model(model)
+        self._count = threading.Lock()
 
     def answer(self, request: dict[str, Any]) -> tuple[Any, ...]:
         op = request.get("op")
         try:
             if op == "ping":
-                return ("ok", {"pid": os.getpid(), "requests": self.requests})
-            embedder = self._embedder(str(request["model"]))
+                return ("ok", {"pid": os.getpid(), "requests": self.requests, "workers": self.pool.size,
+                               "worker_pids": list(self.pool.pids)})
             if op == "dimension":
-                return ("ok", embedder.dimension)
+                return self.pool.run("dimension", str(request["model"]), [])
             if op == "embed":
-                texts = [str(t) for t in request["texts"]]
-                with self.lock:
+                with self._count:
                     self.requests += 1
-                    vectors = embedder.embed(texts)
-                return ("ok", (embedder.model_name, np.asarray(vectors, dtype=np.float32)))
+                return self.pool.run("embed", str(request["model"]), [str(t) for t in request["texts"]])
             return ("error", "INVALID_REQUEST", f"unknown operation {op!r}")
-        except EmbeddingError as exc:
-            return ("error", exc.code, exc.message)
-        except Exception as exc:  # noqa: BLE001 - the client classifies it; the service keeps serving
+        except Exception as exc:  # noqa: BLE001 - a malformed request; the service keeps serving
             return ("error", "EMBEDDING_UNAVAILABLE", f"the embedding service failed ({type(exc).__name__})")
 
     def handle(self, conn: Connection, key: bytes | None = None) -> None:
@@ -144,9 +276,10 @@ class _Service:
                     return
 
 
-def serve(home: str | Path, *, preload: list[str] | None = None, ready: threading.Event | None = None,
-          stop: threading.Event | None = None) -> None:
-    """Answer embedding requests on ``home/embedder.sock`` until ``stop`` is set (or forever)."""
+def serve(home: str | Path, *, preload: list[str] | None = None, workers: int | None = None,
+          ready: threading.Event | None = None, stop: threading.Event | None = None) -> None:
+    """Answer embedding requests on ``home/embedder.sock`` until ``stop`` is set (or forever), with
+    ``workers`` processes (default ``default_workers()``), each holding the ``preload`` models."""
     from resources.embedder import PACKAGED_MODEL_NAME
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -155,7 +288,15 @@ def serve(home: str | Path, *, preload: list[str] | None = None, ready: threadin
     key = _key(home, create=True)
     if preload is None:  # KBINDEX_EMBED_SERVICE_PRELOAD: comma-separated models to load at start
         preload = [m for m in os.environ.get("KBINDEX_EMBED_SERVICE_PRELOAD", PACKAGED_MODEL_NAME).split(",") if m]
-    service = _Service(preload)
+    service = _Service(preload, workers or default_workers())
+    try:
+        _listen(home, service, key, ready, stop)
+    finally:
+        service.pool.shutdown()
+
+
+def _listen(home: Path, service: _Service, key: bytes, ready: threading.Event | None,
+            stop: threading.Event | None) -> None:
     path = socket_path(home)
     path.unlink(missing_ok=True)  # a socket left by a killed service
     # No authkey on the listener: its accept() would run the handshake on this thread, where one silent
@@ -194,16 +335,20 @@ def _wake_when(stop: threading.Event, listener: Listener, key: bytes) -> None:
 class ServiceEmbedder:
     """The ``Embedder`` of one model served by the local embedding service.
 
-    Raises EmbeddingUnavailable when the service cannot be reached (or hangs up), EmbeddingTimeout
-    when it does not answer within ``timeout`` seconds; the caller falls back to its own model.
+    ``respond`` deals its texts into one part per service worker (``ping`` says how many), sends the
+    parts at once on as many connections, and puts the answers back in order: one run keeps every
+    worker busy. Raises EmbeddingUnavailable when the service cannot be reached (or hangs
+    up, or a worker dies), EmbeddingTimeout when it does not answer within ``timeout`` seconds; the
+    caller falls back to its own model.
     """
 
     def __init__(self, model_name: str, home: str | Path, *, timeout: float = REQUEST_TIMEOUT) -> None:
         self._model = model_name
         self.home = Path(home)
         self.timeout = timeout
-        self._conn: Connection | None = None
+        self._conns: list[Connection] = []
         self._dimension: int | None = None
+        self._workers: int | None = None
 
     @property
     def model_name(self) -> str:
@@ -215,22 +360,33 @@ class ServiceEmbedder:
             self._dimension = int(self._call({"op": "dimension", "model": self._model}))
         return self._dimension
 
+    @property
+    def workers(self) -> int:
+        """The service's worker count (asked once): how many parts a request is split into."""
+        if self._workers is None:
+            self._workers = max(1, int(self.ping().get("workers", 1)))
+        return self._workers
+
     def ping(self) -> dict[str, Any]:
         return self._call({"op": "ping"})
 
     def respond(self, texts: list[str]) -> Any:
         from resources.embedder import EmbeddingResponse, text_fingerprint
 
-        model, vectors = self._call({"op": "embed", "model": self._model, "texts": list(texts)})
+        parts = deal(list(texts), self.workers)
+        answers = self._call_many([{"op": "embed", "model": self._model, "texts": part} for part in parts])
+        models = {model for model, _ in answers}
+        model = models.pop() if len(models) == 1 else f"mixed models {sorted(models)}"  # checked_embed refuses it
+        vectors = undeal([np.asarray(v, dtype=np.float32) for _, v in answers], parts)
         return EmbeddingResponse(model, vectors, tuple(text_fingerprint(t) for t in texts))
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.respond(texts).vectors
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        for conn in self._conns:
+            conn.close()
+        self._conns = []
 
     def _connect(self) -> Connection:
         """Connect and authenticate, with every socket read and write bounded by ``timeout``.
@@ -238,47 +394,85 @@ class ServiceEmbedder:
         ``multiprocessing.connection.Client`` would wait forever on a stopped service; this is
         the same handshake on a socket with SO_RCVTIMEO/SO_SNDTIMEO set, so it cannot hang.
         """
-        if self._conn is None:
-            path = socket_path(self.home)
-            key = _key(self.home, create=False)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            limit = struct.pack("ll", int(self.timeout), int((self.timeout % 1) * 1_000_000))
+        path = socket_path(self.home)
+        key = _key(self.home, create=False)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        limit = struct.pack("ll", int(self.timeout), int((self.timeout % 1) * 1_000_000))
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+            sock.connect(str(path))
+            conn = Connection(sock.detach())
             try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
-                sock.connect(str(path))
-                conn = Connection(sock.detach())
-                try:
-                    answer_challenge(conn, key)
-                    deliver_challenge(conn, key)
-                except BaseException:
-                    conn.close()
-                    raise
-            except Exception as exc:  # noqa: BLE001 - no socket, refused, hung, failed handshake
-                sock.close()
-                raise EmbeddingUnavailable(f"the embedding service cannot be reached ({type(exc).__name__})") from exc
-            self._conn = conn
-        return self._conn
+                answer_challenge(conn, key)
+                deliver_challenge(conn, key)
+            except BaseException:
+                conn.close()
+                raise
+        except Exception as exc:  # noqa: BLE001 - no socket, refused, hung, failed handshake
+            sock.close()
+            raise EmbeddingUnavailable(f"the embedding service cannot be reached ({type(exc).__name__})") from exc
+        return conn
 
     def _call(self, request: dict[str, Any]) -> Any:
-        conn = self._connect()
+        return self._call_many([request])[0]
+
+    def _call_many(self, requests: list[dict[str, Any]]) -> list[Any]:
+        """Send each request on its own connection at once, then read the answers in order.
+
+        On any failure every connection is closed: a late answer must never be read as the next
+        request's.
+        """
         try:
-            conn.send(request)
-            if not conn.poll(self.timeout):
-                self.close()  # the late answer must never be read as the next request's
-                raise EmbeddingTimeout(f"the embedding service did not answer within {self.timeout:.0f} s")
-            answer = conn.recv()
+            while len(self._conns) < len(requests):
+                self._conns.append(self._connect())
+            conns = self._conns[: len(requests)]
+            for conn, request in zip(conns, requests):
+                conn.send(request)
+            deadline = time.monotonic() + self.timeout
+            answers = []
+            for conn in conns:
+                if not conn.poll(max(0.0, deadline - time.monotonic())):
+                    raise EmbeddingTimeout(f"the embedding service did not answer within {self.timeout:.0f} s")
+                answers.append(conn.recv())
         except EmbeddingError:
+            self.close()
             raise
         except Exception as exc:  # noqa: BLE001 - the service died or hung up mid-request
             self.close()
             raise EmbeddingUnavailable(f"the embedding service hung up ({type(exc).__name__})") from exc
-        if answer[0] == "ok":
-            return answer[1]
-        _, code, message = answer
+        failed = next((a for a in answers if a[0] != "ok"), None)
+        if failed is None:
+            return [a[1] for a in answers]
+        _, code, message = failed
         if code == "EMBEDDING_TIMEOUT":
             raise EmbeddingTimeout(message)
         raise EmbeddingUnavailable(f"{code}: {message}")
+
+
+def deal(texts: list[str], parts: int) -> list[list[str]]:
+    """``texts`` dealt round-robin into at most ``parts`` non-empty parts (one empty part for no texts).
+
+    Dealt, not cut into contiguous runs: checked_embed sends batches sorted longest first, so contiguous
+    parts would give one worker all the long texts. Measured on a 64-chunk batch of corpus chunks, a cut
+    balanced by characters took 1.9 s and 2.9 s on its two workers (chunks are bounded in tokens, not
+    characters); dealt parts have the same mix of lengths. ``undeal`` puts the answers back in order.
+    """
+    count = max(1, min(parts, len(texts)))
+    return [texts[i::count] for i in range(count)]
+
+
+def undeal(answers: list[np.ndarray], parts: list[list[str]]) -> np.ndarray:
+    """The vectors answered for ``deal``'s parts, back in the order of the texts; EmbeddingInvalidResponse
+    unless every part came back as one 2-D row per text, all of one dimension."""
+    shapes = [np.shape(a) for a in answers]
+    if any(len(s) != 2 or s[0] != len(p) for s, p in zip(shapes, parts)) or len({s[1:] for s in shapes}) != 1:
+        raise EmbeddingInvalidResponse(f"the embedding service answered shapes {shapes} for parts of "
+                                       f"{[len(p) for p in parts]} texts")
+    out = np.empty((sum(len(p) for p in parts), shapes[0][1]), dtype=np.float32)
+    for i, vectors in enumerate(answers):
+        out[i :: len(answers)] = vectors
+    return out
 
 
 class ServiceOrLocal:

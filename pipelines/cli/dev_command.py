@@ -101,7 +101,7 @@ def dev_command(
                        sample_tenant=SAMPLE_TENANT if sample else None)
     # SIGTERM (systemd, docker stop, kill) shuts down like Ctrl-C: Dagster and the service stop with us.
     signal.signal(signal.SIGTERM, _interrupt)
-    # The warm model for small runs; runs load their own until it answers (it never blocks start-up).
+    # The warm model every run embeds through; runs load their own until it answers (it never blocks start-up).
     service = start_service(settings.home, env, wait=False, log=logs / "embedder.log")
     env["KBINDEX_EMBED_SERVICE"] = str(settings.home)
     cmd = [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-h", host, "-p", str(port)]

@@ -449,9 +449,11 @@ def run(
     timeout: float = 1800.0,
     bare_parallel: bool = True,
     embed_service: bool = True,
+    peers: bool = False,
     out: Out = print,
 ) -> dict[str, Any]:
-    """Run every phase; returns the report (also printed by ``main``)."""
+    """Run every phase; returns the report (also printed by ``main``). ``peers``: then bench.peers on the
+    same documents (LlamaIndex beside kbindex)."""
     if corpus is not None:
         files = select_documents(corpus, docs)
         documents = [(p.name, p.read_bytes()) for p in files]
@@ -518,6 +520,18 @@ def run(
     report["ratio"] = round(e2e / bare, 3) if bare else None
     one = report["bare_one_process"]["chunks_per_second"]
     report["ratio_vs_one_process"] = round(e2e / one, 3) if one else None
+    if peers:
+        from bench.peers import PeersUnavailable
+        from bench.peers import run as run_peers
+
+        out(f"bench.peers: LlamaIndex IngestionPipeline on the same {len(documents)} documents…")
+        try:
+            report["peers"] = run_peers(documents, batch_size=embed_batch, bare_parallel=bare_parallel,
+                                        kbindex_model="fake-384" if fake_model else None, out=out)
+        except PeersUnavailable as exc:
+            report["peers"] = {"skipped": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - the pipeline's own figures are printed all the same
+            report["peers"] = {"skipped": f"bench.peers failed: {type(exc).__name__}: {exc}"}
     return report
 
 
@@ -563,6 +577,14 @@ def render(report: dict[str, Any]) -> str:
             f"latency runs         {lat['dagster']['runs']}  versions per run {lat['dagster']['versions_per_run']}",
             f"latency final states {lat['final_states']}",
         ]
+    peers = report.get("peers")
+    if peers:
+        from bench.peers import render as render_peers
+
+        lines += [f"bench.peers skipped  {peers['skipped']}"] if "skipped" in peers else [
+            "", render_peers(peers),
+            f"side by side         kbindex e2e/bare {report['ratio']}, LlamaIndex/bare {peers['ratio']} "
+            f"(each vs the faster bare setup on its own distinct texts)"]
     return "\n".join(lines)
 
 
@@ -582,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="no warm embedding service (kbindex dev starts one): every run loads its own model")
     parser.add_argument("--no-bare-parallel", dest="bare_parallel", action="store_false",
                         help="measure bare model.encode in one process only (not also one process per core)")
+    parser.add_argument("--peers", action="store_true",
+                        help="afterwards run bench.peers (LlamaIndex) on the same documents; needs .[peers]")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -597,7 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run(corpus=args.corpus, docs=args.docs, latency_samples=args.latency_samples,
                      fake_model=args.fake_model, warmup=args.warmup, timeout=args.timeout,
-                     bare_parallel=args.bare_parallel, embed_service=args.embed_service, out=out)
+                     bare_parallel=args.bare_parallel, embed_service=args.embed_service, peers=args.peers,
+                     out=out)
     except BenchSkipped as exc:
         out(f"bench.pipeline skipped: {exc}")
         return 0

@@ -1,2 +1,2 @@
-"""Enterprise-size benchmarks (issue #14): ``python -m bench.scale.search`` (filtered dense search at 1M
-chunks) and ``python -m bench.scale.runs`` (a claiming tick and its run as the partition key set grows)."""
+"""Enterprise-size benchmarks (issue #14): ``python -m bench.scale.search`` (filtered dense, hybrid and
+lexical search at 1M chunks) and ``python -m bench.scale.runs`` (a claiming tick and its run as the partition key set grows)."""

@@ -1,4 +1,5 @@
--- Statements used only by bench/scale/search.py (filtered dense search at 1M chunks), never by the product.
+-- Statements used only by bench/scale/search.py (filtered dense, hybrid and lexical search at 1M chunks),
+-- never by the product.
 
 -- name: bench_search_stage_create
 -- Benchmark only: an unlogged staging table the generator COPYs binary rows into (ints + vector).
@@ -84,24 +85,31 @@ SELECT set_config('maintenance_work_mem', %(maintenance_work_mem)s, false) AS ma
        set_config('max_parallel_maintenance_workers', %(workers)s::text, false) AS workers;
 
 -- name: bench_search_analyze
--- Benchmark only: fresh statistics after the bulk load.
-ANALYZE;
+-- Benchmark only: fresh statistics after the bulk load, and the visibility map autovacuum keeps in steady
+-- state (the lexical side reads the postings' covering index: index-only only on all-visible pages).
+VACUUM (ANALYZE);
 
 -- name: bench_search_sizes
--- Benchmark only: what was loaded and how big it is on disk.
+-- Benchmark only: what was loaded and how big it is on disk (the lexical tables are empty under --no-lexical).
 SELECT (SELECT count(*) FROM chunk) AS chunks,
        (SELECT count(*) FROM chunk c JOIN search_pointer p USING (tenant_id, document_id, profile, version_number))
            AS current_chunks,
        pg_total_relation_size('chunk') - pg_relation_size('chunk_embedding_hnsw_idx') AS table_bytes,
-       pg_relation_size('chunk_embedding_hnsw_idx') AS hnsw_bytes;
+       pg_relation_size('chunk_embedding_hnsw_idx') AS hnsw_bytes,
+       (SELECT count(*) FROM lexical_chunk) AS lexical_chunks,
+       (SELECT count(*) FROM lexical_posting) AS postings,
+       pg_total_relation_size('lexical_chunk') + pg_total_relation_size('lexical_posting')
+           + pg_total_relation_size('lexical_term_stats') + pg_total_relation_size('lexical_document') AS lexical_bytes;
 
 -- name: bench_search_tenant_queries
--- Benchmark only: random current chunks of the active profile in one tenant, to perturb into queries.
-SELECT c.embedding
+-- Benchmark only: random current chunks of the active profile in one tenant, to perturb into queries (their
+-- vectors, and their lexical terms to draw query terms from; NULL without lexical rows).
+SELECT c.embedding, l.terms
 FROM chunk c
 JOIN search_pointer p
   ON p.tenant_id = c.tenant_id AND p.document_id = c.document_id
  AND p.profile = c.profile AND p.version_number = c.version_number
+LEFT JOIN lexical_chunk l ON l.chunk_id = c.chunk_id
 WHERE c.tenant_id = %(tenant_id)s AND c.profile = %(profile)s
 ORDER BY md5(c.chunk_id || %(seed)s)
 LIMIT %(count)s;
@@ -114,3 +122,138 @@ JOIN search_pointer p
   ON p.tenant_id = c.tenant_id AND p.document_id = c.document_id
  AND p.profile = c.profile AND p.version_number = c.version_number
 WHERE c.tenant_id = %(tenant_id)s AND c.profile = %(profile)s;
+
+-- name: bench_search_lexical_stage_create
+-- Benchmark only: the synthetic postings (one row per distinct term of a staged chunk), COPYed binary beside
+-- bench_search_stage; the chunk is named by the same (tenant, doc, version, profile, ordinal).
+CREATE UNLOGGED TABLE IF NOT EXISTS bench_search_lexical_stage (
+    tenant  smallint NOT NULL,
+    doc     integer NOT NULL,
+    version smallint NOT NULL,
+    profile smallint NOT NULL,
+    ordinal smallint NOT NULL,
+    term    integer NOT NULL,
+    tf      smallint NOT NULL
+);
+
+-- name: bench_search_lexical_stage_copy
+-- Benchmark only: the generator streams preformatted binary COPY data (see bench/scale/search.py).
+COPY bench_search_lexical_stage (tenant, doc, version, profile, ordinal, term, tf) FROM STDIN (FORMAT BINARY);
+
+-- name: bench_search_fill_lexical_chunks
+-- Benchmark only: one lexical_chunk row per staged chunk, as lexical_chunk_upsert writes it: the chunk's id,
+-- version and content digest (same expressions as bench_search_fill_chunks), distinct terms sorted with
+-- their tfs, length = sum of the tfs.
+INSERT INTO lexical_chunk (chunk_id, tenant_id, document_id, profile, version_number, content_digest,
+                           terms, tfs, length)
+SELECT md5(tenant || '/' || doc || '/' || version || '/' || profile || '/' || ordinal),
+       (%(tenants)s::text[])[tenant + 1], 'doc-' || doc, (%(profiles)s::text[])[profile + 1], version,
+       md5(doc || '/' || ordinal), array_agg(term ORDER BY term), array_agg(tf::integer ORDER BY term), sum(tf)
+FROM bench_search_lexical_stage
+GROUP BY tenant, doc, version, profile, ordinal;
+
+-- name: bench_search_lexical_posting_drop_keys
+-- Benchmark only: bulk-load the postings (45M at 1M chunks) without their primary key, foreign key and
+-- term index; bench_search_lexical_posting_key etc. put back migration 0022's definitions (checked by
+-- tests/integration/test_bench_scale_small.py against a freshly migrated database).
+ALTER TABLE lexical_posting DROP CONSTRAINT lexical_posting_pkey, DROP CONSTRAINT lexical_posting_chunk_id_fkey;
+
+-- name: bench_search_lexical_posting_drop_term_index
+-- Benchmark only: see bench_search_lexical_posting_drop_keys.
+DROP INDEX lexical_posting_term_idx;
+
+-- name: bench_search_fill_lexical_postings
+-- Benchmark only: the postings from the lexical rows, the same SELECT as lexical_posting_write, for every row.
+INSERT INTO lexical_posting (chunk_id, term, tenant_id, profile, document_id, version_number, tf, length)
+SELECT l.chunk_id, t.term, l.tenant_id, l.profile, l.document_id, l.version_number, t.tf, l.length
+FROM lexical_chunk l, unnest(l.terms, l.tfs) AS t (term, tf);
+
+-- name: bench_search_lexical_posting_key
+-- Benchmark only: migration 0022's primary key of lexical_posting, built once after the load.
+ALTER TABLE lexical_posting ADD CONSTRAINT lexical_posting_pkey PRIMARY KEY (chunk_id, term);
+
+-- name: bench_search_lexical_posting_foreign_key
+-- Benchmark only: migration 0022's foreign key, validated by one set-based check after the load.
+ALTER TABLE lexical_posting ADD CONSTRAINT lexical_posting_chunk_id_fkey
+    FOREIGN KEY (chunk_id) REFERENCES lexical_chunk (chunk_id) ON DELETE CASCADE;
+
+-- name: bench_search_lexical_posting_term_index
+-- Benchmark only: migration 0022's covering term index, built once after the load.
+CREATE INDEX lexical_posting_term_idx ON lexical_posting (tenant_id, profile, term)
+    INCLUDE (chunk_id, tf, length, document_id, version_number);
+
+-- name: bench_search_fill_lexical_documents
+-- Benchmark only: the ledger lexical_stats_reconcile keeps, for every (tenant, document, profile) with a
+-- pointer: what its pointed version counts (df per term, -1 = chunks, -2 = total length), terms sorted.
+WITH pointed AS (
+    SELECT l.tenant_id, l.document_id, l.profile, l.version_number, l.terms, l.length
+    FROM lexical_chunk l
+    JOIN search_pointer p
+      ON p.tenant_id = l.tenant_id AND p.document_id = l.document_id
+     AND p.profile = l.profile AND p.version_number = l.version_number
+),
+counted AS (
+    SELECT tenant_id, document_id, profile, version_number, term, count(*)::bigint AS df
+    FROM pointed, unnest(pointed.terms) AS term
+    GROUP BY tenant_id, document_id, profile, version_number, term
+    UNION ALL
+    SELECT tenant_id, document_id, profile, version_number, -1, count(*)::bigint
+    FROM pointed GROUP BY tenant_id, document_id, profile, version_number
+    UNION ALL
+    SELECT tenant_id, document_id, profile, version_number, -2, sum(length)::bigint
+    FROM pointed GROUP BY tenant_id, document_id, profile, version_number
+)
+INSERT INTO lexical_document (tenant_id, document_id, profile, version_number, terms, dfs)
+SELECT tenant_id, document_id, profile, version_number, array_agg(term ORDER BY term), array_agg(df ORDER BY term)
+FROM counted
+GROUP BY tenant_id, document_id, profile, version_number;
+
+-- name: bench_search_fill_lexical_term_stats
+-- Benchmark only: the BM25 statistics per tenant and profile, the sum of the ledger (current versions only).
+INSERT INTO lexical_term_stats (tenant_id, profile, term, df)
+SELECT d.tenant_id, d.profile, t.term, sum(t.df)::bigint
+FROM lexical_document d, unnest(d.terms, d.dfs) AS t (term, df)
+GROUP BY d.tenant_id, d.profile, t.term;
+
+-- name: bench_search_lexical_stage_drop
+-- Benchmark only: the staged postings are no longer needed once the lexical rows are in.
+DROP TABLE IF EXISTS bench_search_lexical_stage;
+
+-- name: bench_search_custom_plan
+-- Benchmark only: plan each exact reference for its own parameters (psycopg prepares a statement after five
+-- runs, and a generic plan of bench_search_fused_exact can walk every posting of the tenant).
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode;
+
+-- name: bench_search_fused_exact
+-- Benchmark only: the exact hybrid answer (the fusion of pipelines/domain/lexical.py fuse) over EVERY current
+-- chunk of the tenant: exhaustive cosine (no index order), BM25 of the given terms from all their postings,
+-- normalised by the best BM25. lexical_weight 1 gives the exact BM25 ranking, 0 the exact dense one.
+WITH q AS (
+    SELECT * FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[]) AS q (term, idf)
+),
+lexical AS (
+    SELECT x.chunk_id,
+           sum(q.idf * x.tf * (%(k1)s::float8 + 1)
+               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8))) AS bm25
+    FROM q
+    JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
+    JOIN search_pointer p
+      ON p.tenant_id = x.tenant_id AND p.document_id = x.document_id
+     AND p.profile = x.profile AND p.version_number = x.version_number
+    GROUP BY x.chunk_id
+),
+top AS (
+    SELECT max(bm25) AS bm25 FROM lexical
+)
+SELECT c.chunk_id,
+       %(lexical_weight)s::float8 * coalesce(l.bm25 / nullif(top.bm25, 0), 0)
+       + (1 - %(lexical_weight)s::float8) * greatest(1 - (c.embedding <=> %(query)s::vector), 0) AS score
+FROM chunk c
+JOIN search_pointer p
+  ON p.tenant_id = c.tenant_id AND p.document_id = c.document_id
+ AND p.profile = c.profile AND p.version_number = c.version_number
+CROSS JOIN top
+LEFT JOIN lexical l ON l.chunk_id = c.chunk_id
+WHERE c.tenant_id = %(tenant_id)s AND c.profile = %(profile)s
+ORDER BY score DESC, c.chunk_id
+LIMIT %(k)s;

@@ -1,21 +1,77 @@
-"""CI-sized round of bench.scale.search: seed 20k synthetic chunks, build the graph, measure recall vs exact."""
+"""CI-sized round of bench.scale.search: seed 20k synthetic chunks with their lexical index, build the graph,
+measure dense, hybrid and lexical search against their exact answers."""
 
 import json
 
-from bench.scale.search import MEASURED_TENANTS, main
+import numpy as np
+import psycopg
+
+from bench.scale.search import MEASURED_TENANTS, PROFILES, TENANTS, main, seed
+from resources.database import Database
+
+POSTING_SCHEMA = """
+SELECT 'index', indexname, indexdef FROM pg_indexes WHERE tablename = 'lexical_posting'
+UNION ALL
+SELECT 'constraint', conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'lexical_posting'::regclass
+ORDER BY 1, 2
+"""
 
 
 def test_scale_search_bench_runs_small(tmp_path, capsys):
     report = tmp_path / "search.json"
     assert main(["--chunks", "20000", "--queries", "10", "--json", str(report)]) == 0
     out = capsys.readouterr().out
-    assert "HNSW build" in out and "product setting: worst p95" in out
+    assert "HNSW build" in out and "lexical rows from staging" in out and "VACUUM ANALYZE" in out
+    assert "product dense: worst p95" in out and "product hybrid: worst p95" in out and "product lexical" in out
     data = json.loads(report.read_text())
-    assert data["sizes"]["chunks"] >= 19_000 and data["seeding_s"]["total"] > 0
+    sizes = data["sizes"]
+    assert sizes["chunks"] >= 19_000 and data["seeding_s"]["total"] > 0
     # ~30% superseded plus a partial second profile: the filter keeps well under all rows.
-    assert data["sizes"]["current_chunks"] < 0.8 * data["sizes"]["chunks"]
-    product = {r["tenant"]: r for r in data["results"] if r["setting"] == "product"}
-    assert set(product) == set(MEASURED_TENANTS)
-    assert product["t-huge"]["plan"] == "hnsw", "the big tenant walks the graph"
-    for row in product.values():
+    assert sizes["current_chunks"] < 0.8 * sizes["chunks"]
+    # every chunk row has its lexical row, with ~45 distinct terms (30-60 on average by construction)
+    assert sizes["lexical_chunks"] == sizes["chunks"] and 30 <= sizes["postings"] / sizes["chunks"] <= 60
+    by_mode = {mode: {r["tenant"]: r for r in data["results"] if r["mode"] == mode and r["setting"] == "product"}
+               for mode in ("dense", "hybrid", "lexical")}
+    for mode, rows in by_mode.items():
+        assert set(rows) == set(MEASURED_TENANTS), mode
+    assert by_mode["dense"]["t-huge"]["plan"] == "hnsw", "the big tenant walks the graph"
+    for row in by_mode["dense"].values():
         assert row["recall_at_10"] >= 0.9, row  # latency is not asserted: CI machines are shared
+    for row in by_mode["hybrid"].values():
+        assert row["recall_at_10"] >= 0.9 and row["recall_all_terms"] is not None, row
+    for row in by_mode["lexical"].values():
+        # the postings are complete: with the same scoring terms lexical search is exact (ties aside)
+        assert row["recall_at_10"] >= 0.95, row
+
+
+def test_scale_search_bench_dense_only(tmp_path, capsys):
+    """--no-lexical: the dense-only corpus of before, no lexical rows, no hybrid or lexical rows measured."""
+    report = tmp_path / "search.json"
+    assert main(["--chunks", "3000", "--queries", "3", "--no-lexical", "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "lexical off" in out and "product hybrid" not in out
+    data = json.loads(report.read_text())
+    assert data["sizes"]["lexical_chunks"] == 0 and data["sizes"]["postings"] == 0
+    assert {r["mode"] for r in data["results"]} == {"dense"}
+
+
+def test_seeded_lexical_index_is_what_publish_leaves(db_url, template_url):
+    """The product's own checks hold on the seeded lexical index: rows and postings match the chunks, the
+    statistics recount, and reconciling a tenant's documents the way publish does changes nothing; the
+    posting keys and index the seeding drops and rebuilds are migration 0022's."""
+    seed(db_url, 3000, 16, 40, 0, lambda line: None, np.random.default_rng(5))
+    with psycopg.connect(db_url) as seeded, psycopg.connect(template_url) as migrated:
+        assert seeded.execute(POSTING_SCHEMA).fetchall() == migrated.execute(POSTING_SCHEMA).fetchall()
+    with Database(db_url, max_size=1) as db:
+        assert db.fetch_all("verify_lexical_index_mismatch", {"limit": 5}) == []
+        assert db.fetch_all("verify_lexical_stats_mismatch", {"limit": 5}) == []
+        with psycopg.connect(db_url) as conn:
+            docs = {(t, p): [d for (d,) in conn.execute(
+                "SELECT document_id FROM search_pointer WHERE tenant_id = %s AND profile = %s ORDER BY 1",
+                (t, p)).fetchall()] for t in TENANTS for p in PROFILES}
+        for (tenant, profile), names in docs.items():
+            if names:
+                with db.transaction() as tx:
+                    row = tx.fetch_one("lexical_stats_reconcile",
+                                       {"tenant_id": tenant, "profile": profile, "document_ids": names})
+                assert row["terms_changed"] == 0 and row["ledgers"] == len(names), (tenant, profile, row)

@@ -52,3 +52,13 @@ def test_every_statement_is_used_somewhere():
 def test_statements_take_parameters_not_formatting():
     for name, body in queries.items():
         assert "{" not in body.replace("'{}'", "").replace("{}", ""), f"{name} looks like a format string"
+
+
+def test_no_statement_has_a_stray_percent_sign():
+    """psycopg reads every % of a statement, comments too: anything but %(name)s, %(name)b or %% breaks it
+    at run time ("incomplete placeholder"), and only for the code path that runs that statement."""
+    import re
+
+    stray = {name: text for name, text in queries.items()
+             if "%" in re.sub(r"%%|%\(\w+\)[sbt]", "", str(text))}
+    assert not stray, f"escape it as %% or reword: {sorted(stray)}"

@@ -134,6 +134,13 @@ class TaskQueue:
             **data,
         )
 
+    def _lost(self, session: Session, lease: Lease, verb: str) -> FenceRejected:
+        """``_refused`` for a lease among many: a task row that is gone takes its lease with it."""
+        refusal = self._refused(session, lease, verb)
+        if isinstance(refusal, FenceRejected):
+            return refusal
+        return LeaseLost(refusal.message, reason="not found", task_id=lease.task_id)
+
     # -- claiming ----------------------------------------------------------------------------
 
     def claim(
@@ -262,10 +269,7 @@ class TaskQueue:
                 elif r["outcome"] == "busy":
                     result.busy.append(lease)
                 else:  # rare: one read per lost lease explains why
-                    refusal = self._refused(s, lease, "heartbeat")
-                    if not isinstance(refusal, FenceRejected):  # the task row is gone: so is the lease
-                        refusal = LeaseLost(refusal.message, reason="not found", task_id=lease.task_id)
-                    result.lost.append((lease, refusal))
+                    result.lost.append((lease, self._lost(s, lease, "heartbeat")))
         return result
 
     def progress(
@@ -273,11 +277,7 @@ class TaskQueue:
     ) -> None:
         """Record where the run is (fenced). Never moves backwards within an attempt; an advance logs an event."""
         with self._session(session) as s:
-            row = s.fetch_one(
-                "task_progress",
-                {**self._fence(lease), "stage": Stage(stage).value, "completed": completed, "total": total},
-            )
-            if row is None:
+            if self._progress(s, [lease], stage, [completed], [total]):
                 raise self._refused(s, lease, "progress")
 
     def progress_many(
@@ -293,27 +293,26 @@ class TaskQueue:
         if len({lease.owner for lease in leases}) != 1:
             raise ValueError("progress_many takes the leases of one owner")
         with self.db.session() as s:
-            rows = s.fetch_all(
-                "task_progress_many",
-                {
-                    "owner": leases[0].owner,
-                    "task_ids": [lease.task_id for lease in leases],
-                    "attempts": [lease.attempt for lease in leases],
-                    "completeds": list(completed),
-                    "totals": list(total),
-                    "stage": Stage(stage).value,
-                    "now": self.clock(),
-                },
-            )
-            moved = {(r["task_id"], r["attempts"]) for r in rows}
-            lost: list[tuple[Lease, FenceRejected]] = []
-            for lease in leases:
-                if (lease.task_id, lease.attempt) not in moved:  # rare: one read per refused lease explains why
-                    refusal = self._refused(s, lease, "progress")
-                    if not isinstance(refusal, FenceRejected):
-                        refusal = LeaseLost(refusal.message, reason="not found", task_id=lease.task_id)
-                    lost.append((lease, refusal))
-        return lost
+            return [(lease, self._lost(s, lease, "progress"))
+                    for lease in self._progress(s, leases, stage, completed, total)]
+
+    def _progress(self, s: Session, leases: Sequence[Lease], stage: Stage, completed: Sequence[int],
+                  total: Sequence[int]) -> list[Lease]:
+        """One fenced ``task_progress_many`` for ``leases`` (one owner); returns the leases it refused."""
+        rows = s.fetch_all(
+            "task_progress_many",
+            {
+                "owner": leases[0].owner,
+                "task_ids": [lease.task_id for lease in leases],
+                "attempts": [lease.attempt for lease in leases],
+                "completeds": list(completed),
+                "totals": list(total),
+                "stage": Stage(stage).value,
+                "now": self.clock(),
+            },
+        )
+        moved = {(r["task_id"], r["attempts"]) for r in rows}
+        return [lease for lease in leases if (lease.task_id, lease.attempt) not in moved]
 
     def complete(self, lease: Lease, *, chunk_count: int | None = None, session: Session | None = None) -> None:
         """RUNNING -> SUCCEEDED (fenced). Pass the publish transaction's ``session`` to commit with it."""
@@ -423,13 +422,8 @@ class TaskQueue:
         )
         locked = {r["task_id"]: r for r in rows}
         held = {(r["task_id"], r["attempts"]) for r in rows}
-        refused: list[tuple[Lease, FenceRejected]] = []
-        for lease in leases:
-            if (lease.task_id, lease.attempt) not in held:
-                refusal = self._refused(session, lease, "publish")
-                if not isinstance(refusal, FenceRejected):
-                    refusal = LeaseLost(refusal.message, reason="not found", task_id=lease.task_id)
-                refused.append((lease, refusal))
+        refused = [(lease, self._lost(session, lease, "publish")) for lease in leases
+                   if (lease.task_id, lease.attempt) not in held]
         return locked, refused
 
     def complete_published(self, session: Session, leases: Sequence[Lease], chunk_counts: Sequence[int]) -> None:

@@ -200,54 +200,11 @@ LEFT JOIN index_task f
  AND f.attempts = l.attempt
  AND f.lease_until > (SELECT now FROM clock);
 
--- name: task_progress
--- Fenced: move stage/completed forward only (stage order, then completed) and log a progress event.
-WITH
-clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
-),
--- Lock the caller's row only if the fence holds; the old stage decides whether this is progress.
-cur AS (
-    SELECT t.task_id, t.stage, t.completed, t.total,
-           coalesce(array_position(ARRAY['parse', 'chunk', 'embed', 'publish'], t.stage), 0) AS old_rank,
-           array_position(ARRAY['parse', 'chunk', 'embed', 'publish'], %(stage)s::text) AS new_rank
-    FROM index_task t
-    WHERE t.task_id = %(task_id)s
-      AND t.status = 'RUNNING'
-      AND t.lease_owner = %(owner)s
-      AND t.attempts = %(attempt)s
-      AND t.lease_until > (SELECT now FROM clock)
-    FOR UPDATE
-),
--- Never backwards within an attempt: a later stage replaces, the same stage keeps the larger count.
-moved AS (
-    UPDATE index_task t
-    SET stage      = CASE WHEN c.new_rank >= c.old_rank THEN %(stage)s::text ELSE c.stage END,
-        completed  = CASE WHEN c.new_rank > c.old_rank THEN %(completed)s
-                          WHEN c.new_rank = c.old_rank THEN greatest(c.completed, %(completed)s)
-                          ELSE c.completed END,
-        total      = CASE WHEN c.new_rank >= c.old_rank THEN %(total)s ELSE c.total END,
-        updated_at = (SELECT now FROM clock)
-    FROM cur c
-    WHERE t.task_id = c.task_id
-    RETURNING t.task_id, t.attempts, t.stage, t.completed, t.total, t.lease_owner,
-              (c.new_rank > c.old_rank OR (c.new_rank = c.old_rank AND %(completed)s > c.completed)
-               OR (c.new_rank = c.old_rank AND %(completed)s = c.completed AND %(total)s <> c.total)) AS advanced
-),
-logged AS (
-    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, stage, completed, total,
-                            lease_owner, created_at)
-    SELECT m.task_id, 'progress', m.attempts, 'RUNNING', 'RUNNING', m.stage, m.completed, m.total,
-           m.lease_owner, (SELECT now FROM clock)
-    FROM moved m
-    WHERE m.advanced
-)
-SELECT m.task_id, m.advanced FROM moved m;
-
 -- name: task_progress_many
--- task_progress for many leases of one owner at one stage, in one statement (a run's step announces all
--- its tasks at once): rows are locked in task-id order; a lease whose fence fails is missing from the
--- rows returned (the caller lost it).
+-- Fenced progress of one or many leases of one owner at one stage, in one statement (a run's step
+-- announces all its tasks at once): moves stage/completed forward only (stage order, then completed) and
+-- logs a progress event per advance. Rows are locked in task-id order; a lease whose fence fails is
+-- missing from the rows returned (the caller lost it).
 WITH
 clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now

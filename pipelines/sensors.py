@@ -39,10 +39,12 @@ from pipelines.domain.errors import KbindexError
 from resources.partition_keys import record_added
 from resources.task_queue import ClaimedTask, Lease, TaskQueue
 
-BATCH_MAX = int(os.environ.get("KBINDEX_RUN_BATCH", "1000"))  # versions per run, at most
+BATCH_MAX = int(os.environ.get("KBINDEX_RUN_BATCH", "320"))  # versions per run, at most (see RUN_BYTES)
 # A run is sized by its documents' bytes, not their number: a run pays a fixed cost (process start,
 # imports, Dagster's step events: seconds), which 160 long documents spread thin and 160 abstracts do
 # not (issue #14: small documents ran at ~0.3 of bare encode). ~160 documents of the shared corpus.
+# Versions per run stay capped (KBINDEX_RUN_BATCH, 320): Dagster writes events per partition and step, and a
+# 1,000-version run of abstracts took ~3 minutes where ~300-version runs took ~20 s (bench.scale.small_docs).
 RUN_BYTES = int(os.environ.get("KBINDEX_RUN_BYTES", str(5 * 1024 * 1024)))
 # Versions per run of lease takeovers, whose sizes are unknown before the claim.
 BATCH_UNSIZED = int(os.environ.get("KBINDEX_RUN_BATCH_UNSIZED", "160"))

@@ -10,16 +10,22 @@ needs ``pip install -e '.[peers]'``.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
-from llama_index.core import Document
-from llama_index.core.bridge.pydantic import PrivateAttr
-from llama_index.core.ingestion import DocstoreStrategy, IngestionPipeline
-from llama_index.core.node_parser import SentenceSplitter
-from llama_index.core.storage.docstore import SimpleDocumentStore
-from llama_index.core.vector_stores import SimpleVectorStore
-from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+# Nothing may be fetched here, whoever calls this module (bench.peers, bench.pipeline --peers, tests): set
+# before LlamaIndex and transformers are imported; the model is also loaded with local_files_only.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from llama_index.core import Document  # noqa: E402
+from llama_index.core.bridge.pydantic import PrivateAttr  # noqa: E402
+from llama_index.core.ingestion import DocstoreStrategy, IngestionPipeline  # noqa: E402
+from llama_index.core.node_parser import SentenceSplitter  # noqa: E402
+from llama_index.core.storage.docstore import SimpleDocumentStore  # noqa: E402
+from llama_index.core.vector_stores import SimpleVectorStore  # noqa: E402
+from llama_index.embeddings.huggingface import HuggingFaceEmbedding  # noqa: E402
 
 
 class CountingEmbedding(HuggingFaceEmbedding):

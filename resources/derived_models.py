@@ -105,7 +105,10 @@ builds_in_this_process = 0
 
 
 def models_dir(home: str | os.PathLike[str]) -> Path:
-    return Path(home) / "models"
+    """Where built models live: KBINDEX_MODELS_DIR if set (an image or a test session builds them once
+    for every home), else ``home/models``."""
+    shared = os.environ.get("KBINDEX_MODELS_DIR")
+    return Path(shared).expanduser() if shared else Path(home) / "models"
 
 
 def ensure_built(name: str, home: str | os.PathLike[str]) -> Path:

@@ -280,14 +280,14 @@ def serve(home: str | Path, *, preload: list[str] | None = None, workers: int | 
           ready: threading.Event | None = None, stop: threading.Event | None = None) -> None:
     """Answer embedding requests on ``home/embedder.sock`` until ``stop`` is set (or forever), with
     ``workers`` processes (default ``default_workers()``), each holding the ``preload`` models."""
-    from resources.embedder import PACKAGED_MODEL_NAME
+    from resources.embedder import DEFAULT_MODEL_NAME
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     home = make_private_dirs(Path(home))
     key = _key(home, create=True)
     if preload is None:  # KBINDEX_EMBED_SERVICE_PRELOAD: comma-separated models to load at start
-        preload = [m for m in os.environ.get("KBINDEX_EMBED_SERVICE_PRELOAD", PACKAGED_MODEL_NAME).split(",") if m]
+        preload = [m for m in os.environ.get("KBINDEX_EMBED_SERVICE_PRELOAD", DEFAULT_MODEL_NAME).split(",") if m]
     service = _Service(preload, workers or default_workers())
     try:
         _listen(home, service, key, ready, stop)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,9 @@ from resources.local_postgres import with_database as _with_database
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The default profile's model is built from the packaged one on first use (resources/derived_models.py):
+# once per test session for every test's KBINDEX_HOME and the processes they start, not once per home.
+os.environ.setdefault("KBINDEX_MODELS_DIR", tempfile.mkdtemp(prefix="kbindex-test-models-"))
 
 TEMPLATE = "kbindex_template"
 _counter = itertools.count()

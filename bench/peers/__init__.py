@@ -214,7 +214,7 @@ def render(report: dict[str, Any]) -> str:
         f"({first['distinct_embedded']} distinct) in {first['seconds']:.1f} s: "
         f"{first['chunks_per_second']:.1f} chunks/s, {first['texts_per_second']:.1f} distinct texts/s",
         *(f"bare model.encode    {b['chunks_per_second']:.1f} chunks/s ({b['chunks']} distinct texts in "
-          f"{b['seconds']:.1f} s, {b.get('processes', 1)} process(es) x {b['torch_threads']} torch thread(s))"
+          f"{b['seconds']:.1f} s, {b.get('processes', 1)} process(es) x {b['threads']} thread(s))"
           for b in (one, report.get("bare_processes")) if b),
         f"ratio LlamaIndex/bare {report['ratio']}  (distinct texts/s vs the faster bare setup; "
         f"vs one process: {report['ratio_vs_one_process']}; counting all {first['embedded']} texts it embedded, "

@@ -22,9 +22,10 @@ one warm-up document so that the clock never includes Dagster's own start-up. Th
 3. **Bare model.** Dagster is stopped; the distinct chunk texts of the SUCCEEDED versions (their
    ``document_chunks`` artifacts, so exactly the same ``embed_text`` strings, each once: the pipeline
    embeds an identical text once and reuses stored vectors, e.g. the PEPs' shared copyright sections)
-   are encoded with ``model.encode`` in this process (model loaded and warmed first, not timed), same
-   batch size, and again split over one process per core with one torch thread each (on 2 cores that
-   is the faster way to run the model alone). The ratio e2e/bare compares distinct texts/s on both
+   are encoded by the profile's own model and backend (the default int8 on onnxruntime, or torch, ...:
+   bench/embed/workers.py) in this process (loaded and warmed first, not timed), same batch size, and
+   again split over one process per core with one thread each (on 2 cores that is the faster way to
+   run the model alone). The ratio e2e/bare compares distinct texts/s on both
    sides (the same work), against the faster of the two: the share of the model's speed the whole
    system delivers. The report also gives the share of chunks served by reuse (1 - distinct/chunks)
    and the pipeline's own embedded/reused/shared counts (its ``chunk_embeddings`` metadata, summed).

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 
-from bench import server_url
+from bench import server_url, share_built_models
 from bench.dagster_dev import DagsterDev
 from bench.pipeline.bare import bare_encode, bare_encode_parallel
 from resources.local_postgres import with_database
@@ -460,6 +460,7 @@ def run(
     else:
         documents = generated_documents(docs)
     pages = one_page_documents(latency_samples, corpus)
+    share_built_models()
     embed_batch = int(os.environ.get("KBINDEX_EMBED_BATCH", "64"))
     report: dict[str, Any] = {
         "settings": {k: os.environ[k] for k in SETTINGS if k in os.environ},
@@ -509,7 +510,7 @@ def run(
     out(f"dagster stopped; bare model.encode on the {len(unique)} distinct texts of the {len(texts)} chunks…")
     report["bare_one_process"] = bare_encode(unique, report["model"], embed_batch)
     if bare_parallel:
-        out(f"bare model.encode in {os.cpu_count()} processes with one torch thread each…")
+        out(f"bare model.encode in {os.cpu_count()} processes with one thread each…")
         report["bare_processes"] = bare_encode_parallel(unique, report["model"], embed_batch, os.cpu_count() or 1)
     candidates = [b for b in (report["bare_one_process"], report.get("bare_processes")) if b]
     report["bare"] = max(candidates, key=lambda b: b["chunks_per_second"])
@@ -559,7 +560,7 @@ def render(report: dict[str, Any]) -> str:
         f"{100 * r['reuse_share']:.1f}% of chunks served by reuse"
         + (f"; the pipeline's counts: {r['pipeline_counts']}" if r.get("pipeline_counts") else ""),
         *(f"bare model.encode    {x['chunks_per_second']:.1f} chunks/s  ({x['chunks']} chunks in {x['seconds']:.1f} s, "
-          f"{x.get('processes', 1)} process(es) x {x['torch_threads']} torch thread(s))"
+          f"{x.get('processes', 1)} process(es) x {x['threads']} thread(s))"
           for x in (report["bare_one_process"], report.get("bare_processes")) if x),
         f"ratio e2e/bare       {report['ratio']}  (distinct texts/s, same texts both sides; target >= 0.95; "
         f"bare = the faster of the above at "

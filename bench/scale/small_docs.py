@@ -55,11 +55,12 @@ def per_version_seconds(runs: dict[str, Any], versions: int) -> dict[str, float]
 
 def run(corpus: Path, docs: int, *, fake_model: bool = False, embed_service: bool = True,
         timeout: float = 3600.0, out: Any = print) -> dict[str, Any]:
-    from bench import server_url
+    from bench import server_url, share_built_models
     from bench.pipeline.__main__ import Bench, dagster_dev, scratch_databases
     from pipelines import event_batching
     from bench.pipeline.bare import bare_encode, bare_encode_parallel
 
+    share_built_models()
     documents = paragraph_documents(corpus, docs)
     embed_batch = int(os.environ.get("KBINDEX_EMBED_BATCH", "64"))
     report: dict[str, Any] = {"cpus": os.cpu_count(), "docs": len(documents)}

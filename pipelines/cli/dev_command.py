@@ -95,6 +95,10 @@ def dev_command(
                 for path in files:
                     publisher.publish(SAMPLE_TENANT, path.name, path.read_bytes(), path.name)
             console.print(f"published {len(files)} sample documents to tenant '{SAMPLE_TENANT}'")
+        with Database(local.kbindex_url, max_size=1) as db:  # the service warms the model runs will ask for
+            active = db.fetch_one("index_profile_active")
+        if active and not str(active["model"]).startswith("http:"):
+            env.setdefault("KBINDEX_EMBED_SERVICE_PRELOAD", str(active["model"]))
     logs = settings.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     status = DevStatus(ui_url=f"http://{host}:{port}", log_path=logs / "dagster.log",

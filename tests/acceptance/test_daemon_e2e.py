@@ -149,12 +149,12 @@ def test_publish_is_indexed_by_the_daemon_with_the_real_model_and_found(e2e):
     task = e2e.wait_terminal(r.task_id)
     assert task["status"] == "SUCCEEDED", task
     e2e.assert_searchable_once(r.task_id)
-    from resources.embedder import SentenceTransformerEmbedder
+    from resources.embedder import DEFAULT_MODEL_NAME, embedder_for_model
     from resources.search import search
 
-    hits = search(e2e.db, SentenceTransformerEmbedder(), "how much can I spend on a hotel", tenant_id="acme", k=3)
+    hits = search(e2e.db, embedder_for_model(DEFAULT_MODEL_NAME), "how much can I spend on a hotel", tenant_id="acme", k=3)
     assert hits and hits[0].document_id == "travel-policy.md"
-    assert search(e2e.db, SentenceTransformerEmbedder(), "hotel", tenant_id="globex", k=3) == []
+    assert search(e2e.db, embedder_for_model(DEFAULT_MODEL_NAME), "hotel", tenant_id="globex", k=3) == []
 
 
 def _long_document(n: int) -> bytes:

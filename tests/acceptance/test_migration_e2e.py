@@ -24,7 +24,7 @@ from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from resources.blob_store import BlobStore
 from resources.dagster_resources import PROFILE_TAG, default_resources
 from resources.database import Database
-from resources.embedder import SentenceTransformerEmbedder
+from resources.embedder import DEFAULT_MODEL_NAME, PACKAGED_MODEL_NAME, embedder_for_model
 from resources.publisher import Publisher
 from resources.search import search
 
@@ -73,7 +73,7 @@ def test_migrate_to_a_new_chunking_gate_activate_and_roll_back(db_url, kb_env, m
     cli = CliRunner()
     db = Database(db_url)
     publisher = Publisher(db, BlobStore(kb_env["KBINDEX_BLOB_URL"]))
-    embedder = SentenceTransformerEmbedder()
+    embedder = embedder_for_model(DEFAULT_MODEL_NAME)  # the active minilm-v1's model
     instance = dg.DagsterInstance.ephemeral()
 
     def publish(document_id: str, data: bytes, filename: str) -> str:
@@ -100,7 +100,7 @@ def test_migrate_to_a_new_chunking_gate_activate_and_roll_back(db_url, kb_env, m
         assert seen == {"minilm-v1"} and hits[0].document_id == "refund-policy.md" and hits[0].version_number == 2
 
         created = cli.invoke(
-            app, ["profile", "create", "minilm-c128", "--model", "all-MiniLM-L6-v2", "--chunk-tokens", "128", "--overlap", "16", "--json"]
+            app, ["profile", "create", "minilm-c128", "--model", DEFAULT_MODEL_NAME, "--chunk-tokens", "128", "--overlap", "16", "--json"]
         )
         assert created.exit_code == 0, created.output
         assert json.loads(created.output)["reindex_tasks"] == 3  # current versions only (not refund v1)
@@ -177,9 +177,10 @@ def _sensor_round(instance: dg.DagsterInstance, db_url: str) -> int:
 
 
 @pytest.mark.slow
-def test_migrate_to_the_int8_model_through_the_backfill_job_gate_activate_search_and_roll_back(db_url, kb_env):
-    """Issue #12: a migration that changes the model (all-MiniLM-L6-v2-int8, built offline on first use):
-    backfill_profile job, the claiming sensor builds it, gate, activate, CLI and API search, rollback."""
+def test_migrate_to_another_model_through_the_backfill_job_gate_activate_search_and_roll_back(db_url, kb_env):
+    """Issue #12: a migration that changes the model (from the default int8 to the torch original, each
+    with vectors of its own): backfill_profile job, the claiming sensor builds it, gate, activate, CLI and
+    API search, rollback."""
     from fastapi.testclient import TestClient
 
     from pipelines.api import create_app
@@ -195,35 +196,35 @@ def test_migrate_to_the_int8_model_through_the_backfill_job_gate_activate_search
             publisher.publish(TENANT, name, (SAMPLES / name).read_bytes(), name)
         while _sensor_round(instance, db_url):
             pass
-        created = cli.invoke(app, ["profile", "create", "int8", "--model", "all-MiniLM-L6-v2-int8",
+        created = cli.invoke(app, ["profile", "create", "torch", "--model", PACKAGED_MODEL_NAME,
                                    "--chunk-tokens", "200", "--overlap", "32", "--json"])
         assert created.exit_code == 0, created.output
         assert _sensor_round(instance, db_url) == 0  # nobody asked for the backfill yet
         launched = backfill_profile_job.execute_in_process(
-            run_config={"ops": {"request_profile_backfill": {"config": {"profile": "int8"}}}},
+            run_config={"ops": {"request_profile_backfill": {"config": {"profile": "torch"}}}},
             resources={"database": DatabaseResource(url=db_url)}, instance=instance)
         assert launched.success
         while _sensor_round(instance, db_url):
             pass
-        assert [row[3] for row in _current_versions(db_url, "int8")] == ["SUCCEEDED"] * 3
+        assert [row[3] for row in _current_versions(db_url, "torch")] == ["SUCCEEDED"] * 3
 
-        gate = cli.invoke(app, ["profile", "gate", "int8", "--eval", str(EVAL_DIR), "--json"])
+        gate = cli.invoke(app, ["profile", "gate", "torch", "--eval", str(EVAL_DIR), "--json"])
         assert gate.exit_code == 0, gate.output
         verdict = json.loads(gate.output)
-        print(f"\ngate small-en: int8 nDCG@10 {verdict['shadow_ndcg']:.4f} recall@10 {verdict['shadow_recall']:.4f}; "
+        print(f"\ngate small-en: torch nDCG@10 {verdict['shadow_ndcg']:.4f} recall@10 {verdict['shadow_recall']:.4f}; "
               f"minilm-v1 nDCG@10 {verdict['active_ndcg']:.4f} recall@10 {verdict['active_recall']:.4f}")
         assert verdict["passed"]
-        assert cli.invoke(app, ["profile", "activate", "int8"]).exit_code == 0
+        assert cli.invoke(app, ["profile", "activate", "torch"]).exit_code == 0
 
         api = TestClient(create_app(db_url, tokens={"tok": TENANT}, tokens_file=""), raise_server_exceptions=False)
-        for expected in ("int8", "minilm-v1"):
+        for expected in ("torch", "minilm-v1"):
             found = json.loads(cli.invoke(app, ["search", QUERY, "--tenant", TENANT, "--json"]).output)
             assert found[0]["document_id"] == "refund-policy.md"
             assert _hit_profiles(db_url, [h["chunk_id"] for h in found]) == {expected}
             answer = api.get("/search", params={"q": QUERY}, headers={"Authorization": "Bearer tok"})
             assert answer.status_code == 200, answer.text  # the same API process follows the switch
             assert answer.json()["hits"][0]["document_id"] == "refund-policy.md"
-            if expected == "int8":
+            if expected == "torch":
                 assert cli.invoke(app, ["profile", "rollback"]).exit_code == 0
         assert cli.invoke(app, ["verify"]).exit_code == 0
     finally:

@@ -19,12 +19,13 @@ from fastapi import FastAPI
 from starlette.testclient import TestClient
 
 from pipelines.domain.chunking import Chunk, VersionIdentity, chunk_id, content_digest
+from resources.embedder import DEFAULT_MODEL_NAME
 
 TOKENS = {"tok-acme": "acme", "tok-globex": "globex"}
 ACME = {"Authorization": "Bearer tok-acme"}
 GLOBEX = {"Authorization": "Bearer tok-globex"}
 MAX_UPLOAD = 64 * 1024
-MODEL = "all-MiniLM-L6-v2"  # the active profile's model: the fake embedder stands in for it
+MODEL = DEFAULT_MODEL_NAME  # the active profile's model: the fake embedder stands in for it
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from bench.embed.__main__ import main, recommend
+from resources.derived_models import models_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -28,7 +29,7 @@ def test_the_bench_runs_every_backend_and_layout_on_the_fixtures(tmp_path: Path)
     torch, onnx = report["backends"]["all-MiniLM-L6-v2"], report["backends"]["all-MiniLM-L6-v2-onnx"]
     assert abs(torch["ndcg"]["ndcg"] - onnx["ndcg"]["ndcg"]) <= 0.005  # the same network, fp32
     assert report["recommended"]["backend"] in report["backends"]
-    assert (tmp_path / "home" / "models" / "all-MiniLM-L6-v2-onnx" / "model.onnx").is_file()
+    assert (models_dir(tmp_path / "home") / "all-MiniLM-L6-v2-onnx" / "model.onnx").is_file()  # built there
 
 
 def test_without_the_corpus_the_bench_skips_cleanly(tmp_path: Path, capsys) -> None:

@@ -50,6 +50,12 @@ def _refuse_network(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(socket.socket, "connect", connect)
 
 
+@pytest.fixture(autouse=True)
+def _models_under_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the KBINDEX_HOME layout: no session-wide models folder (tests/conftest.py)."""
+    monkeypatch.delenv("KBINDEX_MODELS_DIR", raising=False)
+
+
 @dataclass(frozen=True)
 class Built:
     home: Path
@@ -63,6 +69,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     """One real build, offline, shared by this module's tests."""
     home = tmp_path_factory.mktemp("kbindex-home")
     with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("KBINDEX_MODELS_DIR", raising=False)
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("TRANSFORMERS_OFFLINE", "1")
         _refuse_network(mp)

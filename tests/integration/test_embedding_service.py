@@ -18,7 +18,7 @@ import pytest
 
 from pipelines.domain.errors import EmbeddingInvalidResponse, EmbeddingTimeout, EmbeddingUnavailable
 from resources.dagster_resources import EmbedderResource
-from resources.embedder import FakeEmbedder, checked_embed
+from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder, checked_embed, embedder_for_model
 from resources.embedding_service import (
     ServiceEmbedder,
     ServiceOrLocal,
@@ -176,7 +176,6 @@ def test_a_small_run_embeds_through_the_service_and_publishes_the_models_vectors
     from resources.blob_store import BlobStore
     from resources.dagster_resources import LEASES_TAG, OWNER_TAG, default_resources, encode_leases
     from resources.database import Database
-    from resources.embedder import SentenceTransformerEmbedder
     from resources.publisher import Publisher
     from resources.search import search
     from resources.task_queue import TaskQueue
@@ -187,7 +186,7 @@ def test_a_small_run_embeds_through_the_service_and_publishes_the_models_vectors
         monkeypatch.setenv(name, value)
     ready, stop = threading.Event(), threading.Event()
     thread = threading.Thread(target=serve, args=(home,), kwargs={"ready": ready, "stop": stop}, daemon=True)
-    thread.start()  # preloads the packaged model, as `kbindex embed-service` does
+    thread.start()  # preloads the default model, as `kbindex embed-service` does
     assert ready.wait(120)
     db = Database(db_url)
     try:
@@ -204,7 +203,7 @@ def test_a_small_run_embeds_through_the_service_and_publishes_the_models_vectors
         assert result.success
         assert ServiceEmbedder("", home).ping()["requests"] > before  # the run's batches went to the service
         assert TaskQueue(db).get(published.task_id)["status"] == "SUCCEEDED"
-        (hit, *_) = search(db, SentenceTransformerEmbedder(), "how long do I have to ask for a refund", tenant_id="acme", k=1)
+        (hit, *_) = search(db, embedder_for_model(DEFAULT_MODEL_NAME), "how long do I have to ask for a refund", tenant_id="acme", k=1)
         assert hit.document_id == "refunds.md" and hit.score > 0.5
     finally:
         db.close()
@@ -344,13 +343,13 @@ def test_a_service_whose_workers_cannot_load_the_model_does_not_start(home):
 
 @pytest.fixture(scope="module")
 def real_service():
-    """Two workers with the real packaged model (as `kbindex embed-service` runs it)."""
+    """Two workers with the real packaged torch model loaded at start (as `kbindex embed-service` runs)."""
     import shutil
     import tempfile
 
     folder = Path(tempfile.mkdtemp(prefix="kbes-"))
     try:
-        with _serving(folder, workers=2):  # preloads the packaged model in each worker
+        with _serving(folder, preload=["all-MiniLM-L6-v2"], workers=2):
             yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)

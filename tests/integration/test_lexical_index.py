@@ -15,7 +15,7 @@ import pytest
 
 from pipelines.domain.chunking import Chunk, VersionIdentity, chunk_id, content_digest
 from pipelines.domain.lexical import MODES
-from resources.embedder import FakeEmbedder, checked_embed
+from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder, checked_embed
 from resources.index_sink import IndexSink
 from resources.lexical import backfill_lexical_index
 from resources.migrations import LEXICAL_BACKFILL, migrate, pending
@@ -24,7 +24,7 @@ from resources.task_queue import TaskQueue
 from resources.verifier import verify
 
 PROFILE = "minilm-v1"
-MODEL = "all-MiniLM-L6-v2"
+MODEL = DEFAULT_MODEL_NAME  # the default profile's model: the fake embedder stands in for it
 
 
 def pieces(tenant: str, document: str, version: int, texts: list[str], profile: str = PROFILE) -> list[Chunk]:

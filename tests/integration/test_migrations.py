@@ -7,8 +7,11 @@ import multiprocessing
 import psycopg
 from psycopg import sql as pgsql
 
+from resources.embedder import DEFAULT_MODEL_NAME, PACKAGED_MODEL_NAME
 from resources.migrations import LEXICAL_BACKFILL, LEXICAL_MIGRATION, migrate, pending
 from sql import migration_files, queries
+
+DEFAULT_BACKEND_MIGRATION = "0024_default_backend"
 
 
 def _fresh(pg_server_url: str, name: str) -> str:
@@ -84,3 +87,32 @@ def test_fresh_database_has_no_lexical_backfill_to_do(pg_server_url):
     messages: list[str] = []
     migrate(url, on_apply=messages.append)
     assert not any(LEXICAL_BACKFILL in m for m in messages)
+
+
+def _profile_model(url: str) -> str:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT model FROM index_profile WHERE name = 'minilm-v1'").fetchone()[0]
+
+
+def test_a_new_install_embeds_with_the_default_backend(pg_server_url):
+    url = _fresh(pg_server_url, "mig_default_backend_fresh")
+    migrate(url)
+    assert _profile_model(url) == DEFAULT_MODEL_NAME == "all-MiniLM-L6-v2-int8"
+
+
+def test_an_install_that_already_indexed_keeps_its_model_through_0024(pg_server_url):
+    """0024 switches the default profile's backend only where nothing was embedded under it yet."""
+    url = _fresh(pg_server_url, "mig_default_backend_kept")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(queries["migration_table_create"])
+        for version, body in migration_files():
+            if version >= DEFAULT_BACKEND_MIGRATION:
+                break
+            conn.execute(body.encode())
+            conn.execute(queries["migration_record"], {"version": version})
+        conn.execute(
+            "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text,"
+            " token_count, content_digest, embedding) VALUES ('c0', 'acme', 'refunds', 1, 'minilm-v1', 0,"
+            " 'Refunds take thirty days.', 5, 'd0', %s::vector)", ("[" + ",".join(["0.05"] * 384) + "]",))
+    assert DEFAULT_BACKEND_MIGRATION in migrate(url)
+    assert _profile_model(url) == PACKAGED_MODEL_NAME

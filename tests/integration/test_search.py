@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -12,7 +13,7 @@ from psycopg import sql as pgsql
 from pipelines.domain.chunking import Chunk, VersionIdentity, chunk_id, content_digest
 from pipelines.domain.errors import EmbeddingInvalidResponse, InvalidRequest
 from resources.database import Database, Session
-from resources.embedder import FakeEmbedder, SentenceTransformerEmbedder, checked_embed
+from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder, checked_embed, embedder_for_model
 from resources.index_sink import IndexSink
 from pipelines.domain.lexical import MODES
 from resources.search import SearchHit, search
@@ -20,7 +21,7 @@ from resources.task_queue import TaskQueue
 from sql import queries
 
 PROFILE = "minilm-v1"
-MODEL = "all-MiniLM-L6-v2"
+MODEL = DEFAULT_MODEL_NAME  # the default profile's model: the fake embedder stands in for it
 
 
 def pieces(tenant: str, document: str, version: int, texts: list[str]) -> list[Chunk]:
@@ -192,9 +193,9 @@ def test_at_scale_hnsw_is_used_and_a_small_tenant_still_gets_k_hits(db, db_url, 
 
 
 @pytest.fixture(scope="module")
-def real_model() -> SentenceTransformerEmbedder:
-    """The packaged all-MiniLM-L6-v2, loaded once per process and shared by every test that asks."""
-    return SentenceTransformerEmbedder()
+def real_model() -> Any:
+    """The default profile's real model (what ``kbindex search`` embeds queries with), loaded once per module."""
+    return embedder_for_model(DEFAULT_MODEL_NAME)
 
 
 def test_real_model_finds_english_by_meaning_and_chinese_text(db, index, real_model):

@@ -276,3 +276,28 @@ def test_the_daemon_gets_the_event_batching_settings_runs_set_themselves(values)
     from pipelines.event_batching import EVENT_BATCH_ENV
 
     assert values["dagsterDaemon"]["env"] == EVENT_BATCH_ENV
+
+
+def test_the_image_builds_the_default_model_into_its_models_dir(tmp_path):
+    """The Dockerfile's prebuild line, run as the image runs it: the default profile's model lands in
+    KBINDEX_MODELS_DIR (not under any KBINDEX_HOME), built offline, and a second run reuses it."""
+    from resources.embedder import DEFAULT_MODEL_NAME
+
+    text = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    (code,) = re.findall(r'python -c "([^"]+)"', text)
+    assert "ensure_built" in code and "DEFAULT_MODEL_NAME" in code
+    models = Path(os.environ["KBINDEX_MODELS_DIR"])  # the session's (tests/conftest.py): built once per session
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "KBINDEX_HOME": str(tmp_path / "home")}
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert (models / DEFAULT_MODEL_NAME / "kbindex-model.json").is_file()
+    assert not (tmp_path / "home" / "models").exists()
+
+
+def test_the_embed_service_sets_its_workers_to_its_cpu_limit(manifests):
+    """The worker count defaults to the node's cores, which a CPU limit does not change: the manifest says it."""
+    (daemonset,) = [m for m in manifests if m["kind"] == "DaemonSet"]
+    (service,) = daemonset["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in service["env"]}
+    assert int(env["KBINDEX_EMBED_WORKERS"]) == int(service["resources"]["limits"]["cpu"])

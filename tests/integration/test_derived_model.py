@@ -5,6 +5,7 @@ equal), so checked_embed never lets them pass for MiniLM's. No PostgreSQL needed
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 import os
 import socket
 import subprocess
@@ -50,10 +51,12 @@ def _refuse_network(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(socket.socket, "connect", connect)
 
 
-@pytest.fixture(autouse=True)
-def _models_under_home(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True, scope="module")
+def _models_under_home() -> Iterator[None]:
     """These tests are about the KBINDEX_HOME layout: no session-wide models folder (tests/conftest.py)."""
-    monkeypatch.delenv("KBINDEX_MODELS_DIR", raising=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("KBINDEX_MODELS_DIR", raising=False)
+        yield
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     """One real build, offline, shared by this module's tests."""
     home = tmp_path_factory.mktemp("kbindex-home")
     with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("KBINDEX_MODELS_DIR", raising=False)
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("TRANSFORMERS_OFFLINE", "1")
         _refuse_network(mp)

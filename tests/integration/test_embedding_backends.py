@@ -6,6 +6,7 @@ No PostgreSQL needed."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 import os
 import socket
 import subprocess
@@ -41,6 +42,14 @@ TEXTS = [
     "world",
     "数据库索引",
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _models_under_home() -> Iterator[None]:
+    """These tests are about the KBINDEX_HOME layout: no session-wide models folder (tests/conftest.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("KBINDEX_MODELS_DIR", raising=False)
+        yield
 
 
 @pytest.fixture(scope="module")

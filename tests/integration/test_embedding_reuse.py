@@ -8,13 +8,13 @@ import pytest
 
 from pipelines.domain.chunking import Chunk, VersionIdentity, chunk_id, content_digest
 from pipelines.domain.errors import EmbeddingInvalidResponse
-from resources.embedder import FakeEmbedder, Fault
+from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder, Fault
 from resources.embedding_reuse import embed_digest, embed_with_reuse
 from resources.index_sink import IndexSink
 from resources.task_queue import TaskQueue
 
 PROFILE = "minilm-v1"
-MODEL = "all-MiniLM-L6-v2"
+MODEL = DEFAULT_MODEL_NAME  # the default profile's model: fakes stand in for it under its name
 TEXTS = [f"Refunds for order type {i} are paid within {i + 3} days of the request." for i in range(40)]
 
 

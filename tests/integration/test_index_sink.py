@@ -8,7 +8,7 @@ import pytest
 
 from pipelines.domain.chunking import Chunk, VersionIdentity, chunk_id, content_digest
 from pipelines.domain.errors import EmbeddingInvalidResponse, IndexWriteFailed, LeaseLost, TaskCancelled
-from resources.embedder import FakeEmbedder, Fault, checked_embed
+from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder, Fault, checked_embed
 from resources.index_sink import IndexSink
 
 PROFILE = "minilm-v1"
@@ -28,9 +28,9 @@ def make_chunks(tenant: str, document: str, version: int, texts: list[str], prof
 
 def embed(chunks, embedder=None) -> np.ndarray:
     """Embed with the fake under the profile's name (the fake answering as the profile's model)."""
-    embedder = embedder or FakeEmbedder(model_name="all-MiniLM-L6-v2")
+    embedder = embedder or FakeEmbedder(model_name=DEFAULT_MODEL_NAME)
     return checked_embed(
-        embedder, [c.text for c in chunks], expected_model="all-MiniLM-L6-v2", expected_dim=384, batch_size=8
+        embedder, [c.text for c in chunks], expected_model=DEFAULT_MODEL_NAME, expected_dim=384, batch_size=8
     )
 
 
@@ -208,7 +208,7 @@ def test_invalid_embedding_never_reaches_the_index(db_url, sink, queue, publish_
     task = claim_one(queue)
     chunks = make_chunks("acme", "policy", 1, TEXTS)
     with pytest.raises(EmbeddingInvalidResponse) as info:
-        embed(chunks, FakeEmbedder(model_name="all-MiniLM-L6-v2", schedule={2: fault}))
+        embed(chunks, FakeEmbedder(model_name=DEFAULT_MODEL_NAME, schedule={2: fault}))
     queue.fail(task.lease, info.value.code, info.value.message)
     assert rows(db_url) == [] and pointer(db_url, "policy") is None
     assert queue.get(task.lease.task_id)["status"] == "DEAD"
@@ -246,9 +246,9 @@ def test_run_state_that_disagrees_with_the_task_row_is_refused(db_url, sink, que
     with pytest.raises(EmbeddingInvalidResponse):
         sink.publish(task.lease, chunks, vectors, work=SimpleNamespace(**base, model="other-model"))
     with pytest.raises(Exception, match="version_number"):
-        sink.publish(task.lease, chunks, vectors, work=SimpleNamespace(**{**base, "version_number": 2}, model="all-MiniLM-L6-v2"))
+        sink.publish(task.lease, chunks, vectors, work=SimpleNamespace(**{**base, "version_number": 2}, model=DEFAULT_MODEL_NAME))
     assert rows(db_url) == []
-    ok = sink.publish(task.lease, chunks=chunks, vectors=vectors, work=SimpleNamespace(**base, model="all-MiniLM-L6-v2"))
+    ok = sink.publish(task.lease, chunks=chunks, vectors=vectors, work=SimpleNamespace(**base, model=DEFAULT_MODEL_NAME))
     assert ok.chunk_count == 23
 
 
@@ -276,7 +276,7 @@ def test_chunks_made_for_another_profile_or_version_are_refused(db_url, sink, qu
 # -- many versions per transaction (publish_many: issue #14, small documents) -------------------------
 
 
-def work_of(task, model: str = "all-MiniLM-L6-v2"):
+def work_of(task, model: str = DEFAULT_MODEL_NAME):
     """The run's idea of a claimed task (what IndexingRun passes as ``work``)."""
     from types import SimpleNamespace
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from resources.embedder import FakeEmbedder
+from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder
 from resources.index_sink import IndexSink
 from resources.retention import apply_retention, confirm_partition_keys_deleted
 from resources.search import search
@@ -16,7 +16,7 @@ from resources.task_queue import TaskQueue
 from tests.integration.test_index_sink import embed, make_chunks
 
 PROFILE = "minilm-v1"
-MODEL = "all-MiniLM-L6-v2"
+MODEL = DEFAULT_MODEL_NAME  # the default profile's model: fakes stand in for it under its name
 HOUR = 3600.0
 WORDS = "refund invoice shipping warranty credit exchange delivery parcel account voucher receipt".split()
 

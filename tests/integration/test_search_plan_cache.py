@@ -12,7 +12,7 @@ import numpy as np
 
 from bench.scale.search import seed
 from resources.database import Database
-from resources.embedder import FakeEmbedder
+from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder
 from resources.search import search
 
 PREPARED_SEARCH = """
@@ -24,7 +24,7 @@ WHERE statement LIKE '%relaxed AS MATERIALIZED%'
 def test_search_never_runs_the_generic_plan_on_a_reused_connection(db_url):
     seed(db_url, 6000, 24, 100, 0, lambda line: None, np.random.default_rng(3))
     one_connection = Database(db_url, min_size=1, max_size=1)
-    fake = FakeEmbedder(model_name="all-MiniLM-L6-v2")
+    fake = FakeEmbedder(model_name=DEFAULT_MODEL_NAME)
     try:
         for i in range(20):
             assert len(search(one_connection, fake, f"question {i}", tenant_id="t-huge", k=10)) == 10

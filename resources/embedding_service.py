@@ -475,17 +475,29 @@ def undeal(answers: list[np.ndarray], parts: list[list[str]]) -> np.ndarray:
     return out
 
 
+SERVICE_RETRY_SECONDS = float(os.environ.get("KBINDEX_EMBED_SERVICE_RETRY", "30"))
+"""After a fallback, how long a run embeds on its own before it tries the service again."""
+
+
 class ServiceOrLocal:
-    """The service while it answers; from its first failure on, the process's own model.
+    """The service while it answers; after a failure, the process's own model until the service is back.
 
     A run must not fail because a shortcut broke: an unreachable, dead or hung service makes this
-    embedder load the model in-process (once) and answer from there. Only the service's own
-    transport errors fall back; an answer that comes back is validated by checked_embed as usual.
+    embedder load the model in-process (once) and answer from there. Every ``retry_seconds`` it asks
+    the service again, and goes back to it (dropping its own copy of the model) as soon as it answers:
+    a killed worker is replaced within seconds, and a run that stayed on its own model for the rest of
+    its life would compete with the service's workers for the cores. Only the service's own transport
+    errors fall back; an answer that comes back is validated by checked_embed as usual.
     """
 
-    def __init__(self, service: ServiceEmbedder, local: Any, on_fallback: Any = None) -> None:
+    def __init__(self, service: ServiceEmbedder, local: Any, on_fallback: Any = None, *,
+                 retry_seconds: float | None = None) -> None:
         self.service, self._local_factory, self.on_fallback = service, local, on_fallback
+        self.retry_seconds = SERVICE_RETRY_SECONDS if retry_seconds is None else retry_seconds
         self._local: Any = None
+        self._fell_back_at = 0.0
+        self.returns = 0
+        """How many times the service answered again after a fallback."""
 
     @property
     def model_name(self) -> str:
@@ -503,19 +515,35 @@ class ServiceOrLocal:
     def respond(self, texts: list[str]) -> Any:
         from resources.embedder import EmbeddingResponse, text_fingerprint
 
-        if self._local is None:
+        if self._local is None or self._service_back():
             try:
-                return self.service.respond(texts)
+                response = self.service.respond(texts)
             except EmbeddingError as exc:
                 self._fall_back(exc)
+            else:
+                if self._local is not None:  # the service is back: use it, free this process's model
+                    self._local, self.returns = None, self.returns + 1
+                return response
         vectors = self._local.embed(list(texts))
         return EmbeddingResponse(self._local.model_name, vectors, tuple(text_fingerprint(t) for t in texts))
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.respond(texts).vectors
 
+    def _service_back(self) -> bool:
+        """Time to try the service again, and it answers a ping within 2 s (a hung one must not stall the run)."""
+        if time.monotonic() - self._fell_back_at < self.retry_seconds:
+            return False
+        if service_available(self.service.home, timeout=2.0):
+            return True
+        self._fell_back_at = time.monotonic()
+        return False
+
     def _fall_back(self, exc: EmbeddingError) -> None:
         self.service.close()
+        self._fell_back_at = time.monotonic()
+        if self._local is not None:  # a retry that failed: keep the model already loaded
+            return
         if self.on_fallback is not None:
             self.on_fallback(exc)
         self._local = self._local_factory()

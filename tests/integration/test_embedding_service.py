@@ -125,6 +125,32 @@ def test_runs_fall_back_to_their_own_model_when_the_service_is_killed(home):
     assert not any(_alive(pid) for pid in workers)  # orphaned workers notice and exit; they hold a model each
 
 
+def test_a_run_goes_back_to_the_service_once_it_answers_again(home):
+    """After a fallback the run retries the service (a quick ping first) and returns to it, freeing its own model."""
+    proc = _service_process(home)
+    try:
+        fallbacks: list[Exception] = []
+        embedder = ServiceOrLocal(ServiceEmbedder("fake-384", home), lambda: FakeEmbedder(model_name="fake-384"),
+                                  fallbacks.append, retry_seconds=0.5)
+        served = checked_embed(embedder, TEXTS, expected_model="fake-384", expected_dim=384)
+        proc.kill()
+        proc.wait(10)
+        local = checked_embed(embedder, TEXTS, expected_model="fake-384", expected_dim=384)
+        time.sleep(0.6)
+        still_local = checked_embed(embedder, TEXTS, expected_model="fake-384", expected_dim=384)  # nobody answers yet
+        assert len(fallbacks) == 1 and embedder.returns == 0
+        proc = _service_process(home)
+        before = ServiceEmbedder("", home).ping()["requests"]
+        time.sleep(0.6)
+        back = checked_embed(embedder, TEXTS, expected_model="fake-384", expected_dim=384)
+        assert embedder.returns == 1 and ServiceEmbedder("", home).ping()["requests"] > before  # served there
+        assert embedder._local is None  # its own copy of the model is let go
+    finally:
+        proc.kill()
+    for vectors in (local, still_local, back):
+        np.testing.assert_array_equal(vectors, served)
+
+
 def _alive(pid: int) -> bool:
     import psutil
 

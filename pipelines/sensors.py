@@ -31,8 +31,9 @@ from resources.dagster_resources import (
     OWNER_TAG,
     TENANT_TAG,
     DatabaseResource,
-    decode_leases,
-    encode_leases,
+    lease_tags,
+    leases_of,
+    run_key_of,
     run_owner,
 )
 from pipelines.domain.errors import KbindexError
@@ -203,8 +204,8 @@ def _pack(group_keys: list[str], units: dict[str, list[ClaimedTask]], cap: int) 
 
 def _request(group: list[ClaimedTask], group_keys: list[str], owner: str, tenant: str) -> dg.RunRequest:
     pairs = [(t.lease.task_id, t.lease.attempt) for t in group]
-    tags = {LEASES_TAG: encode_leases(pairs), OWNER_TAG: owner, TENANT_TAG: tenant}
-    run_key = ",".join(f"{task_id}:{attempt}" for task_id, attempt in pairs)
+    tags = {**lease_tags(pairs), OWNER_TAG: owner, TENANT_TAG: tenant}
+    run_key = run_key_of(pairs)  # a run tag too (dagster/run_key): bounded like the lease tags
     if len(group_keys) == 1:
         return dg.RunRequest(run_key=run_key, partition_key=group_keys[0], tags=tags)
     tags["dagster/asset_partition_range_start"] = group_keys[0]
@@ -318,7 +319,7 @@ def live_run_keys(instance: dg.DagsterInstance, database: DatabaseResource) -> s
     for record in records:
         tags = record.dagster_run.tags
         pinned.update(v for k in PARTITION_TAGS if (v := tags.get(k)))
-        task_ids.extend(task_id for task_id, _ in decode_leases(tags.get(LEASES_TAG)))
+        task_ids.extend(task_id for task_id, _ in leases_of(tags))
     if task_ids:
         pinned.update(r["partition_key"] for r in database.db.fetch_all("run_plan_inputs", {"task_ids": task_ids}))
     return pinned
@@ -343,7 +344,7 @@ def release_hung_runs(instance: dg.DagsterInstance, queue: TaskQueue) -> list[st
     if not runs:
         return []
     lost = queue.runs_without_leases(
-        [(r.tags[OWNER_TAG], run_owner(r.run_id), decode_leases(r.tags[LEASES_TAG])) for r in runs])
+        [(r.tags[OWNER_TAG], run_owner(r.run_id), leases_of(r.tags)) for r in runs])
     released = []
     for run in (runs[ix] for ix in lost):
         _terminate(instance, run)
@@ -427,7 +428,7 @@ def keep_waiting_leases(instance: dg.DagsterInstance, queue: TaskQueue) -> int:
             continue
         tags = record.dagster_run.tags
         owner = tags.get(OWNER_TAG)
-        leases = [Lease(t, a, owner, datetime.now(timezone.utc)) for t, a in decode_leases(tags.get(LEASES_TAG))]
+        leases = [Lease(t, a, owner, datetime.now(timezone.utc)) for t, a in leases_of(tags)]
         if not owner or not leases:
             continue
         try:
@@ -454,7 +455,7 @@ def _inject_fault_after_claim() -> None:
 )
 def record_crashed_runs(context: dg.RunFailureSensorContext, database: DatabaseResource) -> None:
     queue = TaskQueue(database.db, lease_seconds=LEASE_SECONDS)
-    pairs = decode_leases(context.dagster_run.tags.get(LEASES_TAG))
+    pairs = leases_of(context.dagster_run.tags)
     outcomes = queue.fail_crashed_run(pairs, "RUN_CRASHED", "the run process died before recording an outcome")
     for o in outcomes:
         cap = f" (next run at most {o.run_size_cap} task(s))" if o.run_size_cap and len(outcomes) > 1 else ""

@@ -8,10 +8,12 @@ materialize``), heartbeated on one thread for the whole run, and the per-task ru
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
@@ -27,11 +29,19 @@ from resources.settings import Settings, resolve_database_url
 from resources.task_queue import TaskQueue
 
 # Run tags written by the claiming sensor and read by LeaseResource.
-LEASES_TAG = "kbindex/leases"  # JSON [[task_id, attempt], ...]
+LEASES_TAG = "kbindex/leases"  # the run's leases, encode_leases(); long sets go on in kbindex/leases.2, .3, ...
 OWNER_TAG = "kbindex/owner"
 TENANT_TAG = "kbindex/tenant"
 PROFILE_TAG = "kbindex/profile"
 MODELS_TAG = "kbindex/models"  # comma-separated models of the run's tasks: loaded from the run's start
+TAG_VALUE_MAX = 2000
+"""Longest run tag value kbindex writes. Dagster indexes run tags as (key, value) in a PostgreSQL B-tree,
+whose entries stop at ~2.7 KB after compression: a longer value fails the run's creation
+(ProgramLimitExceeded). A JSON list of 1,000 leases was 9-12 KB, and so was a run key naming them all;
+320 seven-digit leases (~3.8 KB) passed only because digits compress."""
+RUN_KEY_PAIRS_MAX = 200
+"""A run key lists its ``task_id:attempt`` pairs in full up to this many characters (DESIGN: run_key =
+task_id:attempt), else names the set by its ends, size and digest (same set, same key)."""
 
 
 def run_owner(run_id: str) -> str:
@@ -40,13 +50,71 @@ def run_owner(run_id: str) -> str:
 
 
 def encode_leases(pairs: list[tuple[int, int]]) -> str:
-    return json.dumps([[int(t), int(a)] for t, a in pairs], separators=(",", ":"))
+    """``b36:`` then, by ascending task id, each id's distance from the previous one in base 36 and, when
+    not 1, ``.attempt``: a burst of consecutive ids costs two characters a lease."""
+    items, prev = [], 0
+    for task_id, attempt in sorted((int(t), int(a)) for t, a in pairs):
+        items.append(_b36(task_id - prev) + ("" if attempt == 1 else "." + _b36(attempt)))
+        prev = task_id
+    return "b36:" + ",".join(items)
 
 
 def decode_leases(value: str | None) -> list[tuple[int, int]]:
+    """The (task_id, attempt) pairs of ``encode_leases`` (or of the JSON list older runs carry)."""
     if not value:
         return []
-    return [(int(t), int(a)) for t, a in json.loads(value)]
+    if value.startswith("["):
+        return [(int(t), int(a)) for t, a in json.loads(value)]
+    if not value.startswith("b36:"):
+        raise ValueError("not a kbindex lease tag")
+    out, prev = [], 0
+    for item in value[4:].split(","):
+        delta, _, attempt = item.partition(".")
+        prev += int(delta, 36)
+        out.append((prev, int(attempt, 36) if attempt else 1))
+    return out
+
+
+def lease_tags(pairs: list[tuple[int, int]]) -> dict[str, str]:
+    """The run tags that carry ``pairs``: ``kbindex/leases``, then ``.2``, ``.3``... each <= TAG_VALUE_MAX."""
+    text = encode_leases(pairs)
+    parts = [text[i:i + TAG_VALUE_MAX] for i in range(0, len(text), TAG_VALUE_MAX)]
+    return {LEASES_TAG if n == 1 else f"{LEASES_TAG}.{n}": part for n, part in enumerate(parts, start=1)}
+
+
+def leases_of(tags: Mapping[str, str] | None) -> list[tuple[int, int]]:
+    """The leases a run's tags carry (``lease_tags``), [] for a run without any."""
+    tags = tags or {}
+    first = tags.get(LEASES_TAG)
+    if not first:
+        return []
+    parts, n = [first], 2
+    while f"{LEASES_TAG}.{n}" in tags:
+        parts.append(tags[f"{LEASES_TAG}.{n}"])
+        n += 1
+    return decode_leases("".join(parts))
+
+
+def run_key_of(pairs: list[tuple[int, int]]) -> str:
+    """The sensor's run key for a lease set: ``task_id:attempt,...`` when short, else a bounded name of the set."""
+    items = sorted((int(t), int(a)) for t, a in pairs)
+    full = ",".join(f"{t}:{a}" for t, a in items)
+    if len(full) <= RUN_KEY_PAIRS_MAX:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:24]
+    return f"{items[0][0]}:{items[0][1]}..{items[-1][0]}:{items[-1][1]} ({len(items)} leases, sha256 {digest})"
+
+
+def _b36(n: int) -> str:
+    if n < 0:
+        raise ValueError("lease pairs must be sorted by task id")
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
 
 
 class DatabaseResource(dg.ConfigurableResource):
@@ -107,7 +175,7 @@ class EmbedderResource(dg.ConfigurableResource):
         models the claiming sensor named (run tag) before the first step runs."""
         run = context.dagster_run
         tags = run.tags if run else {}
-        self._use_service = self._service_fits(decode_leases(tags.get(LEASES_TAG)))
+        self._use_service = self._service_fits(leases_of(tags))
         tagged = tags.get(MODELS_TAG) or ""
         self.preload({m for m in tagged.split(",") if m})
 
@@ -239,7 +307,7 @@ class IndexingRunResource(dg.ConfigurableResource):
             blobs=self.blobs.get_store(),
             embedder_for=_no_embedder,
             state=RunState(ArtifactStore(self.artifacts or (Settings.from_env().home / "artifacts"))),
-            tagged=decode_leases(tags.get(LEASES_TAG)),
+            tagged=leases_of(tags),
             profile=tags.get(PROFILE_TAG),
         )
 

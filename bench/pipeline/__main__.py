@@ -328,18 +328,13 @@ class Bench:
 
     def runs(self, tenant: str) -> dict[str, Any]:
         """The Dagster runs that carried this tenant's tasks: how many, versions each, how long."""
-        from resources.dagster_resources import LEASES_TAG, decode_leases
-
         task_ids = {r[0] for r in self.sql("SELECT task_id FROM index_task WHERE tenant_id = %s", [tenant])}
         with psycopg.connect(self.dg_url, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT r.run_id, r.status, r.start_time, r.end_time, t.value FROM runs r"
-                " JOIN run_tags t ON t.run_id = r.run_id AND t.key = %s ORDER BY r.id",
-                [LEASES_TAG],
-            ).fetchall()
+            rows = conn.execute("SELECT run_id, status, start_time, end_time FROM runs ORDER BY id").fetchall()
+        leases = self._run_leases()
         sizes, durations, statuses, run_ids = [], [], {}, []
-        for run_id, status, start, end, leases in rows:
-            pairs = [p for p in decode_leases(leases) if p[0] in task_ids]
+        for run_id, status, start, end in rows:
+            pairs = [p for p in leases.get(run_id, []) if p[0] in task_ids]
             if not pairs:
                 continue
             run_ids.append(run_id)
@@ -415,12 +410,20 @@ class Bench:
 
     def runs_of(self, tenant: str) -> list[str]:
         """Ids of the Dagster runs whose leases name one of this tenant's tasks."""
-        from resources.dagster_resources import LEASES_TAG, decode_leases
-
         task_ids = {r[0] for r in self.sql("SELECT task_id FROM index_task WHERE tenant_id = %s", [tenant])}
+        return [run_id for run_id, pairs in self._run_leases().items() if any(p[0] in task_ids for p in pairs)]
+
+    def _run_leases(self) -> dict[str, list[tuple[int, int]]]:
+        """Every run's leases, from its lease tags in Dagster's run storage."""
+        from resources.dagster_resources import LEASES_TAG, leases_of
+
         with psycopg.connect(self.dg_url, autocommit=True) as conn:
-            rows = conn.execute("SELECT run_id, value FROM run_tags WHERE key = %s", [LEASES_TAG]).fetchall()
-        return [run_id for run_id, leases in rows if any(p[0] in task_ids for p in decode_leases(leases))]
+            rows = conn.execute("SELECT run_id, key, value FROM run_tags WHERE key = %s OR key LIKE %s",
+                                [LEASES_TAG, LEASES_TAG + ".%"]).fetchall()
+        tags: dict[str, dict[str, str]] = {}
+        for run_id, key, value in rows:
+            tags.setdefault(run_id, {})[key] = value
+        return {run_id: leases_of(t) for run_id, t in tags.items()}
 
     def model_name(self) -> str:
         return self.sql("SELECT model FROM index_profile WHERE is_active")[0][0]

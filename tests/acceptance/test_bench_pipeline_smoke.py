@@ -19,7 +19,7 @@ import pytest
 from pipelines.assets import indexing_assets
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from resources.blob_store import BlobStore
-from resources.dagster_resources import LEASES_TAG, OWNER_TAG, EmbedderResource, default_resources, encode_leases
+from resources.dagster_resources import LEASES_TAG, OWNER_TAG, EmbedderResource, default_resources, encode_leases, leases_of
 from resources.database import Database
 from resources.embedder import EmbeddingResponse, FakeEmbedder, text_fingerprint
 from resources.publisher import Publisher
@@ -152,7 +152,7 @@ def test_a_deep_queue_becomes_one_big_run_per_tenant_slot_and_a_lone_publish_one
         instance = dg.DagsterInstance.ephemeral()
         with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
             result = claim_index_tasks(ctx)
-        sizes = [len(json.loads(r.tags[LEASES_TAG])) for r in result.run_requests]
+        sizes = [len(leases_of(r.tags)) for r in result.run_requests]
         assert sizes == [7, 43]  # 2,800 bytes: 7 x 200 in one run, 3 x 200 + 40 x 20 in the other
         assert all(r.tags[MODELS_TAG] == "fake-384" for r in result.run_requests)
         assert all("dagster/asset_partition_range_start" in r.tags for r in result.run_requests)
@@ -160,7 +160,7 @@ def test_a_deep_queue_becomes_one_big_run_per_tenant_slot_and_a_lone_publish_one
         instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, list(result.dynamic_partitions_requests[0].partition_keys))
         with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
             lone = claim_index_tasks(ctx)
-        assert [len(json.loads(r.tags[LEASES_TAG])) for r in lone.run_requests] == [1]
+        assert [len(leases_of(r.tags)) for r in lone.run_requests] == [1]
     finally:
         db.close()
 

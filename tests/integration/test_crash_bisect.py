@@ -18,7 +18,7 @@ from dagster import DagsterRunStatus
 import pipelines.sensors as sensors
 from pipelines.jobs import index_versions_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME, document_versions
-from resources.dagster_resources import LEASES_TAG, OWNER_TAG, DatabaseResource
+from resources.dagster_resources import LEASES_TAG, OWNER_TAG, DatabaseResource, leases_of
 from resources.task_queue import TaskQueue
 
 
@@ -89,7 +89,7 @@ def test_a_poison_document_ends_dead_alone_after_bisection(db, queue, publish_ta
         plan = sensors.plan_runs(claimed, keys, set(), claimed[0].lease.owner, 160, spread=2, batch_min=1, caps=caps)
         leases = {t.lease.task_id: t.lease for t in claimed}
         for request in plan.requests:
-            run = [leases[task_id] for task_id, _ in json.loads(request.tags[LEASES_TAG])]
+            run = [leases[task_id] for task_id, _ in leases_of(request.tags)]
             if any(lease.task_id == poison for lease in run):
                 queue.fail_crashed_run([(lease.task_id, lease.attempt) for lease in run])
             else:
@@ -165,7 +165,7 @@ def test_after_a_30_version_run_loses_its_leases_the_next_tick_batches_them_agai
     assert 1 <= len(result.run_requests) <= 2  # not 30 one-version runs
     held = set()
     for request in result.run_requests:
-        leases = json.loads(request.tags[LEASES_TAG])
+        leases = leases_of(request.tags)
         assert all(attempt == 2 for _, attempt in leases)
         rows = db.fetch_all("run_plan_inputs", {"task_ids": [t for t, _ in leases]})
         assert run_keys(instance, request) == [r["partition_key"] for r in rows]  # exactly its versions

@@ -8,7 +8,6 @@ still holds a lease, or finished its tasks itself, is left alone.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import uuid
@@ -21,7 +20,7 @@ from dagster._core.events import EngineEventData
 
 import pipelines.sensors as sensors
 from pipelines.jobs import index_versions_job
-from resources.dagster_resources import LEASES_TAG, OWNER_TAG, TENANT_TAG, DatabaseResource, encode_leases, run_owner
+from resources.dagster_resources import LEASES_TAG, OWNER_TAG, TENANT_TAG, DatabaseResource, encode_leases, run_owner, leases_of
 from resources.task_queue import TaskQueue
 
 SLOT_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
@@ -131,7 +130,7 @@ def test_the_claiming_tick_frees_the_slot_and_claims_the_due_work(db, db_url, pu
 
     assert status(instance, hung) is DagsterRunStatus.CANCELED
     assert slots_taken(instance) == 0
-    held = {task_id for r in result.run_requests for task_id, _ in json.loads(r.tags[LEASES_TAG])}
+    held = {task_id for r in result.run_requests for task_id, _ in leases_of(r.tags)}
     assert held == {claimed[0].lease.task_id, fresh.task_id}  # taken over, and the due work started
 
 

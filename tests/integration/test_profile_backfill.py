@@ -5,7 +5,6 @@ versions' Dagster run ids stay reachable from their history."""
 
 from __future__ import annotations
 
-import json
 
 import dagster as dg
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from pipelines import sensors
 from pipelines.lineage_job import backfill_profile_job, prune_lineage_keys_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
-from resources.dagster_resources import LEASES_TAG, DatabaseResource
+from resources.dagster_resources import DatabaseResource, leases_of
 from resources.partition_keys import prunable
 from resources.profiles import create_profile, request_backfill
 from resources.task_queue import TaskQueue
@@ -34,7 +33,7 @@ def tick(instance, db_url) -> dg.SensorResult:
 
 
 def claimed_task_ids(result) -> list[int]:
-    return [t for r in getattr(result, "run_requests", None) or [] for t, _ in json.loads(r.tags[LEASES_TAG])]
+    return [t for r in getattr(result, "run_requests", None) or [] for t, _ in leases_of(r.tags)]
 
 
 def types(db, task_ids) -> list[str]:
@@ -117,7 +116,7 @@ def test_a_tick_claims_by_bytes_and_leaves_the_rest_due(db, db_url, publish_task
         publish_task(data=f"Document {i:03d} ".encode() * 20)  # 260 bytes each
     first = tick(instance, db_url)
     assert len(claimed_task_ids(first)) == 15  # 2 runs x 2,000 bytes fit 15 of them
-    assert [len(json.loads(r.tags[LEASES_TAG])) for r in first.run_requests] == [8, 7]
+    assert [len(leases_of(r.tags)) for r in first.run_requests] == [8, 7]
     monkeypatch.setattr(sensors, "RUN_BYTES", 10)  # each is bigger than a run's budget: the floor holds
     assert len(claimed_task_ids(tick(instance, db_url))) == 6
     monkeypatch.setattr(sensors, "RUN_BYTES", 1_000_000)  # everything left fits

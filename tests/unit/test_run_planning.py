@@ -6,11 +6,10 @@ which already exists somewhere earlier, used to get a run of its own (issue #12,
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 
 from pipelines.sensors import plan_runs
-from resources.dagster_resources import LEASES_TAG
+from resources.dagster_resources import leases_of
 from resources.task_queue import ClaimedTask, Lease
 
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
@@ -22,7 +21,7 @@ def task(task_id: int, attempt: int = 1, tenant: str = "acme", profile: str = "p
 
 
 def sizes(plan) -> list[int]:
-    return [len(json.loads(r.tags[LEASES_TAG])) for r in plan.requests]
+    return [len(leases_of(r.tags)) for r in plan.requests]
 
 
 def check_ranges(plan) -> None:
@@ -65,7 +64,7 @@ def test_capped_tasks_get_runs_no_bigger_than_their_cap():
 
     plan = plan_runs(tasks, keys, set(), "batch-x", 160, spread=2, batch_min=12, caps=caps)
 
-    by_run = [{t for t, _ in json.loads(r.tags[LEASES_TAG])} for r in plan.requests]
+    by_run = [{t for t, _ in leases_of(r.tags)} for r in plan.requests]
     for ids in by_run:
         run_caps = {caps.get(i) for i in ids}
         assert len(run_caps) == 1, "capped tasks share runs only with tasks of the same cap"
@@ -83,7 +82,7 @@ def test_the_tasks_of_one_version_share_a_run_and_its_key_is_added_once():
     plan = plan_runs([a, *others, b], keys, set(), "batch-x", 160, spread=2, batch_min=12)
 
     assert plan.add.count("acme/doc-1/v1") == 1
-    holding = [r for r in plan.requests if {1, 2} & {t for t, _ in json.loads(r.tags[LEASES_TAG])}]
+    holding = [r for r in plan.requests if {1, 2} & {t for t, _ in leases_of(r.tags)}]
     assert len(holding) == 1
     check_ranges(plan)
 

@@ -46,7 +46,7 @@ PACKAGED_MODEL_NAME = "all-MiniLM-L6-v2"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2-int8"
 """The default profile's model on a new install (sql/migrations/0024_default_backend.sql): the fastest
 local backend whose nDCG@10 on eval/xquad-en is within 0.005 of torch's, as ``python -m bench.embed``
-measures and recommends (3.4x torch's chunks/s, nDCG@10 -0.0024; README, "Embedding backends").
+measures and recommends (4.05x torch's chunks/s on 2 cores, nDCG@10 -0.0023; README, "Embedding backends").
 Built from the packaged model on first use; installs that already indexed keep their profile's model."""
 DEFAULT_BATCH_SIZE = 64
 NORM_TOLERANCE = 1e-3

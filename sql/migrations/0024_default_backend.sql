@@ -1,5 +1,5 @@
 -- The default profile embeds with the fastest local backend of the same quality (issue 15): MiniLM with
--- int8 MatMul weights on onnxruntime, 3.4x torch's chunks/s at nDCG@10 within 0.005 of torch on
+-- int8 MatMul weights on onnxruntime, 4x torch's chunks/s at nDCG@10 within 0.005 of torch on
 -- eval/xquad-en (python -m bench.embed measures and recommends it). Built from the packaged model on
 -- first use: nothing is downloaded.
 -- Only on an install that has not indexed anything under minilm-v1 yet: an install with vectors keeps

@@ -22,6 +22,17 @@ def _fresh(pg_server_url: str, name: str) -> str:
     return base.rpartition("/")[0] + f"/{name}" + (f"?{query}" if query else "")
 
 
+def _migrate_before(url: str, stop: str) -> None:
+    """Apply and record the migrations older than ``stop``: a database as an older release left it."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(queries["migration_table_create"])
+        for version, body in migration_files():
+            if version >= stop:
+                break
+            conn.execute(body.encode())
+            conn.execute(queries["migration_record"], {"version": version})
+
+
 def test_migrate_twice_applies_once(pg_server_url):
     url = _fresh(pg_server_url, "mig_twice")
     first = migrate(url)
@@ -56,13 +67,8 @@ def test_two_processes_migrate_at_once(pg_server_url):
 def test_upgrade_past_0022_writes_lexical_rows_of_existing_chunks(pg_server_url):
     """A database with chunks from before the lexical index gets their lexical rows from `migrate` itself."""
     url = _fresh(pg_server_url, "mig_lexical_upgrade")
+    _migrate_before(url, LEXICAL_MIGRATION)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(queries["migration_table_create"])
-        for version, body in migration_files():
-            if version >= LEXICAL_MIGRATION:
-                break
-            conn.execute(body.encode())
-            conn.execute(queries["migration_record"], {"version": version})
         for i, text in enumerate(["Refunds take thirty days.", "退款将在十四天内退回。"]):
             conn.execute(
                 "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text,"
@@ -103,13 +109,8 @@ def test_a_new_install_embeds_with_the_default_backend(pg_server_url):
 def test_an_install_that_already_indexed_keeps_its_model_through_0024(pg_server_url):
     """0024 switches the default profile's backend only where nothing was embedded under it yet."""
     url = _fresh(pg_server_url, "mig_default_backend_kept")
+    _migrate_before(url, DEFAULT_BACKEND_MIGRATION)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(queries["migration_table_create"])
-        for version, body in migration_files():
-            if version >= DEFAULT_BACKEND_MIGRATION:
-                break
-            conn.execute(body.encode())
-            conn.execute(queries["migration_record"], {"version": version})
         conn.execute(
             "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text,"
             " token_count, content_digest, embedding) VALUES ('c0', 'acme', 'refunds', 1, 'minilm-v1', 0,"

@@ -7,7 +7,6 @@ import asyncio
 import multiprocessing
 import os
 import socket
-import statistics
 import tempfile
 import time
 

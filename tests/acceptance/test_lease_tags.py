@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 import dagster as dg
 import pytest
 
-from pipelines.cli.dev_command import psycopg2_url
 from pipelines.sensors import _request
 from resources.dagster_resources import (
     LEASES_TAG,

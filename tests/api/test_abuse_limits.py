@@ -9,7 +9,6 @@ import time
 
 import httpx
 import psycopg
-import pytest
 from starlette.testclient import TestClient
 
 from pipelines.api.sse import APPLICATION_NAME

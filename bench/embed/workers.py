@@ -28,17 +28,24 @@ def make_embedder(model: str, home: str, threads: int | None) -> Any:
 
 
 def encode_worker(model: str, home: str, threads: int, texts: list[str], barrier: Any, results: Any) -> None:
-    """Load and warm up, wait for the other processes, embed ``texts``, report the seconds it took."""
+    """Load and warm up, wait for the other processes, embed ``texts``, report the seconds it took and
+    the CPU seconds it spent doing so (all its threads)."""
     embedder = make_embedder(model, home, threads)
     embedder.embed(texts[:8])
     barrier.wait(timeout=1800)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     embedder.embed(texts)
-    results.put(time.perf_counter() - started)
+    results.put((time.perf_counter() - started, time.process_time() - cpu))
 
 
 def throughput(model: str, home: str, texts: list[str], processes: int, threads: int) -> float:
     """Chunks/s of ``processes`` fresh processes of ``threads`` threads each, sharing ``texts`` evenly."""
+    seconds, _ = encode_in_processes(model, home, texts, processes, threads)
+    return len(texts) / seconds if seconds > 0 else 0.0
+
+
+def encode_in_processes(model: str, home: str, texts: list[str], processes: int, threads: int) -> tuple[float, float]:
+    """Wall seconds of the slowest of ``processes`` workers sharing ``texts``, and the CPU seconds of all of them."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -48,22 +55,23 @@ def throughput(model: str, home: str, texts: list[str], processes: int, threads:
     for worker in workers:
         worker.start()
     try:
-        seconds = max(_result(results, workers) for _ in workers)
+        measured = [_result(results, workers) for _ in workers]
     finally:
         for worker in workers:
             worker.join(timeout=60)
             if worker.is_alive():
                 worker.terminate()
-    return len(texts) / seconds if seconds > 0 else 0.0
+    return max(wall for wall, _ in measured), sum(cpu for _, cpu in measured)
 
 
-def _result(results: Any, workers: list[Any]) -> float:
-    """The next worker's seconds; RuntimeError as soon as a worker died without reporting."""
+def _result(results: Any, workers: list[Any]) -> tuple[float, float]:
+    """The next worker's (seconds, CPU seconds); RuntimeError as soon as a worker died without reporting."""
     import queue
 
     while True:
         try:
-            return float(results.get(timeout=1.0))
+            wall, cpu = results.get(timeout=1.0)
+            return float(wall), float(cpu)
         except queue.Empty:
             if any(w.exitcode not in (None, 0) for w in workers):
                 raise RuntimeError("an embedding worker process failed (see its traceback above)") from None

@@ -23,6 +23,9 @@ import psycopg
 from psycopg import sql as pgsql
 
 from bench import server_url, share_built_models
+from bench.cpu import CpuMeter, postgres_pid
+from bench.cpu import budget as cpu_budget
+from bench.cpu import render as render_cpu
 from bench.dagster_dev import DagsterDev
 from bench.pipeline.bare import bare_encode, bare_encode_parallel
 from resources.local_postgres import with_database
@@ -161,6 +164,7 @@ class Bench:
     dagster: DagsterDev
     out: Out
     report: dict[str, Any] = field(default_factory=dict)
+    service_pid: int | None = None  # the warm embedding service, when on: its CPU is counted apart
 
     def __post_init__(self) -> None:
         from resources.blob_store import BlobStore
@@ -207,6 +211,9 @@ class Bench:
     def throughput(self, docs: list[tuple[str, bytes]], timeout: float) -> dict[str, Any]:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        meter = CpuMeter({"embedding service": self.service_pid, "PostgreSQL": postgres_pid(self.kb_url),
+                          "Dagster": self.dagster.proc.pid if self.dagster.proc else None})
+        meter.start()
         started = time.perf_counter()
         for name, body in docs:
             self.publisher.publish(TENANT, name, body, name)
@@ -232,6 +239,7 @@ class Bench:
                     self.out(f"  {time.perf_counter() - started:6.0f} s  {done}/{len(docs)} terminal  {line}")
 
             self.wait_terminal(TENANT, len(docs), timeout, show)
+        cpu_seconds = meter.spent()
         (wall, chunks, versions) = self.sql(
             "SELECT extract(epoch FROM max(coalesce(finished_at, updated_at)) - min(created_at))::float8,"
             " coalesce(sum(chunk_count) FILTER (WHERE status = 'SUCCEEDED'), 0)::int,"
@@ -246,6 +254,7 @@ class Bench:
             "publish_seconds": round(publish_seconds, 2),
             "wall_seconds": round(wall, 2),
             "chunks_per_second": round(chunks / wall, 2) if wall else 0.0,
+            "cpu_seconds": cpu_seconds,
             "final_states": self.final_states(TENANT),
             "stages": self.stage_breakdown(TENANT),
         }
@@ -484,6 +493,7 @@ def run(
                 kbhome = Path(dagster.env["KBINDEX_HOME"])
                 service = start_service(kbhome, dagster.env, log=root / "embedder.log")
                 dagster.env["KBINDEX_EMBED_SERVICE"] = str(kbhome)
+                bench.service_pid = service.pid
             report["embed_service"] = service is not None
             dagster.start()
             ready = dagster.wait_ready()
@@ -524,6 +534,8 @@ def run(
     report["ratio"] = round(e2e / bare, 3) if bare else None
     one = report["bare_one_process"]["chunks_per_second"]
     report["ratio_vs_one_process"] = round(e2e / one, 3) if one else None
+    report["cpu"] = cpu_budget(report["throughput"]["cpu_seconds"], wall, report["bare"]["cpu_seconds"],
+                               report["cpus"])
     if peers:
         from bench.peers import PeersUnavailable
         from bench.peers import run as run_peers
@@ -571,6 +583,7 @@ def render(report: dict[str, Any]) -> str:
         f"runs launched        {runs['runs']}  versions per run {runs['versions_per_run']} (mean {runs['versions_per_run_mean']}), median run {runs['run_seconds_median']} s",
         f"run steps (s)        {runs['step_seconds']}",
         f"median task phases   {t['stages']}",
+        render_cpu(report["cpu"]),
         f"final states         {t['final_states']}",
     ]
     lat = report.get("latency")

@@ -31,11 +31,11 @@ def bare_encode(texts: list[str], model: str, batch_size: int) -> dict[str, Any]
         embedder = make_embedder(model, _home(), None)
         embedder.embed(texts[:batch_size])
         encode = embedder.embed
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     encode(texts)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else "all"
-    return {"chunks": len(texts), "seconds": round(seconds, 2),
+    return {"chunks": len(texts), "seconds": round(seconds, 2), "cpu_seconds": round(cpu, 6),
             "chunks_per_second": round(len(texts) / seconds, 2) if seconds else 0.0, "threads": threads}
 
 
@@ -47,9 +47,9 @@ def bare_encode_parallel(texts: list[str], model: str, batch_size: int, processe
     """
     if model.startswith("fake-") or processes < 2 or len(texts) < processes:
         return None
-    from bench.embed.workers import throughput
+    from bench.embed.workers import encode_in_processes
 
-    per_second = throughput(model, _home(), texts, processes, 1)
-    seconds = len(texts) / per_second if per_second else 0.0
-    return {"chunks": len(texts), "seconds": round(seconds, 2), "processes": processes,
-            "chunks_per_second": round(per_second, 2), "threads": 1}
+    seconds, cpu = encode_in_processes(model, _home(), texts, processes, 1)
+    per_second = len(texts) / seconds if seconds > 0 else 0.0
+    return {"chunks": len(texts), "seconds": round(seconds, 2), "cpu_seconds": round(cpu, 6),
+            "processes": processes, "chunks_per_second": round(per_second, 2), "threads": 1}

@@ -29,6 +29,9 @@ from typing import Any
 
 import psycopg
 
+from bench.cpu import budget as cpu_budget
+from bench.cpu import render as render_cpu
+
 TENANT = "bench"  # bench.pipeline.Bench measures this tenant
 
 
@@ -80,6 +83,7 @@ def run(corpus: Path, docs: int, *, fake_model: bool = False, embed_service: boo
                 kbhome = Path(dagster.env["KBINDEX_HOME"])
                 service = start_service(kbhome, dagster.env, log=root / "embedder.log")
                 dagster.env["KBINDEX_EMBED_SERVICE"] = str(kbhome)
+                bench.service_pid = service.pid
             dagster.start()
             out(f"dagster dev answered in {dagster.wait_ready():.1f} s; warm-up document…")
             bench.warm_up(300.0)
@@ -101,6 +105,7 @@ def run(corpus: Path, docs: int, *, fake_model: bool = False, embed_service: boo
     report["bare_unique_chunks"] = len(texts)
     t = report["throughput"]
     report["ratio"] = round(t["chunks_per_second"] / report["bare"]["chunks_per_second"], 3)
+    report["cpu"] = cpu_budget(t["cpu_seconds"], t["wall_seconds"], report["bare"]["cpu_seconds"], report["cpus"])
     versions = max(1, t["succeeded_docs"])
     report["seconds_per_version"] = {
         "wall": round(t["wall_seconds"] / versions, 4),
@@ -122,6 +127,7 @@ def render(report: dict[str, Any]) -> str:
         f"runs             {d['runs']}  versions per run mean {d['versions_per_run_mean']}, median run {d['run_seconds_median']} s",
         f"s per version    {report['seconds_per_version']}",
         f"median phases    {t['stages']}",
+        render_cpu(report["cpu"]),
         f"final states     {t['final_states']}",
     ])
 

@@ -42,7 +42,7 @@ def test_bench_pipeline_smoke_reports_every_phase_and_all_documents_succeed(pg_s
     report = json.loads(report_path.read_text())
     printed = capsys.readouterr().out
     for label in ("end-to-end", "reuse", "bare model.encode", "ratio e2e/bare", "latency p50", "runs launched",
-                  "final states"):
+                  "final states", "CPU (core-seconds)", "CPU bound"):
         assert label in printed
 
     t = report["throughput"]
@@ -57,6 +57,11 @@ def test_bench_pipeline_smoke_reports_every_phase_and_all_documents_succeed(pg_s
     assert reuse["pipeline_counts"]["embedded"] >= reuse["distinct_texts"]  # each distinct text embedded at least once
     assert report["ratio"] == pytest.approx(t["texts_per_second"] / report["bare"]["chunks_per_second"], rel=0.01,
                                             abs=1e-3)
+
+    cpu = report["cpu"]  # where the burst's CPU went, beside the bare encode's (issues #14, #15)
+    assert cpu["core_seconds"]["Dagster"] > 0 and cpu["core_seconds"]["PostgreSQL"] > 0
+    assert cpu["total_core_seconds"] == pytest.approx(sum(cpu["core_seconds"].values()), abs=0.05)
+    assert report["bare"]["cpu_seconds"] > 0 and 0 < cpu["ratio_cpu_allows"] < 1
 
     lat = report["latency"]
     assert len(lat["samples"]) == 3 and all(s > 0 for s in lat["samples"])

@@ -1,0 +1,72 @@
+"""bench/cpu.py counts a process tree's CPU, including children that already exited, and nothing twice."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.cpu import CpuMeter, budget, render, tree_seconds
+
+BURN = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n"
+AFTER = "print('burnt', flush=True)\ntime.sleep(60)\n"  # a live burner says when it is done, then idles
+
+
+def _spawn_burners(seconds: float, finished: int, running: int) -> subprocess.Popen[bytes]:
+    """A parent that waits for ``finished`` burners (reaped: only its children_* fields remember them),
+    then starts ``running`` more and sleeps until killed."""
+    script = (
+        "import subprocess, sys, time\n"
+        f"burn = {BURN.format(seconds=seconds)!r}\n"
+        f"for _ in range({finished}): subprocess.run([sys.executable, '-c', burn])\n"
+        f"live = [subprocess.Popen([sys.executable, '-c', burn + {AFTER!r}]) for _ in range({running})]\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+
+
+@pytest.mark.timeout(60)
+def test_a_tree_counts_reaped_and_live_children_once():
+    proc = _spawn_burners(0.4, finished=2, running=1)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        assert proc.stdout.readline().strip() == b"burnt"  # the live one has burnt its share and sleeps
+        spent = tree_seconds(proc.pid)
+        # 3 burners x 0.4 s, plus the interpreters' start-up; a double count would pass 2.4 s
+        assert 1.2 <= spent < 2.4
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_meter_reports_the_difference_since_start_and_a_gone_process_as_nothing():
+    meter = CpuMeter({"gone": 2**22 + 12345})  # no such pid
+    meter.start()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    spent = meter.spent()
+    assert spent["gone"] == 0.0
+    assert 0.15 <= spent["bench client"] < 1.0
+
+
+def test_the_budget_says_how_busy_the_cores_were_and_what_ratio_the_cpu_allows():
+    account = budget({"embedding service": 70.0, "PostgreSQL": 12.0, "Dagster": 18.0}, wall=60.0,
+                     bare_core_seconds=71.0, cpus=2)
+    assert account["total_core_seconds"] == 100.0
+    assert account["cores_busy"] == 1.67
+    assert account["ratio_cpu_allows"] == 0.71
+    text = render(account)
+    assert "Dagster 18.0" in text and "0.71 at most" in text
+
+
+def test_a_millisecond_bare_encode_still_bounds_the_ratio_above_zero():
+    """The fake model's bare encode takes a few ms against a minute of Dagster: rounding made the bound 0 (CI)."""
+    account = budget({"Dagster": 40.0, "PostgreSQL": 5.0}, wall=30.0, bare_core_seconds=0.0021, cpus=2)
+    assert account["bare_core_seconds"] == 0.0021
+    assert 0 < account["ratio_cpu_allows"] < 1e-4
+    assert "4.67e-05 at most" in render(account)
+    assert "n/a at most" in render(budget({}, wall=1.0, bare_core_seconds=0.0, cpus=2))

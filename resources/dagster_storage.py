@@ -6,6 +6,14 @@ plain ``dagster dev`` in the project root still comes up: the storage prepares t
 ``kbindex dev`` uses (:func:`prepare_local_databases`) and puts their URLs into this process's
 environment, so the webserver, daemon, code server and runs that ``dagster dev`` starts afterwards
 inherit them and neither start PostgreSQL again nor look elsewhere for kbindex data.
+
+Its engines keep a few connections open (:func:`pooled_engine`). ``dagster_postgres`` opens a new
+connection for every storage call (SQLAlchemy's NullPool): every event a run writes, every daemon poll.
+A new PostgreSQL connection costs the server a backend process, ~2.4 ms of its CPU before the first
+query (and cold catalog caches after it); a 150-document burst opened ~3,900 of them, about a quarter
+of PostgreSQL's CPU in a burst where that CPU competes with the model for the same cores
+(``python -m bench.dagster_storage`` measures both side by side). The webserver replaces these engines
+with its own pool (``optimize_for_webserver``), as before.
 """
 
 from __future__ import annotations
@@ -17,6 +25,14 @@ from dagster._core.storage.base_storage import DagsterStorage
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
 from resources.local_databases import prepare_local_databases
+
+POOL_SIZE = 2
+"""Connections each storage (runs, events, schedules) keeps open per process: the daemon's threads and a
+run's step and heartbeat threads rarely need more at once."""
+POOL_MAX_OVERFLOW = 8
+"""Extra connections a burst of concurrent calls may open (closed again when returned)."""
+POOL_RECYCLE_S = 1800
+"""A connection older than this is replaced at its next checkout."""
 
 
 def resolve_dagster_url() -> str:
@@ -34,6 +50,18 @@ def resolve_dagster_url() -> str:
     return local.dagster_url
 
 
+def pooled_engine(url: str) -> Any:
+    """An AUTOCOMMIT engine on ``url`` that keeps ``POOL_SIZE`` connections for reuse.
+
+    ``pool_pre_ping`` tests a connection at checkout, so one that a PostgreSQL restart (or
+    ``DROP DATABASE ... WITH (FORCE)``) closed is replaced instead of failing the call that took it.
+    """
+    from dagster_postgres.utils import create_pg_engine
+
+    return create_pg_engine(url, isolation_level="AUTOCOMMIT", pool_size=POOL_SIZE,
+                            max_overflow=POOL_MAX_OVERFLOW, pool_recycle=POOL_RECYCLE_S, pool_pre_ping=True)
+
+
 class KbindexDagsterStorage(DagsterStorage, ConfigurableClass):
     """``dagster_postgres`` storage on :func:`resolve_dagster_url` (no configuration of its own)."""
 
@@ -41,7 +69,14 @@ class KbindexDagsterStorage(DagsterStorage, ConfigurableClass):
         from dagster_postgres import DagsterPostgresStorage
 
         self._inst_data = inst_data
-        self._postgres = DagsterPostgresStorage(postgres_url=resolve_dagster_url())
+        url = resolve_dagster_url()
+        self._postgres = DagsterPostgresStorage(postgres_url=url)
+        for storage in (self._postgres.event_log_storage, self._postgres.run_storage,
+                        self._postgres.schedule_storage):
+            # dagster_postgres has no setting for this: swap its NullPool engine the way its own
+            # optimize_for_webserver does (same attribute, same dialect and isolation level).
+            storage._engine.dispose()  # noqa: SLF001
+            storage._engine = pooled_engine(url)  # noqa: SLF001
         super().__init__()
 
     @property

@@ -60,9 +60,9 @@ def lexical_rows(chunks: Sequence[Any], tokenizer: Any) -> dict[str, list[Any]]:
 def write_lexical(tx: Session, keys: Sequence[Mapping[str, Any]], chunks: Sequence[Any], tokenizer: Any) -> None:
     """Upsert the lexical rows and postings of a batch of chunks (inside the publish transaction); ``keys[i]``
     is the version (tenant_id, document_id, profile, version_number) of ``chunks[i]``."""
-    rows = lexical_rows(chunks, tokenizer)
-    tx.execute("lexical_chunk_upsert", {**rows, **version_columns(keys)})
-    tx.execute("lexical_posting_prune", {"chunk_ids": rows["chunk_ids"]})
+    rows = {**lexical_rows(chunks, tokenizer), **version_columns(keys)}
+    tx.execute("lexical_posting_prune", rows)  # before the upsert: the old rows say which terms go
+    tx.execute("lexical_chunk_upsert", rows)
     tx.execute("lexical_posting_write", {"chunk_ids": rows["chunk_ids"]})
 
 

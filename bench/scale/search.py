@@ -314,9 +314,8 @@ def seed(url: str, chunks: int, m: int, ef_construction: int, workers: int, out:
         conn.execute(queries["bench_search_build_settings"], {"maintenance_work_mem": "4GB", "workers": workers})
         if terms is not None:
             phase = time.perf_counter()
-            for name in ("bench_search_lexical_posting_drop_keys", "bench_search_lexical_posting_drop_term_index",
+            for name in ("bench_search_lexical_posting_drop_term_index",
                          "bench_search_fill_lexical_chunks", "bench_search_fill_lexical_postings",
-                         "bench_search_lexical_posting_key", "bench_search_lexical_posting_foreign_key",
                          "bench_search_lexical_posting_term_index", "bench_search_fill_lexical_documents",
                          "bench_search_fill_lexical_term_stats"):
                 with conn.transaction():

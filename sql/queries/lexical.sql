@@ -25,24 +25,33 @@ WHERE (l.tenant_id, l.document_id, l.version_number, l.profile) =
 
 -- name: lexical_posting_write
 -- Write the postings of a batch of chunks from their lexical rows (just upserted, same transaction): only
--- rows that differ, so a re-run rewrites nothing. Terms a rewritten row lost go in lexical_posting_prune.
+-- rows that differ, so a re-run rewrites nothing. Terms a rewritten row lost went in lexical_posting_prune.
+-- The conflict target is the one unique index (tenant, profile, term, chunk): unique as (chunk, term) is.
 INSERT INTO lexical_posting AS x (chunk_id, term, tenant_id, profile, document_id, version_number, tf, length)
 SELECT l.chunk_id, t.term, l.tenant_id, l.profile, l.document_id, l.version_number, t.tf, l.length
 FROM lexical_chunk l, unnest(l.terms, l.tfs) AS t (term, tf)
 WHERE l.chunk_id = ANY (%(chunk_ids)s::text[])
-ON CONFLICT (chunk_id, term) DO UPDATE
-SET tenant_id = EXCLUDED.tenant_id, profile = EXCLUDED.profile, document_id = EXCLUDED.document_id,
-    version_number = EXCLUDED.version_number, tf = EXCLUDED.tf, length = EXCLUDED.length
-WHERE (x.tenant_id, x.profile, x.document_id, x.version_number, x.tf, x.length) IS DISTINCT FROM
-      (EXCLUDED.tenant_id, EXCLUDED.profile, EXCLUDED.document_id, EXCLUDED.version_number, EXCLUDED.tf, EXCLUDED.length);
+ON CONFLICT (tenant_id, profile, term, chunk_id) DO UPDATE
+SET document_id = EXCLUDED.document_id, version_number = EXCLUDED.version_number, tf = EXCLUDED.tf,
+    length = EXCLUDED.length
+WHERE (x.document_id, x.version_number, x.tf, x.length) IS DISTINCT FROM
+      (EXCLUDED.document_id, EXCLUDED.version_number, EXCLUDED.tf, EXCLUDED.length);
 
 -- name: lexical_posting_prune
--- Drop postings of a batch of chunks whose lexical row no longer holds their term (a rewritten row).
+-- Drop the postings of terms that a batch's lexical rows are about to lose (run BEFORE lexical_chunk_upsert,
+-- while each old row still lists its terms; parallel arrays as that statement's, new terms as integer[]
+-- literals). Only rows of the same version are touched, as the upsert takes over no other version's row.
+-- Each posting is one probe of the unique index; a first write finds no old row and deletes nothing.
 DELETE FROM lexical_posting x
 USING lexical_chunk l
-WHERE x.chunk_id = l.chunk_id
-  AND l.chunk_id = ANY (%(chunk_ids)s::text[])
-  AND x.term <> ALL (l.terms);
+JOIN unnest(%(chunk_ids)s::text[], %(tenant_ids)s::text[], %(document_ids)s::text[], %(profiles)s::text[],
+            %(version_numbers)s::integer[], %(terms)s::text[])
+     AS r (chunk_id, tenant_id, document_id, profile, version_number, terms)
+  ON r.chunk_id = l.chunk_id
+ AND (r.tenant_id, r.document_id, r.profile, r.version_number) = (l.tenant_id, l.document_id, l.profile, l.version_number),
+     unnest(l.terms) AS t (term)
+WHERE t.term <> ALL (r.terms::integer[])
+  AND x.tenant_id = l.tenant_id AND x.profile = l.profile AND x.term = t.term AND x.chunk_id = l.chunk_id;
 
 -- name: lexical_stats_reconcile
 -- Make lexical_term_stats count what these documents' pointed versions hold now (one tenant and profile):
@@ -140,7 +149,7 @@ ORDER BY s.bm25 DESC, c.chunk_id;
 
 -- name: lexical_scores_of
 -- BM25 of given current chunks of the tenant (the dense side's candidates that the lexical side did not
--- return), by posting primary key (chunk, term): a chunk with no query term is absent (score 0).
+-- return), one probe of the unique posting index per (chunk, term): a chunk with no query term is absent.
 WITH q AS (
     SELECT * FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[]) AS q (term, idf)
 )
@@ -149,11 +158,11 @@ SELECT x.chunk_id,
            / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8))) AS bm25
 FROM unnest(%(chunk_ids)s::text[]) AS ids (chunk_id)
 CROSS JOIN q
-JOIN lexical_posting x ON x.chunk_id = ids.chunk_id AND x.term = q.term
+JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
+                     AND x.chunk_id = ids.chunk_id
 JOIN search_pointer p
   ON p.tenant_id = x.tenant_id AND p.document_id = x.document_id
  AND p.profile = x.profile AND p.version_number = x.version_number
-WHERE x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s
 GROUP BY x.chunk_id;
 
 -- name: lexical_backfill_position

@@ -282,9 +282,11 @@ HAVING count(*) <> 1;
 
 -- name: verify_lexical_index_mismatch
 -- A chunk whose lexical (BM25) row is missing, belongs to another version, was built from other content,
--- whose length is not the sum of its term frequencies, or whose postings differ from the row: lexical
--- search would disagree with the chunks.
-WITH offending AS (
+-- whose length is not the sum of its term frequencies, or whose postings differ from the row; or a posting
+-- no lexical row lists (a stray: its chunk or term is gone): lexical search would disagree with the chunks.
+-- The row's own postings are found by one probe each (the unique index leads with tenant, profile, term);
+-- strays take one pass over all postings.
+WITH by_row AS (
     SELECT c.chunk_id, c.tenant_id, c.document_id, c.profile, c.version_number,
            CASE WHEN l.chunk_id IS NULL THEN 'missing'
                 WHEN (l.tenant_id, l.document_id, l.profile, l.version_number)
@@ -299,13 +301,25 @@ WITH offending AS (
           IS DISTINCT FROM (c.tenant_id, c.document_id, c.profile, c.version_number)
        OR l.content_digest <> c.content_digest
        OR l.length <> (SELECT coalesce(sum(x), 0) FROM unnest(l.tfs) AS x)
-       OR EXISTS (  -- the postings must be exactly the row's terms, tfs, length and key
-           (SELECT t.term, t.tf, l.length, l.tenant_id, l.profile, l.document_id, l.version_number
+       OR EXISTS (  -- each of the row's terms has its posting, with the row's tf, length and version
+           (SELECT t.term, t.tf, l.length, l.document_id, l.version_number
             FROM unnest(l.terms, l.tfs) AS t (term, tf))
            EXCEPT ALL
-           (SELECT x.term, x.tf, x.length, x.tenant_id, x.profile, x.document_id, x.version_number
-            FROM lexical_posting x WHERE x.chunk_id = l.chunk_id))
-       OR (SELECT count(*) FROM lexical_posting x WHERE x.chunk_id = l.chunk_id) <> cardinality(l.terms)
+           (SELECT x.term, x.tf, x.length, x.document_id, x.version_number
+            FROM lexical_posting x
+            WHERE x.tenant_id = l.tenant_id AND x.profile = l.profile AND x.term = ANY (l.terms)
+              AND x.chunk_id = l.chunk_id))
+),
+strays AS (
+    SELECT x.chunk_id, x.tenant_id, x.document_id, x.profile, x.version_number, 'stray posting' AS problem
+    FROM lexical_posting x
+    LEFT JOIN lexical_chunk l ON l.chunk_id = x.chunk_id
+    WHERE l.chunk_id IS NULL OR x.term <> ALL (l.terms) OR (x.tenant_id, x.profile) <> (l.tenant_id, l.profile)
+),
+offending AS (
+    SELECT DISTINCT ON (chunk_id) *
+    FROM (SELECT * FROM by_row UNION ALL SELECT * FROM strays) AS found
+    ORDER BY chunk_id, problem
 )
 SELECT o.*, count(*) OVER ()::integer AS total
 FROM offending o

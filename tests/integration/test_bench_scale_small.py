@@ -58,7 +58,7 @@ def test_scale_search_bench_dense_only(tmp_path, capsys):
 def test_seeded_lexical_index_is_what_publish_leaves(db_url, template_url):
     """The product's own checks hold on the seeded lexical index: rows and postings match the chunks, the
     statistics recount, and reconciling a tenant's documents the way publish does changes nothing; the
-    posting keys and index the seeding drops and rebuilds are migration 0022's."""
+    posting index the seeding drops and rebuilds is migration 0025's."""
     seed(db_url, 3000, 16, 40, 0, lambda line: None, np.random.default_rng(5))
     with psycopg.connect(db_url) as seeded, psycopg.connect(template_url) as migrated:
         assert seeded.execute(POSTING_SCHEMA).fetchall() == migrated.execute(POSTING_SCHEMA).fetchall()

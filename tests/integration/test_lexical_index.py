@@ -68,7 +68,7 @@ def index(db, queue, publisher):
     sink = IndexSink(db, queue)
 
     def make(tenant: str, document: str, texts: list[str], *, publish: bool = True):
-        published = publisher.publish(tenant, document, "\n\n".join(texts).encode(), f"{document}.txt")
+        publisher.publish(tenant, document, "\n\n".join(texts).encode(), f"{document}.txt")
         (claimed,) = queue.claim("test-worker", limit=1)
         chunks = pieces(tenant, document, claimed.version_number, texts)
         if publish:
@@ -282,3 +282,65 @@ def test_a_migration_sets_the_search_mode_and_fusion_parameters_of_its_profile(d
     assert db.fetch_one("index_profile_get", {"name": "bad"}) is None
     with pytest.raises(InvalidRequest):
         create_profile(db, "bad", model="fake-384", lexical=LexicalParams(search_mode="x"))
+
+
+class _ShiftedPieces:
+    """A tokenizer whose ids are the real ones + 1: what a changed term extraction does to a row's terms."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+
+    def pieces(self, text: str):
+        return [(i + 1, s, e) for i, s, e in self.real.pieces(text)]
+
+
+def postings(db_url: str) -> set[tuple[str, int]]:
+    with psycopg.connect(db_url) as conn:
+        return set(conn.execute("SELECT chunk_id, term FROM lexical_posting").fetchall())
+
+
+def listed(db_url: str) -> set[tuple[str, int]]:
+    with psycopg.connect(db_url) as conn:
+        return set(conn.execute("SELECT chunk_id, unnest(terms) FROM lexical_chunk").fetchall())
+
+
+def test_postings_go_with_their_rows_when_chunks_are_deleted(db, db_url, index, queue):
+    """No foreign key carries the delete any more (migration 0025): the lexical row's trigger does."""
+    claimed, chunks = index("acme", "refunds", ["Refunds take 30 days.", "Old desk hours.", "Keep receipts."])
+    assert postings(db_url) == listed(db_url) and len(postings(db_url)) > 6
+    with psycopg.connect(db_url, autocommit=True) as conn:  # what chunk_delete_stale and retention do
+        conn.execute("DELETE FROM chunk WHERE chunk_id = %s", (chunks[1].chunk_id,))
+    assert postings(db_url) == listed(db_url)
+    assert not any(c == chunks[1].chunk_id for c, _ in postings(db_url))
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM chunk")
+    assert postings(db_url) == set()
+
+
+def test_a_rewritten_row_loses_exactly_the_postings_of_the_terms_it_lost(db, db_url, index):
+    from resources.lexical import tokenizer_for, write_lexical
+
+    claimed, chunks = index("acme", "refunds", ["Refunds take 30 days.", "The refund desk opens at nine."])
+    before = postings(db_url)
+    key = {"tenant_id": "acme", "document_id": "refunds", "profile": PROFILE, "version_number": claimed.version_number}
+    with db.transaction() as tx:
+        write_lexical(tx, [key] * 2, chunks, _ShiftedPieces(tokenizer_for(MODEL)))
+    after = postings(db_url)
+    assert after == listed(db_url) and after != before
+    assert {c for c, _ in after} == {c.chunk_id for c in chunks}
+    with db.transaction() as tx:  # and back: the same terms as a first write, nothing else
+        write_lexical(tx, [key] * 2, chunks, tokenizer_for(MODEL))
+    assert postings(db_url) == before == listed(db_url)
+
+
+def test_pruning_never_touches_a_row_of_another_version(db, db_url, index):
+    """A chunk id clash (refused by the publish's row count): the other version's postings stay whole."""
+    from resources.lexical import tokenizer_for, write_lexical
+
+    claimed, chunks = index("acme", "refunds", ["Refunds take 30 days."])
+    before = postings(db_url)
+    other = {"tenant_id": "acme", "document_id": "refunds", "profile": PROFILE,
+             "version_number": claimed.version_number + 1}
+    with db.transaction() as tx:
+        write_lexical(tx, [other], chunks, _ShiftedPieces(tokenizer_for(MODEL)))
+    assert postings(db_url) == before == listed(db_url)

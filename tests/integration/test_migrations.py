@@ -117,3 +117,32 @@ def test_an_install_that_already_indexed_keeps_its_model_through_0024(pg_server_
             " 'Refunds take thirty days.', 5, 'd0', %s::vector)", ("[" + ",".join(["0.05"] * 384) + "]",))
     assert DEFAULT_BACKEND_MIGRATION in migrate(url)
     assert _profile_model(url) == PACKAGED_MODEL_NAME
+
+
+def test_upgrade_past_0025_keeps_the_postings_under_one_unique_index(pg_server_url):
+    """0025 swaps the posting keys and foreign key for one unique index and a delete trigger, rows intact."""
+    url = _fresh(pg_server_url, "mig_lean_postings")
+    _migrate_before(url, "0025_lexical_posting_lean")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text,"
+            " token_count, content_digest, embedding) VALUES ('c0', 'acme', 'refunds', 1, 'minilm-v1', 0,"
+            " 'Refunds take thirty days.', 5, 'd0', %s::vector)", ("[" + ",".join(["0.05"] * 384) + "]",))
+        conn.execute("INSERT INTO lexical_chunk (chunk_id, tenant_id, document_id, profile, version_number,"
+                     " content_digest, terms, tfs, length) VALUES ('c0', 'acme', 'refunds', 'minilm-v1', 1, 'd0',"
+                     " '{5,7}', '{2,1}', 3)")
+        conn.execute("INSERT INTO lexical_posting (chunk_id, term, tenant_id, profile, document_id, version_number,"
+                     " tf, length) VALUES ('c0', 5, 'acme', 'minilm-v1', 'refunds', 1, 2, 3),"
+                     " ('c0', 7, 'acme', 'minilm-v1', 'refunds', 1, 1, 3)")
+    assert migrate(url) == ["0025_lexical_posting_lean"]
+    with psycopg.connect(url, autocommit=True) as conn:
+        indexes = conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'lexical_posting'").fetchall()
+        assert [d for (d,) in indexes] == [
+            "CREATE UNIQUE INDEX lexical_posting_term_idx ON public.lexical_posting USING btree "
+            "(tenant_id, profile, term, chunk_id) INCLUDE (tf, length, document_id, version_number)"]
+        assert conn.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = 'lexical_posting'::regclass"
+                            " AND contype IN ('p', 'f')").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM lexical_posting").fetchone()[0] == 2
+        assert conn.execute(queries["verify_lexical_index_mismatch"], {"limit": 5}).fetchall() == []
+        conn.execute("DELETE FROM chunk")  # cascades to the lexical row, whose trigger takes the postings
+        assert conn.execute("SELECT count(*) FROM lexical_posting").fetchone()[0] == 0

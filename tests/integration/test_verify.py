@@ -334,11 +334,30 @@ def lexical_chunk_total_drifts(db_url: str, s: State) -> None:
     sql(db_url, "UPDATE lexical_term_stats SET df = df - 1 WHERE term = -1")
 
 
+def lexical_posting_stray(db_url: str, s: State) -> None:
+    """A posting for a term its lexical row does not list: search would score a term the chunk lacks."""
+    sql(db_url, "INSERT INTO lexical_posting (chunk_id, term, tenant_id, profile, document_id, version_number, tf, "
+                "length) SELECT chunk_id, 424242, tenant_id, profile, document_id, version_number, 1, length "
+                "FROM lexical_chunk WHERE version_number = 1 ORDER BY chunk_id LIMIT 1")
+
+
+def lexical_posting_orphaned(db_url: str, s: State) -> None:
+    """A posting of a chunk that has no lexical row (nor chunk) at all."""
+    sql(db_url, "INSERT INTO lexical_posting (chunk_id, term, tenant_id, profile, document_id, version_number, tf, "
+                "length) VALUES ('no-such-chunk', 7, 'acme', %s, 'refund-policy', 1, 1, 3)", (PROFILE,))
+
+
 def lexical_terms_rewritten_without_stats(db_url: str, s: State) -> None:
-    ids = sql(db_url, "UPDATE lexical_chunk SET terms = '{5,7}' WHERE version_number = 2 AND terms[1] = 1000 "
-                      "RETURNING chunk_id")
-    sql(db_url, queries["lexical_posting_prune"], {"chunk_ids": [i for (i,) in ids]})
-    sql(db_url, queries["lexical_posting_write"], {"chunk_ids": [i for (i,) in ids]})
+    """Rows rewritten the way publish rewrites them (prune the terms they lose, rewrite, post the new ones),
+    but without reconciling the statistics."""
+    rows = sql(db_url, "SELECT chunk_id, tenant_id, document_id, profile, version_number FROM lexical_chunk "
+                       "WHERE version_number = 2 AND terms[1] = 1000")
+    ids = [r[0] for r in rows]
+    sql(db_url, queries["lexical_posting_prune"], {
+        "chunk_ids": ids, "tenant_ids": [r[1] for r in rows], "document_ids": [r[2] for r in rows],
+        "profiles": [r[3] for r in rows], "version_numbers": [r[4] for r in rows], "terms": ["{5,7}"] * len(rows)})
+    sql(db_url, "UPDATE lexical_chunk SET terms = '{5,7}' WHERE chunk_id = ANY (%s)", (ids,))
+    sql(db_url, queries["lexical_posting_write"], {"chunk_ids": ids})
 
 
 def two_active_profiles(db_url: str, s: State) -> None:
@@ -381,6 +400,8 @@ CORRUPTIONS: list[tuple[Callable[[str, State], None], str]] = [
     (lexical_length_lies, "lexical_index_mismatch"),
     (lexical_posting_lost, "lexical_index_mismatch"),
     (lexical_posting_tf_lies, "lexical_index_mismatch"),
+    (lexical_posting_stray, "lexical_index_mismatch"),
+    (lexical_posting_orphaned, "lexical_index_mismatch"),
     (lexical_df_drifts, "lexical_stats_mismatch"),
     (lexical_chunk_total_drifts, "lexical_stats_mismatch"),
     (lexical_terms_rewritten_without_stats, "lexical_stats_mismatch"),

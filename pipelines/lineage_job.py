@@ -12,23 +12,27 @@ from pydantic import Field
 
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from resources.dagster_resources import DatabaseResource
-from resources.partition_keys import DEFAULT_LINEAGE_SECONDS, forget, prunable
+from resources.partition_keys import DEFAULT_LINEAGE_SECONDS, DEFAULT_MAX_KEYS, forget, prunable
 from resources.profiles import request_backfill
 
 
 class PruneConfig(dg.Config):
     window_seconds: float = Field(default=DEFAULT_LINEAGE_SECONDS, ge=0,
                                   description="Keep a finished version's partition key (its UI lineage) this long.")
+    max_keys: int = Field(default=DEFAULT_MAX_KEYS, ge=0,
+                          description="Keep at most this many finished versions' keys (the newest), whatever the window.")
     batch: int = Field(default=5000, ge=1, le=100_000, description="Keys deleted per run at most (~12 ms each).")
 
 
 @dg.op(out=dg.Out(dg.Nothing), description="Delete the partition keys of finished versions past the lineage window.")
 def prune_partition_keys(context: dg.OpExecutionContext, config: PruneConfig, database: DatabaseResource) -> dg.Output:
-    keys = prunable(database.db, window_seconds=config.window_seconds, limit=config.batch)
+    keys = prunable(database.db, window_seconds=config.window_seconds, max_keys=config.max_keys,
+                    limit=config.batch)
     for key in keys:
         context.instance.delete_dynamic_partition(VERSIONS_PARTITIONS_NAME, key)
     forget(database.db, keys)
-    return dg.Output(None, metadata={"partition_keys_deleted": len(keys), "window_seconds": config.window_seconds})
+    return dg.Output(None, metadata={"partition_keys_deleted": len(keys), "window_seconds": config.window_seconds,
+                                     "max_keys": config.max_keys})
 
 
 @dg.job(name="prune_lineage_keys", executor_def=dg.in_process_executor,

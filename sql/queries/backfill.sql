@@ -86,10 +86,16 @@ SELECT k, now() FROM unnest(%(partition_keys)s::text[]) AS k
 ON CONFLICT (partition_key) DO UPDATE SET added_at = EXCLUDED.added_at;
 
 -- name: dagster_partition_key_prunable
--- Up to %(limit)s keys added before the lineage window whose version has no task in flight, oldest first.
+-- Up to %(limit)s keys whose version has no task in flight and that are either past the lineage window or
+-- older than the newest %(max_keys)s keys (the cap: the UI's partition pages cost what the live keys cost,
+-- so heavy churn cannot make them slow), oldest first. The cap is one walk of the added_at index, O(max_keys).
+WITH cap AS (
+    SELECT added_at FROM dagster_partition_key ORDER BY added_at DESC OFFSET %(max_keys)s LIMIT 1
+)
 SELECT k.partition_key
 FROM dagster_partition_key k
-WHERE k.added_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_seconds)s)
+WHERE k.added_at <= greatest(coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_seconds)s),
+                             coalesce((SELECT added_at FROM cap), '-infinity'))
   AND NOT EXISTS (
       SELECT 1
       FROM document_version v

@@ -133,3 +133,28 @@ def test_a_backfill_claim_is_sized_by_bytes_too(db, db_url, publish_task, instan
     request_backfill(db, "shadow-bytes")
     assert [len(claimed_task_ids(tick(instance, db_url))) for _ in range(4)] == [3, 3, 3, 3]  # 1,000 B: 3 a tick
     assert claimed_task_ids(tick(instance, db_url)) == []  # the backlog is done
+
+
+def test_keys_beyond_the_newest_max_keys_are_pruned_inside_the_window(db, db_url, publish_task):
+    """Heavy churn cannot grow the live key set past the cap: the oldest finished keys go first, while a
+    version in flight keeps its key whatever its age."""
+    import psycopg
+
+    from resources.partition_keys import record_added
+
+    done = [publish_task() for _ in range(4)]
+    busy = publish_task()
+    finish(db, [r.task_id for r in done])
+    keys = {r["task_id"]: r["partition_key"] for r in db.fetch_all(
+        "document_version_partition_keys", {"task_ids": [r.task_id for r in [*done, busy]]})}
+    order = [keys[busy.task_id]] + [keys[r.task_id] for r in done]  # the busy key is the oldest of all
+    record_added(db, order)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for age, key in enumerate(reversed(order)):
+            conn.execute("UPDATE dagster_partition_key SET added_at = now() - make_interval(mins => %s)"
+                         " WHERE partition_key = %s", (age + 1, key))
+    assert prunable(db, window_seconds=3600) == []  # all inside the window, under the default cap
+    assert prunable(db, window_seconds=3600, max_keys=3) == [keys[done[0].task_id]]
+    assert prunable(db, window_seconds=3600, max_keys=1) == [keys[r.task_id] for r in done[:3]]
+    assert prunable(db, window_seconds=3600, max_keys=0) == [keys[r.task_id] for r in done]
+    assert prunable(db, window_seconds=0) == [keys[r.task_id] for r in done]  # and the window alone, as before

@@ -54,7 +54,7 @@ def seed_index(kb_url: str, dg_url: str, versions: int, chunks: int, live_keys: 
         for name in ("bench_scale_seed_documents", "bench_scale_seed_versions", "bench_scale_seed_tasks",
                      "bench_scale_seed_events", "bench_scale_seed_pointers", "bench_scale_drop_hnsw",
                      "bench_scale_seed_chunks", "bench_scale_build_memory", "bench_scale_build_hnsw",
-                     "bench_scale_analyze"):
+                     "bench_scale_analyze", "bench_scale_checkpoint"):
             started = time.perf_counter()
             conn.execute(queries[name], params)
             timings[name.removeprefix("bench_scale_")] = round(time.perf_counter() - started, 2)

@@ -81,6 +81,22 @@ def recommend(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
             "ndcg_delta_vs_torch": round(rows[best]["ndcg"]["ndcg"] - torch["ndcg"]["ndcg"], 4)}
 
 
+def faster_lossier(rows: dict[str, dict[str, Any]], recommended: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The fastest backend faster than the recommendation but outside its nDCG tolerance: the issue's
+    "faster, lossier" profile, for the quality gate to judge on a corpus of one's own."""
+    torch = rows.get(PACKAGED_MODEL_NAME)
+    if recommended is None or torch is None or "ndcg" not in torch:
+        return None
+    faster = [m for m, r in rows.items() if "ndcg" in r and (r.get("best_chunks_per_second") or 0)
+              > recommended["chunks_per_second"]]
+    if not faster:
+        return None
+    best = max(faster, key=lambda m: rows[m]["best_chunks_per_second"])
+    return {"backend": best, "layout": rows[best]["best_layout"],
+            "speedup_vs_recommended": round(rows[best]["best_chunks_per_second"] / recommended["chunks_per_second"], 2),
+            "ndcg_delta_vs_torch": round(rows[best]["ndcg"]["ndcg"] - torch["ndcg"]["ndcg"], 4)}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     corpus = Path(args.corpus)
     documents = Path(args.documents) if args.documents else corpus / "en-peps"
@@ -119,7 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"chunks": len(texts), "mean_chars": round(sum(map(len, texts)) / max(1, len(texts))),
             "eval": eval_dir.name if eval_dir.is_dir() else None, "repeats": args.repeats,
             "load_average": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
-            "backends": rows, "recommended": recommend(rows)}
+            "backends": rows, "recommended": (rec := recommend(rows)), "faster_lossier": faster_lossier(rows, rec)}
 
 
 def table(report: dict[str, Any]) -> str:
@@ -132,6 +148,10 @@ def table(report: dict[str, Any]) -> str:
     rec = report["recommended"]
     lines.append(f"recommended: {rec['backend']} ({rec['layout']}, {rec['speedup_vs_torch']}x torch, "
                  f"nDCG {rec['ndcg_delta_vs_torch']:+})" if rec else "recommended: none (no torch row or nDCG)")
+    fast = report.get("faster_lossier")
+    if fast:
+        lines.append(f"faster, lossier: {fast['backend']} ({fast['layout']}, {fast['speedup_vs_recommended']}x the "
+                     f"recommended, nDCG {fast['ndcg_delta_vs_torch']:+} vs torch): a profile for the quality gate")
     return "\n".join(lines)
 
 

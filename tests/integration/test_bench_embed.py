@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.embed.__main__ import main, recommend
+from bench.embed.__main__ import faster_lossier, main, recommend, table
 from resources.derived_models import models_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,3 +47,15 @@ def test_the_recommendation_is_the_fastest_within_0_005_ndcg_of_torch() -> None:
     chosen = recommend(rows)
     assert chosen is not None and chosen["backend"] == "fast-same" and chosen["speedup_vs_torch"] == 2.0
     assert recommend({"fast-same": _row(20, 0.8)}) is None  # no torch row to compare with
+
+
+def test_the_faster_lossier_choice_is_the_fastest_beyond_the_recommendation() -> None:
+    rows = {"all-MiniLM-L6-v2": _row(10, 0.80), "fast-same": _row(20, 0.796), "faster-lossy": _row(40, 0.79),
+            "slow-lossy": _row(15, 0.70)}
+    rec = recommend(rows)
+    fast = faster_lossier(rows, rec)
+    assert fast == {"backend": "faster-lossy", "layout": "2x1", "speedup_vs_recommended": 2.0,
+                    "ndcg_delta_vs_torch": -0.01}
+    assert "faster, lossier: faster-lossy" in table({"backends": {}, "recommended": rec, "faster_lossier": fast})
+    assert faster_lossier({"all-MiniLM-L6-v2": _row(10, 0.80), "fast-same": _row(20, 0.8)},
+                          recommend({"all-MiniLM-L6-v2": _row(10, 0.80), "fast-same": _row(20, 0.8)})) is None

@@ -54,6 +54,11 @@ BATCH_UNSIZED = int(os.environ.get("KBINDEX_RUN_BATCH_UNSIZED", "160"))
 # a shallow one gets one small run.
 RUN_SPREAD = int(os.environ.get("KBINDEX_RUN_SPREAD", "2"))
 BATCH_MIN = int(os.environ.get("KBINDEX_RUN_BATCH_MIN", "12"))
+# ...and a tick's versions are spread over several runs only if each run gets this many bytes: a run's
+# fixed cost (~3 core-seconds: process start, imports, step events) is worth ~300 chunks of embedding, so
+# two runs of 20 abstracts cost twice that for nothing (the embedding service keeps every core busy for
+# one run). A burst of 1,000 publishes on the 1M-version bench ended in two runs of 19 and 20.
+RUN_SPLIT_BYTES = int(os.environ.get("KBINDEX_RUN_SPLIT_BYTES", str(256 * 1024)))
 MAX_WAITING_RUNS = int(os.environ.get("KBINDEX_MAX_WAITING_RUNS", "1"))
 WAITING_LEASE_MAX_SECONDS = float(os.environ.get("KBINDEX_WAITING_LEASE_MAX_SECONDS", "900"))
 LEASE_SECONDS = float(os.environ.get("KBINDEX_LEASE_SECONDS", "60"))
@@ -138,6 +143,7 @@ def plan_runs(
     caps: dict[int, int | None] | None = None,
     pinned: set[str] = frozenset(),  # type: ignore[assignment]
     run_bytes: int = 0,
+    split_bytes: int = 0,
 ) -> RunPlan:
     """Group claimed tasks into run requests over contiguous partition-key ranges.
 
@@ -148,7 +154,8 @@ def plan_runs(
     change that run's range under it, so it gets a run of its own as before. The tasks of one key
     always share a run. Tasks with a crash-bisection cap (``caps``) run in groups of the same cap,
     at most that many tasks per run. ``run_bytes`` (with ``weights``, the versions' byte sizes): no run
-    carries much more than that many bytes.
+    carries much more than that many bytes; ``split_bytes``: the versions are spread over ``spread`` runs
+    only as far as each run gets that many bytes.
     """
     caps = caps or {}
     plan = RunPlan()
@@ -168,7 +175,8 @@ def plan_runs(
             (capped[min(task_caps)] if task_caps else free).append(key)
         unit_weights = [sum(max(1, (weights or {}).get(t.lease.task_id, 1)) for t in units[k]) for k in free]
         by_bytes = -(-sum(unit_weights) // run_bytes) if weights and run_bytes > 0 else 1
-        sizes = split_sizes(len(free), batch_max, spread, batch_min, min_runs=by_bytes)
+        worth = max(1, sum(unit_weights) // split_bytes) if weights and split_bytes > 0 else spread
+        sizes = split_sizes(len(free), batch_max, min(spread, worth), batch_min, min_runs=by_bytes)
         if weights:
             sizes = balance_sizes(unit_weights, sizes, batch_max)
         groups = _cut(free, sizes)
@@ -254,7 +262,7 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
     pinned = (existing if _backfill_in_progress(context.instance) else live_run_keys(context.instance, database)
               ) if existing else set()
     plan = plan_runs(claimed, keys, existing, owner, BATCH_MAX, spread=RUN_SPREAD, batch_min=BATCH_MIN,
-                     weights=weights, caps=caps, pinned=pinned, run_bytes=RUN_BYTES)
+                     weights=weights, caps=caps, pinned=pinned, run_bytes=RUN_BYTES, split_bytes=RUN_SPLIT_BYTES)
     # Moved keys are deleted here and re-added, in plan order, by the add request below. One
     # SensorResult may not both delete and add a key (Dagster refuses it). If the tick dies in
     # between, the keys are simply missing: the leases expire and the next claim adds them afresh.

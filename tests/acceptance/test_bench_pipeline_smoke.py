@@ -134,7 +134,9 @@ def test_a_shared_embedding_window_that_fails_fails_only_the_version_whose_texts
 # the claiming sensor's batching (what the bench tunes)
 
 
-def test_a_deep_queue_becomes_one_big_run_per_tenant_slot_and_a_lone_publish_one_small_run(db_url, kb_env, fake_profile):
+def test_a_deep_queue_becomes_one_big_run_per_tenant_slot_and_a_lone_publish_one_small_run(db_url, kb_env, fake_profile,
+                                                                                             monkeypatch):
+    from pipelines import sensors
     from pipelines.sensors import balance_sizes, claim_index_tasks, split_sizes
     from resources.dagster_resources import MODELS_TAG, DatabaseResource
 
@@ -155,6 +157,7 @@ def test_a_deep_queue_becomes_one_big_run_per_tenant_slot_and_a_lone_publish_one
             publisher.publish("acme", f"doc-{i:02d}.txt", f"Document number {i:02d}. ".encode() * (10 if i < 10 else 1),
                               f"doc-{i:02d}.txt")
         instance = dg.DagsterInstance.ephemeral()
+        monkeypatch.setattr(sensors, "RUN_SPLIT_BYTES", 1_000)  # tiny documents, still worth two runs here
         with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
             result = claim_index_tasks(ctx)
         sizes = [len(leases_of(r.tags)) for r in result.run_requests]

@@ -122,3 +122,19 @@ def test_many_small_versions_make_few_big_runs_and_long_ones_more_runs():
     capped = plan_runs(claimed, keys, set(), "batch-x", 300, spread=2, batch_min=12,
                        weights={t.lease.task_id: 1 for t in claimed}, run_bytes=5_000_000)
     assert sizes(capped) == [250, 250, 250, 250]  # and never over the version cap
+
+
+def test_a_tick_is_spread_over_runs_only_as_far_as_each_run_gets_enough_bytes():
+    """A run's fixed cost is seconds of CPU: 39 abstracts make one run, not two of 19 and 20."""
+    claimed = [task(i) for i in range(1, 40)]
+    keys = {t.lease.task_id: f"acme/doc-{t.lease.task_id}/v1" for t in claimed}
+    weights = {t.lease.task_id: 1_500 for t in claimed}
+
+    def plan(split_bytes: int, weight: int = 1_500):
+        return plan_runs(claimed, keys, set(), "batch-x", 320, spread=2, batch_min=12, run_bytes=5_000_000,
+                         weights={t: weight for t in weights}, split_bytes=split_bytes)
+
+    assert sizes(plan(0)) == [20, 19]  # without the rule: both slots
+    assert sizes(plan(256 * 1024)) == [39]  # 58 KB: one run
+    assert sizes(plan(256 * 1024, weight=20_000)) == [20, 19]  # 780 KB: worth two runs
+    assert sizes(plan(256 * 1024, weight=1)) == [39]

@@ -157,8 +157,11 @@ def test_publish_is_indexed_by_the_daemon_with_the_real_model_and_found(e2e):
     assert search(e2e.db, embedder_for_model(DEFAULT_MODEL_NAME), "hotel", tenant_id="globex", k=3) == []
 
 
-def _long_document(n: int) -> bytes:
-    return "\n\n".join(f"Paragraph {i}: the retention schedule keeps record class {i} for {i % 7 + 1} years." for i in range(n)).encode()
+def _long_document(n: int, subject: str) -> bytes:
+    """``n`` paragraphs about ``subject``: each test embeds its own texts, since a version whose chunks repeat
+    stored ones reuses their vectors and would pass the embed stage faster than a test can see it."""
+    return "\n\n".join(f"Paragraph {i}: the {subject} schedule keeps record class {i} for {i % 7 + 1} years."
+                         for i in range(n)).encode()
 
 
 def _use_fake_model(e2e):
@@ -176,7 +179,7 @@ def _use_fake_model(e2e):
 
 def test_run_killed_mid_embed_is_retried_and_searchable_exactly_once(e2e):
     _use_fake_model(e2e)
-    r = e2e.publisher.publish("acme", "retention.txt", _long_document(400), "retention.txt")
+    r = e2e.publisher.publish("acme", "retention.txt", _long_document(400, "retention"), "retention.txt")
     e2e.wait_stage(r.task_id, "embed")
     victims = e2e.wait_for(e2e.run_processes, 30, "the run process")
     for p in victims:
@@ -190,7 +193,7 @@ def test_run_killed_mid_embed_is_retried_and_searchable_exactly_once(e2e):
 
 def test_run_paused_past_its_lease_is_taken_over_and_cannot_commit_after_resuming(e2e):
     _use_fake_model(e2e)
-    r = e2e.publisher.publish("acme", "paused.txt", _long_document(400), "paused.txt")
+    r = e2e.publisher.publish("acme", "paused.txt", _long_document(400, "archive"), "paused.txt")
     e2e.wait_stage(r.task_id, "embed")
     first = e2e.queue.get(r.task_id)
     victims = e2e.wait_for(e2e.run_processes, 30, "the run process")

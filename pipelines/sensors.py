@@ -239,9 +239,10 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
     limit, left = claim_limit(database, queue_full)
     claimed = queue.claim(owner, limit=limit, expired_only=queue_full, for_run=True)
     if not queue_full and len(claimed) < limit and left > 0:
-        # Capacity live work left free goes to requested profile backfills (a model migration).
-        room = backfill_limit(database, min(limit, BATCH_MAX * max(1, RUN_SPREAD)) - len(claimed), left,
-                              bool(claimed))
+        # Capacity live work left free goes to requested profile backfills (a model migration): the
+        # tick's run slots, not the live claim's limit (which, with nothing due, is only room for
+        # BATCH_UNSIZED takeovers per slot and held a migration to half its runs' size).
+        room = backfill_limit(database, BATCH_MAX * max(1, RUN_SPREAD) - len(claimed), left, bool(claimed))
         claimed += queue.claim_backfill(owner, room, for_run=True) if room else []
     # After the claim, so a slow cancel never delays a takeover (invariant 7).
     for run_id in release_hung_runs(context.instance, queue):

@@ -74,6 +74,23 @@ def test_a_requested_backfill_fills_the_capacity_live_work_leaves(db, db_url, pu
     assert reindex == set(second) | set(third)
 
 
+def test_a_backfill_tick_fills_every_run_slot_when_nothing_is_due(db, db_url, publish_task, instance, monkeypatch):
+    """With no live work the tick's whole capacity (BATCH_MAX per slot) goes to the backlog, not just the room
+    it keeps for lease takeovers of unknown size (bench.scale.migration ran at 0.53-0.70 of plain indexing
+    while each tick claimed half of that)."""
+    monkeypatch.setattr(sensors, "BATCH_MAX", 4)
+    monkeypatch.setattr(sensors, "BATCH_UNSIZED", 2)
+    monkeypatch.setattr(sensors, "RUN_SPREAD", 2)
+    monkeypatch.setattr(sensors, "BATCH_MIN", 1)
+    monkeypatch.setattr(sensors, "MAX_WAITING_RUNS", 100)
+    finish(db, [publish_task().task_id for _ in range(10)])
+    create_profile(db, "shadow-slots", model="fake-384", chunk_tokens=64, overlap=8)
+    request_backfill(db, "shadow-slots")
+    first = tick(instance, db_url)
+    assert [len(leases_of(r.tags)) for r in first.run_requests] == [4, 4]  # two full runs (it was one run of 4)
+    assert len(claimed_task_ids(tick(instance, db_url))) == 2  # the rest of the backlog
+
+
 def test_the_ui_job_requests_the_backfill(db, db_url, publish_task, instance):
     finish(db, [publish_task().task_id])
     create_profile(db, "shadow-c64", model="fake-384", chunk_tokens=64, overlap=8)

@@ -66,7 +66,8 @@ counted AS (
     SELECT d.document_id, t.term, t.df
     FROM lexical_document d
     JOIN docs USING (document_id), unnest(d.terms, d.dfs) AS t (term, df)
-    WHERE d.tenant_id = %(tenant_id)s AND d.profile = %(profile)s
+    -- All three key columns, so the ledger is probed per document, never walked per tenant and profile.
+    WHERE d.tenant_id = %(tenant_id)s AND d.profile = %(profile)s AND d.document_id = ANY (%(document_ids)s::text[])
 ),
 pointed AS (
     SELECT l.document_id, l.terms, l.length, l.version_number

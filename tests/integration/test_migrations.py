@@ -134,7 +134,7 @@ def test_upgrade_past_0025_keeps_the_postings_under_one_unique_index(pg_server_u
         conn.execute("INSERT INTO lexical_posting (chunk_id, term, tenant_id, profile, document_id, version_number,"
                      " tf, length) VALUES ('c0', 5, 'acme', 'minilm-v1', 'refunds', 1, 2, 3),"
                      " ('c0', 7, 'acme', 'minilm-v1', 'refunds', 1, 1, 3)")
-    assert migrate(url) == ["0025_lexical_posting_lean"]
+    assert migrate(url)[0] == "0025_lexical_posting_lean"
     with psycopg.connect(url, autocommit=True) as conn:
         indexes = conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'lexical_posting'").fetchall()
         assert [d for (d,) in indexes] == [
@@ -146,3 +146,19 @@ def test_upgrade_past_0025_keeps_the_postings_under_one_unique_index(pg_server_u
         assert conn.execute(queries["verify_lexical_index_mismatch"], {"limit": 5}).fetchall() == []
         conn.execute("DELETE FROM chunk")  # cascades to the lexical row, whose trigger takes the postings
         assert conn.execute("SELECT count(*) FROM lexical_posting").fetchone()[0] == 0
+
+
+def test_upgrade_past_0026_drops_the_unused_chunk_digest_index_and_keeps_the_chunks(pg_server_url):
+    """0026 drops chunk_digest_idx (no statement reads it; lookups by version must not be able to take it)."""
+    url = _fresh(pg_server_url, "mig_drop_digest_idx")
+    _migrate_before(url, "0026_drop_chunk_digest_idx")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text,"
+            " token_count, content_digest, embedding) VALUES ('c0', 'acme', 'refunds', 1, 'minilm-v1', 0,"
+            " 'Refunds take thirty days.', 5, 'd0', %s::vector)", ("[" + ",".join(["0.05"] * 384) + "]",))
+    assert migrate(url) == ["0026_drop_chunk_digest_idx"]
+    with psycopg.connect(url, autocommit=True) as conn:
+        names = {n for (n,) in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'chunk'")}
+        assert "chunk_digest_idx" not in names and "chunk_embedding_hnsw_idx" in names
+        assert conn.execute("SELECT count(*) FROM chunk").fetchone()[0] == 1

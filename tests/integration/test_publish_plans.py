@@ -1,0 +1,123 @@
+"""A publish costs the database the same whether its tenant already has 40 chunks or 20,000 (issue #14).
+
+The publish looks versions up by their keys. While a profile's statistics are stale (a migration's new
+profile, a table that grew faster than autoanalyze) the planner took a (profile, tenant) index for
+such a lookup and filtered every chunk of the tenant, once per version: bench.scale.migration's
+publish step slowed from ~2 s to ~5 s per run as the migration went on. Here autovacuum is off, the
+statistics are taken while the tables are empty, and the tenant then gets 20,000 chunks under the same
+profile behind the planner's back; each statement of a real run's publish is then replayed under
+EXPLAIN (ANALYZE, BUFFERS) and must touch about as many buffers as before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from resources.artifact_store import ArtifactStore
+from resources.blob_store import BlobStore
+from resources.database import Session
+from resources.embedder import FakeEmbedder
+from resources.indexing_run import IndexingRun
+from resources.lease_keeper import LeaseKeeper
+from resources.publisher import Publisher
+from resources.run_state import RunState
+from resources.task_queue import TaskQueue
+from sql import queries
+
+TENANT, PROFILE = "acme", "minilm-v1"
+BULK = 20_000
+VERSIONS = 8
+# Statements of the publish step that find rows by version or document; each must stay O(versions written).
+LOOKUPS = ("chunk_delete_stale", "index_rows_per_version", "lexical_stats_reconcile", "search_pointer_advance")
+
+
+def publish_statements(db, db_url, tmp_path, first: int) -> list[tuple[str, dict]]:
+    """Index VERSIONS fresh documents through a real IndexingRun; the publish step's LOOKUPS with their parameters."""
+    blobs = BlobStore(str(tmp_path / "blobs"))
+    publisher = Publisher(db, blobs)
+    for i in range(first, first + VERSIONS):
+        body = f"Policy {i}.\n\nRefunds of class {i} are paid within {i % 7 + 3} days.\n\nDesk {i} opens at nine."
+        publisher.publish(TENANT, f"doc-{i}.txt", body.encode(), f"doc-{i}.txt")
+    queue = TaskQueue(db, lease_seconds=60)
+    claimed = queue.claim("sensor", limit=VERSIONS, for_run=True)
+    keys = [r["partition_key"] for r in db.fetch_all("run_plan_inputs", {"task_ids": [c.lease.task_id for c in claimed]})]
+    run = IndexingRun(db=db, queue=queue, keeper=LeaseKeeper(queue), owner=f"run-{first}", granted_by="sensor",
+                      blobs=blobs, embedder_for=lambda model: FakeEmbedder(model_name=model),
+                      state=RunState(ArtifactStore(tmp_path / f"artifacts-{first}")),
+                      tagged=[(c.lease.task_id, c.lease.attempt) for c in claimed])
+    for step in (run.parse, run.chunk, run.embed):
+        step(keys)
+    seen: list[tuple[str, dict]] = []
+    original = Session._run
+
+    def capturing(self, name, params):
+        if name in LOOKUPS:
+            seen.append((name, dict(params or {})))
+        return original(self, name, params)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Session, "_run", capturing)
+        results = run.publish(keys)
+    assert all(r.outcome == "ok" for rs in results.values() for r in rs), results
+    assert {name for name, _ in seen} == set(LOOKUPS)
+    return seen
+
+
+def buffers(db_url: str, statements: list[tuple[str, dict]]) -> dict[str, int]:
+    """Shared buffers each statement touches, replayed under EXPLAIN ANALYZE and rolled back."""
+    out: dict[str, int] = {}
+    with psycopg.connect(db_url) as conn:
+        for name, params in statements:
+            (plan,) = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries[name], params).fetchone()
+            conn.rollback()
+            top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+            out[name] = out.get(name, 0) + top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+    return out
+
+
+@pytest.fixture
+def stale_statistics(db_url) -> Iterator[None]:
+    """No autovacuum on the publish's tables; statistics taken while only another tenant has chunks; no HNSW
+    graph (the bulk rows would take minutes to insert into it, and no statement here reads it)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+        conn.execute("DROP INDEX chunk_embedding_hnsw_idx")
+        for table in ("chunk", "lexical_chunk", "lexical_document", "search_pointer", "lexical_term_stats"):
+            conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    add_bulk_chunks(db_url, "other", 2_000)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+    yield
+
+
+def add_bulk_chunks(db_url: str, tenant: str, n: int) -> None:
+    """One chunk each for ``n`` documents of ``tenant`` under PROFILE, with their lexical rows and ledgers."""
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text, token_count,"
+            " content_digest, embed_digest, embedding)"
+            " SELECT %(t)s || '-bulk-' || i, %(t)s, %(t)s || '-bulk-' || i, 1, %(p)s, 0, 'bulk text ' || i, 3, md5(i::text),"
+            " encode(sha256(convert_to(i::text, 'UTF8')), 'hex'),"
+            " array_fill(0.05, ARRAY[384])::vector FROM generate_series(1, %(n)s) AS i",
+            {"t": tenant, "p": PROFILE, "n": n})
+        conn.execute(
+            "INSERT INTO lexical_chunk (chunk_id, tenant_id, document_id, profile, version_number, content_digest,"
+            " terms, tfs, length) SELECT %(t)s || '-bulk-' || i, %(t)s, %(t)s || '-bulk-' || i, %(p)s, 1, md5(i::text), '{7}', '{1}', 1"
+            " FROM generate_series(1, %(n)s) AS i", {"t": tenant, "p": PROFILE, "n": n})
+        conn.execute(
+            "INSERT INTO lexical_document (tenant_id, document_id, profile, version_number, terms, dfs)"
+            " SELECT %(t)s, %(t)s || '-bulk-' || i, %(p)s, 1, '{-2,-1,7}', '{1,1,1}' FROM generate_series(1, %(n)s) AS i",
+            {"t": tenant, "p": PROFILE, "n": n})
+
+
+@pytest.mark.timeout(300)
+def test_publish_lookups_do_not_walk_the_tenants_chunks(db, db_url, tmp_path, stale_statistics):
+    before = buffers(db_url, publish_statements(db, db_url, tmp_path, first=1))
+    add_bulk_chunks(db_url, TENANT, BULK)
+    after = buffers(db_url, publish_statements(db, db_url, tmp_path, first=1000))
+    grown = {name: (before[name], after[name]) for name in LOOKUPS if after[name] > 3 * before[name] + 30}
+    assert not grown, f"statements whose buffers grew with the tenant's {BULK:,} other chunks: {grown}"

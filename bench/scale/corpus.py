@@ -1,7 +1,8 @@
 """Shared set-up of bench/scale/ui.py and bench/scale/migration.py: a large indexed corpus and a UI.
 
 ``seed_corpus`` bulk-loads N indexed versions with set-based SQL (sql/queries/bench_scale_corpus.sql):
-document, document_version, a SUCCEEDED INDEX task and a search pointer each, no chunks. Document i's
+document, document_version, a SUCCEEDED INDEX task and a search pointer each (``seed_chunks`` adds
+a chunk each and the HNSW graph over them). Document i's
 text is ``document_text(i)``; SQL computes the same bytes' SHA-256, and ``write_blobs`` stores them, so
 a REINDEX run re-parses real bytes. ``DagsterUI`` starts ``dagster dev`` (webserver, daemon, code
 server) on a Dagster instance stored in PostgreSQL, as ``kbindex dev`` and dagster.yaml set it up
@@ -55,6 +56,28 @@ def seed_corpus(db: Any, count: int, *, first: int = 1, tenant: str = TENANT, pr
             print(f"  seeded {start + params['count'] - first:,}/{count:,} versions "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
     db.execute("bench_corpus_analyze")
+    return time.perf_counter() - started
+
+
+def seed_chunks(url: str, count: int, *, first: int = 1, tenant: str = TENANT) -> float:
+    """One chunk with a random vector for each seeded version (``seed_corpus`` first), and the product's
+    HNSW graph built once over them, as after a real index; returns the seconds it took.
+
+    A migration's REINDEX runs insert into the graph the active profile's chunks already fill, and an
+    HNSW insert costs more as the graph grows: without these the plain phase measured before it would
+    insert into an empty graph and look faster than indexing ever is at this size.
+    """
+    from sql import queries
+
+    started = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:  # VACUUM and CHECKPOINT run outside a transaction
+        conn.execute(queries["bench_scale_drop_hnsw"])
+        for start in range(first, first + count, SEED_BATCH):
+            conn.execute(queries["bench_corpus_seed_chunks"],
+                         {"tenant": tenant, "first": start, "count": min(SEED_BATCH, first + count - start)})
+        for name in ("bench_scale_build_memory", "bench_scale_build_hnsw", "bench_scale_analyze",
+                     "bench_scale_checkpoint"):
+            conn.execute(queries[name])
     return time.perf_counter() - started
 
 

@@ -14,6 +14,8 @@ Then, as an operator would:
    launchpad): the round trip is timed (target <= 10 s);
 3. the time from the mutation to the first indexing run STARTED is measured (target <= 60 s);
 4. REINDEX tasks/s over the ``--minutes`` that follow that start, against plain indexing (target >= 0.9).
+   Both rates run from the first run's start to the end of the last task finished (for REINDEX, within
+   the window), and both phases insert into an HNSW graph that already holds the seeded corpus's chunks.
 
 The CI-sized round is tests/acceptance/test_bench_scale_migration.py.
 """
@@ -35,6 +37,7 @@ from bench.scale.corpus import (
     DagsterUI,
     create_databases,
     document_text,
+    seed_chunks,
     seed_corpus,
     write_blobs,
 )
@@ -148,8 +151,10 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
         db.execute("bench_corpus_set_active_model", {"model": "fake-384"})
         print(f"seeding {versions:,} indexed versions and their blobs ...", flush=True)
         seeded = seed_corpus(db, versions, progress=versions >= 200_000)
+        chunked = seed_chunks(kb_url, versions)
         written = write_blobs(blobs, 1, versions)
-        print(f"  {seeded:.0f} s (SQL), {written:.0f} s (blobs)", flush=True)
+        print(f"  {seeded:.0f} s (SQL), {chunked:.0f} s (a chunk each and the HNSW graph), {written:.0f} s (blobs)",
+              flush=True)
         publisher = Publisher(db, BlobStore(blobs))
         for i in range(versions + 1, versions + plain + 1):  # the same kind of document, fresh
             publisher.publish(TENANT, f"fresh-{i}", document_text(i), f"fresh-{i}.txt")
@@ -178,11 +183,14 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
         first_run_seconds = first_start - launched_at.timestamp()
         print(f"launched in {launch_seconds:.2f} s; first indexing run started after {first_run_seconds:.1f} s; "
               f"measuring {minutes:g} min ...", flush=True)
-        window = minutes * 60
-        time.sleep(max(0.0, first_start + window - time.time()))
-        done = _sql_one(kb_url, "SELECT count(*) FROM index_task WHERE profile = %s AND task_type = 'REINDEX'"
-                                " AND status = 'SUCCEEDED' AND finished_at <= to_timestamp(%s)",
-                        [SHADOW, first_start + window])[0]
+        time.sleep(max(0.0, first_start + minutes * 60 - time.time()))
+        # Measured like plain indexing: from the first run's start to the end of the last task finished
+        # (here, within the window), so the runs cut off by the window's end count neither their tasks
+        # nor their time.
+        done, last = _sql_one(kb_url, "SELECT count(*), extract(epoch FROM max(finished_at)) FROM index_task"
+                                      " WHERE profile = %s AND task_type = 'REINDEX' AND status = 'SUCCEEDED'"
+                                      " AND finished_at <= to_timestamp(%s)", [SHADOW, first_start + minutes * 60])
+        window = float(last) - first_start if last is not None else minutes * 60
         backfill_run = instance.get_run_by_id(run_id)
         runs = instance.get_run_records(dg.RunsFilter(job_name=INDEX_JOB, created_after=launched_at))
         retried = {r["task_type"]: int(r["tasks"]) for r in db.fetch_all("bench_corpus_retried")}
@@ -208,7 +216,7 @@ def report(r: Result) -> bool:
     print(f"  launch mutation round trip                     {r.launch_seconds:8.2f} s   target <= 10 s  {mark('launch_seconds')}")
     print(f"  mutation -> first indexing run STARTED         {r.first_run_seconds:8.1f} s   target <= 60 s  {mark('first_run_seconds')}")
     print(f"  plain indexing ({r.plain_tasks:,} fresh publishes)        {r.plain_rate:8.1f} tasks/s over {r.plain_seconds:.0f} s")
-    print(f"  REINDEX, first {r.window_seconds / 60:g} min                       {r.reindex_rate:8.1f} tasks/s "
+    print(f"  REINDEX, first {r.window_seconds:.0f} s                         {r.reindex_rate:8.1f} tasks/s "
           f"({r.reindex_done:,} done, {r.index_runs} runs)")
     print(f"  ratio                                          {r.ratio:8.2f}     target >= 0.9   {mark('ratio')}")
     print(f"  backfill_profile run: {r.backfill_run_status}; plain runs by status: {r.plain_runs}; "

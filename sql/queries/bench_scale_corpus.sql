@@ -50,6 +50,20 @@ ON CONFLICT (partition_key) DO UPDATE SET added_at = EXCLUDED.added_at;
 SELECT 'corpus-' || i AS document_id, %(tenant)s || '/corpus-' || i || '/v1' AS partition_key
 FROM generate_series(%(first)s, %(first)s + %(count)s - 1) AS i ORDER BY i;
 
+-- name: bench_corpus_seed_chunks
+-- Benchmark only: one chunk with a random vector per seeded version of documents FIRST..FIRST+COUNT-1, under
+-- the active profile, so the product's HNSW graph holds the indexed corpus as it would after a real index
+-- (an insert's cost grows with the graph: a bench that starts from an empty graph flatters its first phase).
+INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text, token_count,
+                   content_digest, embed_digest, embedding)
+SELECT md5(t.document_id || '/0'), t.tenant_id, t.document_id, 1, t.profile, 0,
+       'synthetic chunk of ' || t.document_id, 12, md5(t.document_id || '/0'),
+       encode(sha256(convert_to(t.document_id || '/0', 'UTF8')), 'hex'),
+       ARRAY(SELECT random() - 0.5 + 0 * t.task_id FROM generate_series(1, 384))::vector
+FROM generate_series(%(first)s, %(first)s + %(count)s - 1) AS i
+JOIN index_task t ON t.tenant_id = %(tenant)s AND t.document_id = 'corpus-' || i AND t.version_number = 1
+                 AND t.task_type = 'INDEX';
+
 -- name: bench_corpus_analyze
 -- Benchmark only: fresh statistics after the bulk load.
 ANALYZE;

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.domain.errors import (
+    DependencyMissing,
     DocumentError,
     DocumentTooLarge,
     EmptyDocument,
@@ -166,6 +167,35 @@ def test_docx_headings_lists_and_tables() -> None:
     assert by_text["- Attach the receipt."] == ("Staff Handbook", "Refunds", "Process")
     assert by_text["Annual | 25"] == ("Staff Handbook", "Leave")
     assert by_text["Leave requests go to your manager."] == ("Staff Handbook", "Leave")
+
+
+def test_a_parser_library_missing_from_the_install_is_dependency_missing(monkeypatch) -> None:
+    """Parsers are imported on first use; a library the install lacks names itself, the file is not blamed."""
+    import sys
+
+    from pipelines.domain import parsing
+
+    monkeypatch.setitem(sys.modules, "docx", None)  # `import docx` now raises ImportError(name="docx")
+    monkeypatch.delitem(sys.modules, "pipelines.domain.parsing.docx_format", raising=False)
+    parsing.parser_for.cache_clear()
+    try:
+        with pytest.raises(DependencyMissing) as raised:
+            parse("handbook.docx")
+        assert raised.value.code == "DEPENDENCY_MISSING" and "'docx'" in str(raised.value)
+    finally:
+        parsing.parser_for.cache_clear()
+
+
+def test_loading_the_parsers_imports_no_format_library() -> None:
+    """A run of text files starts without the PDF, Office and HTML libraries (a run's fixed cost, issue #14)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pipelines.domain.parsing, pipelines.domain.chunking; "
+            "print(sorted(m for m in ('pypdf', 'pypdfium2', 'docx', 'pptx', 'openpyxl', 'bs4', 'lxml', 'docutils', "
+            "'markdown_it') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 # --- dispatch by magic bytes ---------------------------------------------------------------

@@ -18,39 +18,49 @@ attachment that failed) is in ``ParsedDocument.warnings``; OCR cost and similar 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import time
 from collections.abc import Callable
 
-from pipelines.domain.errors import DocumentTooLarge, EmptyDocument, KbindexError, ParseError, UnsupportedDocument
+from pipelines.domain.errors import (
+    DependencyMissing,
+    DocumentTooLarge,
+    EmptyDocument,
+    KbindexError,
+    ParseError,
+    UnsupportedDocument,
+)
 from pipelines.domain.parsing import detect
 from pipelines.domain.parsing.detect import guess_media_type
-from pipelines.domain.parsing.docx_format import parse_docx
-from pipelines.domain.parsing.eml_format import parse_eml
-from pipelines.domain.parsing.html_format import parse_html
-from pipelines.domain.parsing.markdown_format import parse_markdown
 from pipelines.domain.parsing.model import BlockCollector, ParsedDocument, ParseLimits, TextBlock
-from pipelines.domain.parsing.pdf_format import parse_pdf
-from pipelines.domain.parsing.pptx_format import parse_pptx
-from pipelines.domain.parsing.rst_format import parse_rst
-from pipelines.domain.parsing.sheet_format import parse_csv, parse_xlsx
-from pipelines.domain.parsing.text_format import parse_text
 
 __all__ = ["ParseLimits", "ParsedDocument", "TextBlock", "guess_media_type", "parse_document"]
 
 Parser = Callable[[bytes, BlockCollector], ParsedDocument]
-PARSERS: dict[str, Parser] = {
-    detect.PLAIN: parse_text,
-    detect.MARKDOWN: parse_markdown,
-    detect.RST: parse_rst,
-    detect.HTML: parse_html,
-    detect.PDF: parse_pdf,
-    detect.DOCX: parse_docx,
-    detect.XLSX: parse_xlsx,
-    detect.PPTX: parse_pptx,
-    detect.CSV: parse_csv,
-    detect.TSV: parse_csv,
-    detect.EML: parse_eml,
+# Media type -> (module of this package, function). Imported on first use: the PDF, Office and HTML
+# libraries take ~0.35 s to import, which every run process, the code server and every CLI call paid
+# at start-up whether or not a document of that kind came along (issue #14: a run's fixed cost).
+PARSERS: dict[str, tuple[str, str]] = {
+    detect.PLAIN: ("text_format", "parse_text"),
+    detect.MARKDOWN: ("markdown_format", "parse_markdown"),
+    detect.RST: ("rst_format", "parse_rst"),
+    detect.HTML: ("html_format", "parse_html"),
+    detect.PDF: ("pdf_format", "parse_pdf"),
+    detect.DOCX: ("docx_format", "parse_docx"),
+    detect.XLSX: ("sheet_format", "parse_xlsx"),
+    detect.PPTX: ("pptx_format", "parse_pptx"),
+    detect.CSV: ("sheet_format", "parse_csv"),
+    detect.TSV: ("sheet_format", "parse_csv"),
+    detect.EML: ("eml_format", "parse_eml"),
 }
+
+
+@functools.cache
+def parser_for(kind: str) -> Parser:
+    """The parser of media type ``kind`` (a key of PARSERS), its module imported on first use."""
+    module, function = PARSERS[kind]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), function)
 
 
 def parse_document(
@@ -115,7 +125,12 @@ def _run(kind: str, data: bytes, collector: BlockCollector) -> ParsedDocument:
     """Run the parser for ``kind``; anything but a typed error becomes one."""
     label = collector.label
     try:
-        return PARSERS[kind](data, collector)
+        parser = parser_for(kind)
+    except ImportError as exc:  # a parser library missing from this install: the file is not at fault
+        raise DependencyMissing.for_package(label, (exc.name or "a parser library").split(".")[0],
+                                            f"reading {kind}") from exc
+    try:
+        return parser(data, collector)
     except KbindexError:
         raise
     except RecursionError as exc:

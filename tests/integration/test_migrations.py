@@ -95,6 +95,14 @@ def test_fresh_database_has_no_lexical_backfill_to_do(pg_server_url):
     assert not any(LEXICAL_BACKFILL in m for m in messages)
 
 
+def _insert_one_chunk(conn) -> None:
+    """Chunk c0 of acme/refunds v1 under minilm-v1, as an install that already indexed has it."""
+    conn.execute(
+        "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text,"
+        " token_count, content_digest, embedding) VALUES ('c0', 'acme', 'refunds', 1, 'minilm-v1', 0,"
+        " 'Refunds take thirty days.', 5, 'd0', %s::vector)", ("[" + ",".join(["0.05"] * 384) + "]",))
+
+
 def _profile_model(url: str) -> str:
     with psycopg.connect(url) as conn:
         return conn.execute("SELECT model FROM index_profile WHERE name = 'minilm-v1'").fetchone()[0]
@@ -111,10 +119,7 @@ def test_an_install_that_already_indexed_keeps_its_model_through_0024(pg_server_
     url = _fresh(pg_server_url, "mig_default_backend_kept")
     _migrate_before(url, DEFAULT_BACKEND_MIGRATION)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text,"
-            " token_count, content_digest, embedding) VALUES ('c0', 'acme', 'refunds', 1, 'minilm-v1', 0,"
-            " 'Refunds take thirty days.', 5, 'd0', %s::vector)", ("[" + ",".join(["0.05"] * 384) + "]",))
+        _insert_one_chunk(conn)
     assert DEFAULT_BACKEND_MIGRATION in migrate(url)
     assert _profile_model(url) == PACKAGED_MODEL_NAME
 
@@ -124,10 +129,7 @@ def test_upgrade_past_0025_keeps_the_postings_under_one_unique_index(pg_server_u
     url = _fresh(pg_server_url, "mig_lean_postings")
     _migrate_before(url, "0025_lexical_posting_lean")
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text,"
-            " token_count, content_digest, embedding) VALUES ('c0', 'acme', 'refunds', 1, 'minilm-v1', 0,"
-            " 'Refunds take thirty days.', 5, 'd0', %s::vector)", ("[" + ",".join(["0.05"] * 384) + "]",))
+        _insert_one_chunk(conn)
         conn.execute("INSERT INTO lexical_chunk (chunk_id, tenant_id, document_id, profile, version_number,"
                      " content_digest, terms, tfs, length) VALUES ('c0', 'acme', 'refunds', 'minilm-v1', 1, 'd0',"
                      " '{5,7}', '{2,1}', 3)")
@@ -153,10 +155,7 @@ def test_upgrade_past_0026_drops_the_unused_chunk_digest_index_and_keeps_the_chu
     url = _fresh(pg_server_url, "mig_drop_digest_idx")
     _migrate_before(url, "0026_drop_chunk_digest_idx")
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text,"
-            " token_count, content_digest, embedding) VALUES ('c0', 'acme', 'refunds', 1, 'minilm-v1', 0,"
-            " 'Refunds take thirty days.', 5, 'd0', %s::vector)", ("[" + ",".join(["0.05"] * 384) + "]",))
+        _insert_one_chunk(conn)
     assert migrate(url) == ["0026_drop_chunk_digest_idx"]
     with psycopg.connect(url, autocommit=True) as conn:
         names = {n for (n,) in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'chunk'")}

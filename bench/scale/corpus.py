@@ -63,9 +63,10 @@ def seed_chunks(url: str, count: int, *, first: int = 1, tenant: str = TENANT) -
     """One chunk with a random vector for each seeded version (``seed_corpus`` first), and the product's
     HNSW graph built once over them, as after a real index; returns the seconds it took.
 
-    A migration's REINDEX runs insert into the graph the active profile's chunks already fill, and an
-    HNSW insert costs more as the graph grows: without these the plain phase measured before it would
-    insert into an empty graph and look faster than indexing ever is at this size.
+    The graph then has the size of an indexed 100k corpus (its pages, its share of the cache) when both
+    phases of bench.scale.migration insert into it. Random vectors share no neighbourhood with the fake
+    models' vectors, so each phase's inserts still start a neighbourhood of their own and grow dearer as
+    it fills; the migration bench compares the same number of versions for that reason.
     """
     from sql import queries
 

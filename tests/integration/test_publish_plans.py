@@ -1,4 +1,4 @@
-"""A publish costs the database the same whether its tenant already has 40 chunks or 20,000 (issue #14).
+"""A publish costs the database the same whether its tenant has a handful of chunks or 20,000 (issue #14).
 
 The publish looks versions up by their keys. While a profile's statistics are stale (a migration's new
 profile, a new tenant's bulk upload, a table that grew faster than autoanalyze), the planner took a

@@ -52,8 +52,8 @@ FROM generate_series(%(first)s, %(first)s + %(count)s - 1) AS i ORDER BY i;
 
 -- name: bench_corpus_seed_chunks
 -- Benchmark only: one chunk with a random vector per seeded version of documents FIRST..FIRST+COUNT-1, under
--- the active profile, so the product's HNSW graph holds the indexed corpus as it would after a real index
--- (an insert's cost grows with the graph: a bench that starts from an empty graph flatters its first phase).
+-- the active profile, so the product's HNSW graph has the size of the indexed corpus (bench/scale/corpus.py
+-- seed_chunks says what random vectors do and do not stand for).
 INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text, token_count,
                    content_digest, embed_digest, embedding)
 SELECT md5(t.document_id || '/0'), t.tenant_id, t.document_id, 1, t.profile, 0,

@@ -97,22 +97,21 @@ def stale_statistics(db_url) -> Iterator[None]:
 
 def add_bulk_chunks(db_url: str, tenant: str, n: int) -> None:
     """One chunk each for ``n`` documents of ``tenant`` under PROFILE, with their lexical rows and ledgers."""
+    params = {"t": tenant, "p": PROFILE, "n": n}
     with psycopg.connect(db_url) as conn:
         conn.execute(
             "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text, token_count,"
             " content_digest, embed_digest, embedding)"
             " SELECT %(t)s || '-bulk-' || i, %(t)s, %(t)s || '-bulk-' || i, 1, %(p)s, 0, 'bulk text ' || i, 3, md5(i::text),"
             " encode(sha256(convert_to(i::text, 'UTF8')), 'hex'),"
-            " array_fill(0.05, ARRAY[384])::vector FROM generate_series(1, %(n)s) AS i",
-            {"t": tenant, "p": PROFILE, "n": n})
+            " array_fill(0.05, ARRAY[384])::vector FROM generate_series(1, %(n)s) AS i", params)
         conn.execute(
             "INSERT INTO lexical_chunk (chunk_id, tenant_id, document_id, profile, version_number, content_digest,"
             " terms, tfs, length) SELECT %(t)s || '-bulk-' || i, %(t)s, %(t)s || '-bulk-' || i, %(p)s, 1, md5(i::text), '{7}', '{1}', 1"
-            " FROM generate_series(1, %(n)s) AS i", {"t": tenant, "p": PROFILE, "n": n})
+            " FROM generate_series(1, %(n)s) AS i", params)
         conn.execute(
             "INSERT INTO lexical_document (tenant_id, document_id, profile, version_number, terms, dfs)"
-            " SELECT %(t)s, %(t)s || '-bulk-' || i, %(p)s, 1, '{-2,-1,7}', '{1,1,1}' FROM generate_series(1, %(n)s) AS i",
-            {"t": tenant, "p": PROFILE, "n": n})
+            " SELECT %(t)s, %(t)s || '-bulk-' || i, %(p)s, 1, '{-2,-1,7}', '{1,1,1}' FROM generate_series(1, %(n)s) AS i", params)
 
 
 @pytest.mark.timeout(300)

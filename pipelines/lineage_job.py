@@ -2,7 +2,9 @@
 
 ``prune_lineage_keys`` (hourly) deletes the partition keys of versions with nothing in flight once
 their lineage window has passed, a bounded batch per run: the live key set follows the churn, not
-the corpus (Dagster's UI and every call that lists keys slow down with it). ``backfill_profile`` is
+the corpus (Dagster's UI and every call that lists keys slow down with it). It is the only job that
+deletes keys: retention (pipelines/retention_job.py) deletes chunks and bytes, never keys, so a released
+version's key goes here like any other, after its window. ``backfill_profile`` is
 how an operator starts a model migration from the UI: it asks the claiming sensor to build the
 profile's backlog in ordinary bounded runs beside live indexing, whatever its size.
 """

@@ -1,10 +1,10 @@
-"""The retention job: delete chunks of versions superseded longer ago than a window, and their partition keys.
+"""The retention job: delete chunks of versions superseded longer ago than a window, then unneeded bytes.
 
-``apply_retention`` (job) runs one op that calls resources.retention.apply_retention, deletes the
-reported keys from the ``document_versions`` dynamic partitions (one at a time, as Dagster allows),
-confirms them in the database, then deletes stored document bytes no version needs any more
-(resources.blob_gc: superseded past the window, or orphaned by a failed publish, older than an
-hour), and reports the counts as output metadata. ``apply_retention_hourly``
+``apply_retention`` (job) runs one op that calls resources.retention.apply_retention, then deletes
+stored document bytes no version needs any more (resources.blob_gc: superseded past the window, or
+orphaned by a failed publish, older than an hour), and reports the counts as output metadata. It
+leaves Dagster's partition keys alone: ``prune_lineage_keys`` (pipelines/lineage_job.py) is the one
+job that deletes them. ``apply_retention_hourly``
 runs it at the top of every hour with the default 7-day window; launch it from the UI with
 ``ops: {retention_pass: {config: {window_seconds: ...}}}`` to use another one.
 """
@@ -12,10 +12,9 @@ runs it at the top of every hour with the default 7-day window; launch it from t
 import dagster as dg
 from pydantic import Field
 
-from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from resources.blob_gc import collect_blobs
 from resources.dagster_resources import BlobStoreResource, DatabaseResource
-from resources.retention import DEFAULT_WINDOW_SECONDS, apply_retention, confirm_partition_keys_deleted
+from resources.retention import DEFAULT_WINDOW_SECONDS, apply_retention
 
 
 class RetentionConfig(dg.Config):
@@ -28,26 +27,16 @@ class RetentionConfig(dg.Config):
 
 @dg.op(
     out=dg.Out(dg.Nothing),
-    description="Delete chunks of versions superseded longer ago than the window, and their partition keys.",
+    description="Delete chunks of versions superseded longer ago than the window, then bytes no version needs.",
 )
 def retention_pass(
     context: dg.OpExecutionContext, config: RetentionConfig, database: DatabaseResource, blobs: BlobStoreResource
 ) -> dg.Output:
     report = apply_retention(database.db, window_seconds=config.window_seconds)
-    # Only the reported keys, in one indexed query: listing every key costs O(corpus) per run.
-    existing = set(context.instance.get_existing_dynamic_partitions(
-        VERSIONS_PARTITIONS_NAME, list(report.partition_keys_to_delete))) if report.partition_keys_to_delete else set()
-    deleted = 0
-    for key in report.partition_keys_to_delete:
-        if key in existing:
-            context.instance.delete_dynamic_partition(VERSIONS_PARTITIONS_NAME, key)
-            deleted += 1
-    confirm_partition_keys_deleted(database.db, report.partition_keys_to_delete)
     gc = collect_blobs(database.db, blobs.get_store(), window_seconds=config.window_seconds)
     summary = {
         **report.to_metadata(),
         **gc.to_metadata(),
-        "partition_keys_deleted": deleted,
         "window_seconds": config.window_seconds,
     }
     context.log.info(f"retention: {summary}")
@@ -57,7 +46,7 @@ def retention_pass(
 @dg.job(
     name="apply_retention",
     executor_def=dg.in_process_executor,
-    description="Retention of superseded versions after the rollback window (chunks and Dagster partition keys).",
+    description="Retention of superseded versions after the rollback window (chunks and stored bytes).",
 )
 def apply_retention_job() -> None:
     retention_pass()

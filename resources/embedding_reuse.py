@@ -6,8 +6,9 @@
 Every chunk row records ``embed_digest`` = sha256 of the exact text its vector was computed from
 (``Chunk.embed_text``: heading prefix + text; written by resources/index_sink.py). Before embedding,
 the digests of the new texts are looked up among the stored chunks of the SAME tenant under the SAME
-profile (``chunk_reuse_lookup``); a hit's stored vector is used as is, byte for byte, and only the
-misses go through ``checked_embed``. Why it stays correct:
+profile (``chunk_reuse_lookup``: the newest stored copy of each digest, one index probe per distinct
+digest however many versions repeat the text); a hit's stored vector is used as is, byte for byte, and
+only the misses go through ``checked_embed``. Why it stays correct:
 
 - A profile fixes one model and one dimension, and the lookup also requires the profile row to still
   name the task's model and dimension, so a reused vector is one this model computed (invariant 6).

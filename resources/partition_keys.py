@@ -4,6 +4,11 @@ The claiming sensor records every key it adds; ``prunable`` names the keys of ve
 flight whose last addition is older than the lineage window, or that are not among the newest
 ``max_keys``, for pipelines/lineage_job.py to delete from Dagster. A version whose key was pruned keeps its history in task_event, Dagster run ids
 included (``TaskQueue.dagster_runs``); if it is indexed again, the sensor simply adds its key again.
+
+This is the one mechanism that deletes partition keys: retention removes chunks, never keys, so a version
+it released (nothing left to search) loses its key here once nothing of it is in flight and its window or
+the cap has passed, like every other finished version. Keys added before this ledger existed (migration
+0020) were recorded by migration 0028.
 """
 
 from __future__ import annotations

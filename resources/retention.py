@@ -1,7 +1,6 @@
 """Retention: delete the chunks of versions search stopped reading more than a window ago.
 
-    apply_retention(db, window_seconds=) -> RetentionReport(removed_versions, chunks_deleted, partition_keys_to_delete)
-    confirm_partition_keys_deleted(db, keys)   after the Dagster job deleted them from the dynamic partitions
+    apply_retention(db, window_seconds=) -> RetentionReport(removed_versions, chunks_deleted, skipped_busy)
 
 What "superseded" means, and why nothing searchable is ever touched:
 
@@ -17,17 +16,15 @@ What "superseded" means, and why nothing searchable is ever touched:
   cannot deadlock), then deletes in one statement that re-checks everything under those locks: still
   superseded past the window, named by no pointer, no RUNNING task. While the batch holds the locks no
   claim can make such a task RUNNING and no publish or pointer move can touch those versions.
-- Partition keys are returned for versions with nothing left (no chunk under any profile, no pointer, no
-  open task, no task change within the window) so the Dagster job can delete them from the
-  ``document_versions`` dynamic partitions and keep their number bounded by live documents. The job then
-  calls ``confirm_partition_keys_deleted``; until it does, the same keys are reported again (deleting a
-  missing key is harmless). A retried task changes its row, which makes its key a candidate again once it
-  ends; the claiming sensor re-adds a key before it runs a version.
+- A pass costs what is due, not the corpus: it reads ``superseded_version`` by ``superseded_at`` (its rows
+  go with the chunks), never the table of every version ever published.
+- Dagster partition keys are not retention's business: the lineage job (pipelines/lineage_job.py,
+  resources/partition_keys.py) prunes the key of every version with nothing in flight once its lineage
+  window or cap has passed, whether its chunks are still there or not. One mechanism, one ledger.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -36,18 +33,16 @@ from resources.database import Database
 
 DEFAULT_WINDOW_SECONDS = 7 * 24 * 3600
 BATCH_VERSIONS = 200
-PARTITION_KEYS_LIMIT = 10_000
 LOCK_TIMEOUT = "5s"
 
 
 @dataclass(frozen=True)
 class RetentionReport:
-    """What one retention pass removed, and which Dagster partition keys may now be deleted."""
+    """What one retention pass removed."""
 
     removed_versions: list[tuple[str, str, str, int]] = field(default_factory=list)
     """(tenant, document, profile, version) whose chunks were deleted."""
     chunks_deleted: int = 0
-    partition_keys_to_delete: list[str] = field(default_factory=list)
     skipped_busy: int = 0
     """Due versions left alone this pass: a task on them is RUNNING (or a pointer came back to them)."""
 
@@ -55,7 +50,6 @@ class RetentionReport:
         return {
             "versions_removed": len(self.removed_versions),
             "chunks_deleted": self.chunks_deleted,
-            "partition_keys_to_delete": len(self.partition_keys_to_delete),
             "skipped_busy": self.skipped_busy,
         }
 
@@ -67,9 +61,8 @@ def apply_retention(
     now: datetime | None = None,
     batch_versions: int = BATCH_VERSIONS,
     max_batches: int | None = None,
-    partition_keys_limit: int = PARTITION_KEYS_LIMIT,
 ) -> RetentionReport:
-    """Delete chunks of versions superseded more than ``window_seconds`` ago; name the partition keys to drop.
+    """Delete chunks of versions superseded more than ``window_seconds`` ago.
 
     ``now`` pins the clock (tests); None uses the database's. Runs batches of ``batch_versions`` versions,
     each in its own transaction, until none is due (or ``max_batches``).
@@ -106,22 +99,7 @@ def apply_retention(
         chunks_deleted += sum(r["chunks_deleted"] for r in rows)
         # Due but not removed: a RUNNING task, or the pointer came back meanwhile (then it is no longer due).
         skipped.update(_key(d) for d in due if _key(d) not in done)
-    keys = [
-        r["partition_key"]
-        for r in db.fetch_all("document_version_releasable", {**clock, "limit": partition_keys_limit})
-    ]
-    return RetentionReport(
-        removed_versions=removed,
-        chunks_deleted=chunks_deleted,
-        partition_keys_to_delete=keys,
-        skipped_busy=len(skipped),
-    )
-
-
-def confirm_partition_keys_deleted(db: Database, keys: Sequence[str], *, now: datetime | None = None) -> None:
-    """Record that the Dagster partitions of ``keys`` were deleted, so later passes do not report them again."""
-    if keys:
-        db.execute("partition_key_release_record", {"partition_keys": list(keys), "now": now})
+    return RetentionReport(removed_versions=removed, chunks_deleted=chunks_deleted, skipped_busy=len(skipped))
 
 
 def _key(row: dict[str, Any]) -> tuple[str, str, str, int]:

@@ -1,7 +1,8 @@
 -- Statements of resources/retention.py: delete chunks of versions search stopped reading more than a window
--- ago, and name the Dagster partition keys of versions that have nothing left. One transaction per batch:
--- lock the versions' tasks, then their pointers (the publish transaction's order: task row, then pointer),
--- then delete. superseded_version is kept by a trigger on search_pointer (migration 0006).
+-- ago. One transaction per batch: lock the versions' tasks, then their pointers (the publish transaction's
+-- order: task row, then pointer), then delete. superseded_version is kept by a trigger on search_pointer
+-- (migration 0006) and loses a version's row when its chunks go, so a pass reads the due versions, never
+-- every version ever published. Dagster partition keys are pruned by the lineage job alone (sql/queries/backfill.sql).
 
 -- name: retention_lock_timeout
 -- Bound how long a retention batch waits for a task or pointer row (a publish transaction is short).
@@ -87,38 +88,3 @@ SELECT f.tenant_id, f.document_id, f.profile, f.version_number,
           AND x.profile = f.profile AND x.version_number = f.version_number)::integer AS chunks_deleted
 FROM forgotten f
 ORDER BY f.tenant_id, f.document_id, f.profile, f.version_number;
-
--- name: document_version_releasable
--- Partition keys of versions with nothing left to index or search: no chunk under any profile, no pointer
--- of any profile, no open task, published and last touched by a task before the window; minus keys whose
--- deletion was already confirmed after the version's last task change (a retried task makes it a candidate again).
-SELECT v.partition_key, v.tenant_id, v.document_id, v.version_number
-FROM document_version v
-WHERE v.published_at <= coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_seconds)s::float8)
-  AND NOT EXISTS (
-      SELECT 1 FROM index_task t
-      WHERE t.tenant_id = v.tenant_id AND t.document_id = v.document_id AND t.version_number = v.version_number
-        AND (t.status IN ('PENDING', 'RUNNING', 'RETRY_WAIT')
-             OR t.updated_at > coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_seconds)s::float8)))
-  AND NOT EXISTS (
-      SELECT 1 FROM search_pointer p
-      WHERE p.tenant_id = v.tenant_id AND p.document_id = v.document_id AND p.version_number = v.version_number)
-  AND NOT EXISTS (
-      SELECT 1 FROM chunk c
-      WHERE c.tenant_id = v.tenant_id AND c.document_id = v.document_id AND c.version_number = v.version_number)
-  AND NOT EXISTS (
-      SELECT 1 FROM partition_key_release r
-      WHERE r.partition_key = v.partition_key
-        AND NOT EXISTS (
-            SELECT 1 FROM index_task t
-            WHERE t.tenant_id = v.tenant_id AND t.document_id = v.document_id
-              AND t.version_number = v.version_number AND t.updated_at > r.released_at))
-ORDER BY v.published_at, v.partition_key
-LIMIT %(limit)s;
-
--- name: partition_key_release_record
--- Remember that the Dagster partitions of these keys were deleted (again: the time moves forward).
-INSERT INTO partition_key_release (partition_key, released_at)
-SELECT k, coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(partition_keys)s::text[]) AS k
-ON CONFLICT (partition_key) DO UPDATE SET released_at = EXCLUDED.released_at;

@@ -1,4 +1,5 @@
-"""The Dagster retention job: removes superseded chunks and deletes exactly the partition keys it reports."""
+"""The Dagster retention job removes superseded chunks and leaves partition keys to prune_lineage_keys, the one
+job that deletes them (issue #28: two mechanisms with two ledgers pruned the same keys)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import dagster as dg
 import psycopg
 
 from pipelines.definitions import defs
+from pipelines.lineage_job import prune_lineage_keys_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from pipelines.retention_job import apply_retention_hourly, apply_retention_job
 from resources.blob_store import BlobStore
 from resources.dagster_resources import BlobStoreResource, DatabaseResource
 from resources.database import Database
 from resources.index_sink import IndexSink
+from resources.partition_keys import record_added
 from resources.publisher import Publisher
 from resources.task_queue import TaskQueue
 from tests.integration.test_index_sink import embed, make_chunks
@@ -29,6 +32,7 @@ def _index_two_versions_and_a_dead_one(db: Database, tmp_path) -> None:
     publisher.publish("acme", "broken", b"not a document", "broken.txt")
     (task,) = queue.claim("w1", limit=1)
     queue.fail(task.lease, "PARSE_ERROR", "not a document")
+    publisher.publish("acme", "pending", b"not claimed yet", "pending.txt")  # in flight: PENDING
 
 
 def _keys(instance: dg.DagsterInstance) -> set[str]:
@@ -47,42 +51,49 @@ def _run(instance, db_url, window_seconds: float, tmp_path):
     )
 
 
-def test_the_job_deletes_superseded_chunks_and_the_partition_keys_it_reports(db_url, tmp_path):
+def test_the_job_deletes_superseded_chunks_and_leaves_partition_keys_to_the_lineage_job(db_url, tmp_path):
     db = Database(db_url)
+    keys = {"acme/policy/v1", "acme/policy/v2", "acme/broken/v1", "acme/pending/v1"}
     try:
         _index_two_versions_and_a_dead_one(db, tmp_path)
+        record_added(db, sorted(keys))  # as the claiming sensor does when it adds them
     finally:
         db.close()
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, ["acme/policy/v1", "acme/policy/v2", "acme/broken/v1"])
+    instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, sorted(keys))
 
     # within the default 7-day window nothing goes
     kept = apply_retention_job.execute_in_process(instance=instance, resources=_resources(db_url, tmp_path))
     assert kept.success
-    assert _keys(instance) == {"acme/policy/v1", "acme/policy/v2", "acme/broken/v1"}
+    assert _keys(instance) == keys
 
-    # a window of 0: v1's chunks go, and the keys of versions with nothing left are deleted
+    # a window of 0: v1's chunks go, and every key stays: retention never deletes one
     with psycopg.connect(db_url, autocommit=True) as conn:  # tasks changed in the last second: age them
         conn.execute("UPDATE index_task SET updated_at = updated_at - interval '1 minute'")
         conn.execute("UPDATE document_version SET published_at = published_at - interval '1 minute'")
     result = _run(instance, db_url, 0, tmp_path)
     assert result.success
+    assert _keys(instance) == keys
     (materialized,) = [
         e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT" and e.step_key == "retention_pass"
     ]
     meta = {k: v.value for k, v in materialized.event_specific_data.metadata.items()}
     assert meta["versions_removed"] == 1 and meta["chunks_deleted"] == 5
-    assert meta["partition_keys_to_delete"] == 2 and meta["partition_keys_deleted"] == 2
-    assert _keys(instance) == {"acme/policy/v2"}
+    assert not any("partition_key" in name for name in meta)
     with psycopg.connect(db_url) as conn:
         rows = conn.execute("SELECT version_number, count(*) FROM chunk GROUP BY 1").fetchall()
     assert rows == [(2, 5)]
 
-    # confirmed: the next pass reports nothing and deletes nothing
+    # the lineage job prunes the key of every version with nothing in flight past its window: the one retention
+    # released (v1), the dead one, and the searchable v2 alike; the pending version keeps its key
+    pruned = prune_lineage_keys_job.execute_in_process(
+        instance=instance, resources={"database": DatabaseResource(url=db_url)},
+        run_config={"ops": {"prune_partition_keys": {"config": {"window_seconds": 0}}}},
+    )
+    assert pruned.success
+    assert _keys(instance) == {"acme/pending/v1"}
     again = _run(instance, db_url, 0, tmp_path)
-    (output,) = [e for e in again.all_node_events if e.event_type_value == "STEP_OUTPUT"]
-    assert {k: v.value for k, v in output.event_specific_data.metadata.items()}["partition_keys_to_delete"] == 0
-    assert _keys(instance) == {"acme/policy/v2"}
+    assert again.success and _keys(instance) == {"acme/pending/v1"}
 
 
 def test_the_job_and_its_hourly_schedule_are_in_the_code_location():

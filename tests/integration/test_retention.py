@@ -10,7 +10,8 @@ import pytest
 
 from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder
 from resources.index_sink import IndexSink
-from resources.retention import apply_retention, confirm_partition_keys_deleted
+from resources.partition_keys import prunable, record_added
+from resources.retention import apply_retention
 from resources.search import search
 from resources.task_queue import TaskQueue
 from tests.integration.test_index_sink import embed, make_chunks
@@ -274,7 +275,10 @@ def test_retention_never_removes_what_search_can_reach(world, db, seed):
     assert report.chunks_deleted == sum(chunks_before[k] for k in removed)
 
 
-def test_partition_keys_of_versions_with_nothing_left(world, db):
+def test_retention_leaves_partition_keys_to_the_lineage_job(world, db):
+    """One mechanism prunes Dagster keys (resources/partition_keys.py). Retention deletes chunks and never
+    reports or touches a key; the versions it released lose their keys to the lineage job like every other
+    version with nothing in flight, and a retried version keeps its key while it may run."""
     world.publish("policy")
     world.index("policy", 1)
     world.publish("policy")
@@ -282,37 +286,72 @@ def test_partition_keys_of_versions_with_nothing_left(world, db):
     world.publish("broken")
     world.fail("broken", 1)  # DEAD: never indexed
     world.publish("pending")  # claimed, RUNNING: an open task
+    keys = ["acme/policy/v1", "acme/policy/v2", "acme/broken/v1", "acme/pending/v1"]
+    record_added(db, keys)  # as the claiming sensor does when it adds them
 
-    inside = apply_retention(db, window_seconds=HOUR, now=later(60))
-    assert inside.partition_keys_to_delete == []  # everything happened within the window
+    report = apply_retention(db, window_seconds=0, now=later(60))
+    assert report.removed_versions == [("acme", "policy", PROFILE, 1)]
+    assert "partition_keys_to_delete" not in report.to_metadata()
+    assert sorted(k for (k,) in world.sql("SELECT partition_key FROM dagster_partition_key")) == sorted(keys)
+    assert prunable(db, window_seconds=HOUR, now=later(60)) == []  # inside the lineage window
+    assert sorted(prunable(db, window_seconds=0, now=later(60))) == ["acme/broken/v1", "acme/policy/v1",
+                                                                     "acme/policy/v2"]
 
-    past = apply_retention(db, window_seconds=HOUR, now=later(2 * HOUR))
-    assert sorted(past.partition_keys_to_delete) == ["acme/broken/v1", "acme/policy/v1"]
-    # until the job confirms the deletion, the same keys are reported again
-    assert sorted(apply_retention(db, window_seconds=HOUR, now=later(2 * HOUR)).partition_keys_to_delete) == [
-        "acme/broken/v1",
-        "acme/policy/v1",
-    ]
-    confirm_partition_keys_deleted(db, past.partition_keys_to_delete, now=later(2 * HOUR))
-    assert apply_retention(db, window_seconds=HOUR, now=later(2 * HOUR)).partition_keys_to_delete == []
+    (task_id,) = world.sql("SELECT task_id FROM index_task WHERE document_id = 'broken'")[0]
+    world.queue.retry(task_id)  # open again: its key stays while it may run
+    assert "acme/broken/v1" not in prunable(db, window_seconds=0, now=later(60))
+    (claimed,) = [t for t in world.queue.claim("w2", limit=5) if t.document_id == "broken"]
+    world.queue.fail(claimed.lease, "PARSE_ERROR", "still not a document")
+    assert "acme/broken/v1" in prunable(db, window_seconds=0, now=later(60))
 
 
-def test_a_retried_version_gets_its_partition_key_reported_again(world, db):
-    world.publish("broken")
-    world.fail("broken", 1)
-    keys = apply_retention(db, window_seconds=0, now=later(60)).partition_keys_to_delete
-    assert keys == ["acme/broken/v1"]
-    confirm_partition_keys_deleted(db, keys, now=later(60))
-    assert apply_retention(db, window_seconds=0, now=later(120)).partition_keys_to_delete == []
+def test_migration_0028_hands_keys_from_before_0020_to_the_lineage_job(pg_server_url):
+    """Keys added before dagster_partition_key existed were deleted by retention alone; 0028 records those of
+    versions retention had not released, as added when published, and drops retention's key bookkeeping."""
+    from psycopg import sql as pgsql
 
-    (task_id,) = world.sql("SELECT task_id FROM index_task")[0]
-    queue = world.queue
-    queue.clock = lambda: later(180)
-    queue.retry(task_id)  # open again: not a candidate while it may run
-    assert apply_retention(db, window_seconds=0, now=later(240)).partition_keys_to_delete == []
-    (claimed,) = queue.claim("w2", limit=1)
-    queue.fail(claimed.lease, "PARSE_ERROR", "still not a document")
-    assert apply_retention(db, window_seconds=0, now=later(300)).partition_keys_to_delete == ["acme/broken/v1"]
+    from resources.migrations import migrate
+    from sql import migration_files, queries
+
+    name = "mig_0028_keys"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    base, _, query = pg_server_url.partition("?")
+    url = base.rpartition("/")[0] + f"/{name}" + (f"?{query}" if query else "")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(queries["migration_table_create"])
+        for version, body in migration_files():
+            if version >= "0028":
+                break
+            conn.execute(body.encode())
+            conn.execute(queries["migration_record"], {"version": version})
+        conn.execute("UPDATE schema_migration SET applied_at = now() - interval '10 days'"
+                     " WHERE version = '0020_profile_backfill_and_lineage_keys'")
+        conn.execute("INSERT INTO document (tenant_id, document_id, latest_version) VALUES ('acme', 'policy', 4)")
+        for v, days in ((1, 20), (2, 15), (3, 1), (4, 20)):
+            conn.execute(
+                "INSERT INTO document_version (tenant_id, document_id, version_number, content_hash, byte_size, "
+                "filename, media_type, partition_key, published_at) VALUES ('acme', 'policy', %s, %s, 1, 'p.txt', "
+                "'text/plain', %s, now() - make_interval(days => %s))",
+                (v, f"h{v}", f"acme/policy/v{v}", days),
+            )
+        conn.execute("INSERT INTO partition_key_release (partition_key) VALUES ('acme/policy/v2')")  # deleted
+        conn.execute("INSERT INTO dagster_partition_key (partition_key, added_at)"
+                     " VALUES ('acme/policy/v4', now() - interval '1 hour')")  # re-added by the sensor since
+    try:
+        assert "0028_reuse_newest_copy_one_key_pruner" in migrate(url)
+        with psycopg.connect(url) as conn:
+            recorded = conn.execute(
+                "SELECT k.partition_key, k.added_at = v.published_at FROM dagster_partition_key k"
+                " JOIN document_version v USING (partition_key) ORDER BY 1").fetchall()
+            (release_table,) = conn.execute("SELECT to_regclass('partition_key_release')").fetchone()
+        # v1: from before 0020, never released; v2: released; v3: after 0020 (the sensor records its own)
+        assert recorded == [("acme/policy/v1", True), ("acme/policy/v4", False)]
+        assert release_table is None
+    finally:
+        with psycopg.connect(pg_server_url, autocommit=True) as conn:
+            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
 
 
 def test_migration_0006_backfills_existing_rows(pg_server_url):

@@ -21,6 +21,7 @@ import dagster as dg
 
 from pipelines import event_batching
 from pipelines.partitions import document_versions
+from resources import dagster_private
 from resources.dagster_resources import EmbedderResource, IndexingRunResource
 from resources.indexing_run import StepResult
 
@@ -35,7 +36,7 @@ COMMON = dict(
 
 def _report(context: dg.AssetExecutionContext, keys: list[str], results: dict[str, list[StepResult]],
             why_skipped: Any) -> dg.MaterializeResult:
-    """Per-version metadata (O(run), see ``_add_version_metadata``) and the run-level counts."""
+    """Per-version metadata (O(run), see ``dagster_private.add_partition_metadata``) and the run-level counts."""
     counts: dict[str, int] = {}
     for key in keys:
         tasks = results.get(key) or []
@@ -43,7 +44,7 @@ def _report(context: dg.AssetExecutionContext, keys: list[str], results: dict[st
             counts[result.outcome] = counts.get(result.outcome, 0) + 1
         if not tasks:
             counts["skipped"] = counts.get("skipped", 0) + 1
-        _add_version_metadata(context, key, _version_metadata(key, tasks, why_skipped))
+        dagster_private.add_partition_metadata(context, key, _version_metadata(key, tasks, why_skipped))
     if keys and not any(results.get(k) for k in keys):
         raise dg.Failure(
             description=f"this run holds no lease for any of its {len(keys)} version(s); nothing was built",
@@ -64,20 +65,6 @@ def _version_metadata(key: str, tasks: list[StepResult], why_skipped: Any) -> di
         meta.update({f"{result.profile}.{name}": value for name, value in result.metadata().items()
                      if name != "profile"})
     return meta
-
-
-def _add_version_metadata(context: dg.AssetExecutionContext, key: str, metadata: dict[str, Any]) -> None:
-    """``context.add_asset_metadata(metadata, partition_key=key)`` without its per-call key listing.
-
-    The public call checks ``key`` against ``get_partition_keys_in_range``, which loads every
-    dynamic partition key of the corpus on each call: 0.2-0.4 s per call at 100k versions and 640
-    calls per 160-version run (issue #14). ``key`` comes from this step's own partition keys, so
-    the check cannot fail; record the metadata the way that method does after its check.
-    """
-    step = context.op_execution_context._step_execution_context  # noqa: SLF001 - see docstring
-    step._metadata_accumulator = step._metadata_accumulator.with_additional_asset_metadata(  # noqa: SLF001
-        asset_key=context.asset_key, metadata=metadata, partition_key=key
-    )
 
 
 @dg.asset(**COMMON, kinds={"python"}, description="Document bytes parsed into text blocks with heading paths and pages.")

@@ -16,6 +16,10 @@ chunking and embedding a small document (measured with bench.scale.runs / bench.
 The run process gets them from the code location (``apply(os.environ)`` when pipelines.assets is
 imported, whatever launched it); the daemon, which creates the runs and writes the planned events,
 gets them from ``kbindex dev``'s environment (or the deployment's). An explicit value wins.
+
+Both are read by private Dagster code: ``apply`` checks that this Dagster still has it and warns once
+if not (resources/dagster_private.py); the settings are then simply not honoured (Dagster's default:
+correct, slower).
 """
 
 from collections.abc import MutableMapping
@@ -28,6 +32,9 @@ EVENT_BATCH_ENV = {
 
 def apply(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
     """Set the batching settings in ``env`` where it does not set them already; returns ``env``."""
+    from resources import dagster_private  # here: importing dagster costs every CLI command ~0.7 s
+
+    dagster_private.event_batching_read()
     for name, value in EVENT_BATCH_ENV.items():
         env.setdefault(name, value)
     return env

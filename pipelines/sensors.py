@@ -25,6 +25,7 @@ from dagster import DagsterRunStatus, RunsFilter
 
 from pipelines.jobs import index_versions_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME, document_versions
+from resources import dagster_private
 from resources.dagster_resources import (
     LEASES_TAG,
     MODELS_TAG,
@@ -260,7 +261,7 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
     existing = set(context.instance.get_existing_dynamic_partitions(VERSIONS_PARTITIONS_NAME, list(set(keys.values()))))
     # A backfill in progress plans its runs as key ranges resolved only when each run executes:
     # moving keys under it would bend those ranges (seen in bench.chaos --migration), so keys stay.
-    pinned = (existing if _backfill_in_progress(context.instance) else live_run_keys(context.instance, database)
+    pinned = (existing if dagster_private.backfill_in_progress(context.instance) else live_run_keys(context.instance, database)
               ) if existing else set()
     plan = plan_runs(claimed, keys, existing, owner, BATCH_MAX, spread=RUN_SPREAD, batch_min=BATCH_MIN,
                      weights=weights, caps=caps, pinned=pinned, run_bytes=RUN_BYTES, split_bytes=RUN_SPLIT_BYTES)
@@ -310,12 +311,6 @@ def backfill_limit(database: DatabaseResource, slots: int, budget: int, claimed_
     return claim_count(sizes, budget, floor)
 
 
-def _backfill_in_progress(instance: dg.DagsterInstance) -> bool:
-    from dagster._core.execution.backfill import BulkActionStatus
-
-    return bool(instance.get_backfills(status=BulkActionStatus.REQUESTED, limit=1))
-
-
 def live_run_keys(instance: dg.DagsterInstance, database: DatabaseResource) -> set[str]:
     """Partition keys that a run not yet finished covers: its range ends, its key, its tagged tasks' keys.
 
@@ -363,9 +358,7 @@ def release_hung_runs(instance: dg.DagsterInstance, queue: TaskQueue) -> list[st
 
 def _terminate(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
     """Stop the run's process where the launcher can, then mark the run canceled (frees its slot)."""
-    from dagster._core.launcher import DefaultRunLauncher
-
-    if isinstance(instance.run_launcher, DefaultRunLauncher):
+    if dagster_private.is_default_run_launcher(instance.run_launcher):
         # Its terminate is a gRPC call to the code server that evaluates this very sensor: it can
         # block the tick (seen: a SIGSTOPped run stalled every later claim). Kill our child instead.
         _kill_child_run_process(instance, run.run_id)
@@ -386,15 +379,7 @@ def _kill_child_run_process(instance: dg.DagsterInstance, run_id: str) -> None:
     process never sees it. The pid comes from the run's "Started process" engine event; checking
     the parent first keeps a recycled pid or a process on another host out of reach.
     """
-    from dagster import DagsterEventType
-
-    pids = set()
-    for entry in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
-        data = entry.dagster_event.event_specific_data if entry.dagster_event else None
-        value = getattr(getattr(data, "metadata", {}).get("pid"), "value", None)  # MetadataValue.text(str(pid))
-        if isinstance(value, str) and value.isdigit():
-            pids.add(int(value))
-    for pid in pids:
+    for pid in dagster_private.run_process_pids(instance, run_id):
         if _parent_pid(pid) == os.getpid():
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -13,18 +13,23 @@ A new PostgreSQL connection costs the server a backend process, ~2.4 ms of its C
 query (and cold catalog caches after it); a 150-document burst opened ~3,900 of them, about a quarter
 of PostgreSQL's CPU in a burst where that CPU competes with the model for the same cores
 (``python -m bench.dagster_storage`` measures both side by side). The webserver replaces these engines
-with its own pool (``optimize_for_webserver``), as before.
+with its own pool (``optimize_for_webserver``), as before. The swap reaches into dagster_postgres's
+private ``_engine`` (resources/dagster_private.py): should an upgrade change it, the storage stays plain
+``dagster_postgres`` storage, with a warning.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dagster._core.storage.base_storage import DagsterStorage
-from dagster._serdes import ConfigurableClass, ConfigurableClassData
+from dagster_postgres import DagsterPostgresStorage
 
+from resources import dagster_private
 from resources.local_databases import prepare_local_databases
+
+if TYPE_CHECKING:
+    from dagster._serdes import ConfigurableClassData
 
 POOL_SIZE = 2
 """Connections each storage (runs, events, schedules) keeps open per process: the daemon's threads and a
@@ -56,32 +61,19 @@ def pooled_engine(url: str) -> Any:
     ``pool_pre_ping`` tests a connection at checkout, so one that a PostgreSQL restart (or
     ``DROP DATABASE ... WITH (FORCE)``) closed is replaced instead of failing the call that took it.
     """
-    from dagster_postgres.utils import create_pg_engine
+    return dagster_private.create_pg_engine(url, isolation_level="AUTOCOMMIT", pool_size=POOL_SIZE,
+                                            max_overflow=POOL_MAX_OVERFLOW, pool_recycle=POOL_RECYCLE_S,
+                                            pool_pre_ping=True)
 
-    return create_pg_engine(url, isolation_level="AUTOCOMMIT", pool_size=POOL_SIZE,
-                            max_overflow=POOL_MAX_OVERFLOW, pool_recycle=POOL_RECYCLE_S, pool_pre_ping=True)
 
-
-class KbindexDagsterStorage(DagsterStorage, ConfigurableClass):
-    """``dagster_postgres`` storage on :func:`resolve_dagster_url` (no configuration of its own)."""
+class KbindexDagsterStorage(DagsterPostgresStorage):
+    """``dagster_postgres`` storage on :func:`resolve_dagster_url` (no configuration of its own), pooled."""
 
     def __init__(self, inst_data: ConfigurableClassData | None = None) -> None:
-        from dagster_postgres import DagsterPostgresStorage
-
-        self._inst_data = inst_data
         url = resolve_dagster_url()
-        self._postgres = DagsterPostgresStorage(postgres_url=url)
-        for storage in (self._postgres.event_log_storage, self._postgres.run_storage,
-                        self._postgres.schedule_storage):
-            # dagster_postgres has no setting for this: swap its NullPool engine the way its own
-            # optimize_for_webserver does (same attribute, same dialect and isolation level).
-            storage._engine.dispose()  # noqa: SLF001
-            storage._engine = pooled_engine(url)  # noqa: SLF001
-        super().__init__()
-
-    @property
-    def inst_data(self) -> ConfigurableClassData | None:
-        return self._inst_data
+        super().__init__(postgres_url=url, inst_data=inst_data)
+        dagster_private.use_pooled_engines(
+            [self.event_log_storage, self.run_storage, self.schedule_storage], lambda: pooled_engine(url))
 
     @classmethod
     def config_type(cls) -> dict[str, Any]:
@@ -90,15 +82,3 @@ class KbindexDagsterStorage(DagsterStorage, ConfigurableClass):
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Any) -> KbindexDagsterStorage:
         return cls(inst_data=inst_data)
-
-    @property
-    def event_log_storage(self):  # noqa: ANN201 - Dagster's EventLogStorage
-        return self._postgres.event_log_storage
-
-    @property
-    def run_storage(self):  # noqa: ANN201 - Dagster's RunStorage
-        return self._postgres.run_storage
-
-    @property
-    def schedule_storage(self):  # noqa: ANN201 - Dagster's ScheduleStorage
-        return self._postgres.schedule_storage

@@ -65,3 +65,21 @@ def test_connections_closed_by_the_server_are_replaced_not_failed(dagster_url, d
         ).fetchone()[0]
     assert killed >= 1  # the pool held connections open
     _storage_calls(storage, 2)  # pool_pre_ping replaces the dead ones
+
+
+def test_if_dagster_postgres_changed_the_storage_is_plain_dagster_postgres_with_a_warning(dagster_url, monkeypatch,
+                                                                                          caplog):
+    from resources import dagster_private
+
+    monkeypatch.setattr(dagster_private, "_fallen_back", {})
+
+    def changed(*_a, **_k):
+        raise TypeError("create_pg_engine() got an unexpected keyword argument 'pool_size'")
+
+    monkeypatch.setattr(dagster_private, "create_pg_engine", changed)
+    storage = dagster_storage.KbindexDagsterStorage()
+    opened = _count_connects(storage.run_storage._engine)  # noqa: SLF001
+    _storage_calls(storage, 3)
+    assert opened[0] >= 3  # dagster_postgres's own NullPool: a connection per call
+    assert "storage_pool" in dagster_private.fallen_back()
+    assert any("storage_pool" in r.getMessage() and "_engine" in r.getMessage() for r in caplog.records)

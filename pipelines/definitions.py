@@ -7,6 +7,7 @@ import dagster as dg
 # backfill_policy is marked beta; it is what lets one run cover many versions. Don't warn on every load.
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
+from pipelines.artifact_sweep_job import sweep_artifacts_hourly, sweep_artifacts_job
 from pipelines.assets import indexing_assets
 from pipelines.jobs import index_versions_job
 from pipelines.lineage_job import backfill_profile_job, prune_lineage_keys_hourly, prune_lineage_keys_job
@@ -17,8 +18,9 @@ from resources.dagster_resources import default_resources
 
 defs = dg.Definitions(
     assets=[*indexing_assets, *gate_assets],
-    jobs=[index_versions_job, apply_retention_job, prune_lineage_keys_job, backfill_profile_job, *gate_jobs],
-    schedules=[apply_retention_hourly, prune_lineage_keys_hourly],
+    jobs=[index_versions_job, apply_retention_job, prune_lineage_keys_job, backfill_profile_job, *gate_jobs,
+          sweep_artifacts_job],
+    schedules=[apply_retention_hourly, prune_lineage_keys_hourly, sweep_artifacts_hourly],
     sensors=[claim_index_tasks, record_crashed_runs],
     resources=default_resources(),
     # Every job, the UI's implicit asset job included (backfills, "Materialize"), runs its steps in one

@@ -355,7 +355,7 @@ class IndexingRun:
             outcomes[item.lease.task_id] = result
             if not isinstance(result, Exception):  # SUCCEEDED: nothing left to heartbeat or re-execute
                 self.keeper.release(item.lease.task_id)
-                self.state.forget(item.lease.task_id)
+                self.state.discard(item.lease.task_id)
 
         def step(work: TaskWork) -> dict[str, Any]:
             outcome = outcomes[work.task_id]
@@ -500,7 +500,10 @@ class IndexingRun:
 
     def _stop(self, result: StepResult) -> StepResult:
         self._stopped[result.task_id] = result
-        self.state.forget(result.task_id)
+        if "task_status" in result.details:  # its failure is recorded: the task is done here
+            self.state.discard(result.task_id)
+        else:  # lease lost, or the failure unrecorded: whoever runs the task next may reuse them
+            self.state.forget(result.task_id)
         return result
 
     def alive(self, work: TaskWork) -> bool:

@@ -7,21 +7,25 @@ profile, model, chunker parameters, document bytes); a value whose fingerprint d
 task asking for it is treated as missing and recomputed, so no run can pick up another profile's
 chunks or vectors. Values live in memory for the run and in the artifact store for re-execution
 from failure (which then does not redo finished steps).
+
+A task's stored outputs are deleted when the task ends in this run (``discard``: published, or its
+failure recorded); a task that only lost its lease keeps them (``forget``), since the run that takes
+it over may reuse them. What ends elsewhere is left to resources/artifact_sweep.py (issue #28).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable
 from typing import Any
 
-from resources.artifact_store import ArtifactStore
+from resources.artifact_store import ArtifactStore, artifact_key
+
+__all__ = ["STAGES", "RunState", "artifact_key"]  # artifact_key: benches read chunks back by it
+
+log = logging.getLogger(__name__)
 
 STAGES = ("parsed_document", "document_chunks", "chunk_embeddings")
-
-
-def artifact_key(task_id: int) -> str:
-    """The artifact store's key for one task's outputs (benches read chunks back by it)."""
-    return f"task-{int(task_id)}"
 
 
 class RunState:
@@ -53,6 +57,18 @@ class RunState:
         return held[1]
 
     def forget(self, task_id: int) -> None:
-        """Drop a finished task's outputs from memory (a 160-version run keeps only what is in flight)."""
+        """Drop a task's outputs from memory (a 160-version run keeps only what is in flight); the
+        stored copies stay for whoever runs the task next."""
         for stage in STAGES:
             self._memory.pop((stage, task_id), None)
+
+    def discard(self, task_id: int) -> None:
+        """The task ended here (published, or its failure recorded): drop its outputs from memory and
+        delete its stored ones, every stage. Never raises for the disk: the task's outcome is already
+        recorded, and the sweep deletes what is left."""
+        self.forget(task_id)
+        if self.store is not None:
+            try:
+                self.store.delete_task(task_id)
+            except OSError as exc:
+                log.warning("task %s: could not delete its artifacts (%s); the sweep will", task_id, exc)

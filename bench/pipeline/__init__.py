@@ -19,8 +19,8 @@ one warm-up document so that the clock never includes Dagster's own start-up. Th
 2. **Latency.** Into the now idle system, ``--latency-samples`` one-page documents, one at a time:
    publish -> the search pointer names the version (polled every 50 ms). The task's event history
    splits each sample into waiting for the sensor, run start-up, parse+chunk, embed, publish.
-3. **Bare model.** Dagster is stopped; the distinct chunk texts of the SUCCEEDED versions (their
-   ``document_chunks`` artifacts, so exactly the same ``embed_text`` strings, each once: the pipeline
+3. **Bare model.** Dagster is stopped; the distinct chunk texts of the SUCCEEDED versions (their bytes
+   parsed and chunked again, so exactly the same ``embed_text`` strings, each once: the pipeline
    embeds an identical text once and reuses stored vectors, e.g. the PEPs' shared copyright sections)
    are encoded by the profile's own model and backend (the default int8 on onnxruntime, or torch, ...:
    bench/embed/workers.py) in this process (loaded and warmed first, not timed), same batch size, and

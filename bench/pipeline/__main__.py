@@ -381,18 +381,30 @@ class Bench:
         return out
 
     def embed_texts(self, tenant: str) -> list[str]:
-        """The exact texts the pipeline embedded for the tenant's SUCCEEDED versions (its chunk artifacts)."""
-        from resources.artifact_store import ArtifactStore
-        from resources.run_state import artifact_key
+        """The exact texts the pipeline embedded for the tenant's SUCCEEDED versions: each version's stored
+        bytes parsed and chunked again with its profile's parameters (the chunker is deterministic, and a
+        run deletes its artifacts once its tasks end)."""
+        from pipelines.domain.chunking import VersionIdentity, chunk_document
+        from pipelines.domain.parsing import parse_document
+        from resources.blob_store import BlobStore
+        from resources.embedder import tokenizer_for_model
 
-        store = ArtifactStore(self.dagster.env["KBINDEX_ARTIFACTS"])
-        task_ids = [r[0] for r in self.sql(
-            "SELECT t.task_id FROM index_task t WHERE t.tenant_id = %s AND t.status = 'SUCCEEDED' ORDER BY t.task_id",
+        blobs = BlobStore(self.dagster.env["KBINDEX_BLOB_URL"])
+        rows = self.sql(
+            "SELECT t.document_id, t.version_number, t.profile, v.content_hash, v.filename, v.media_type,"
+            "       p.model, p.chunk_tokens, p.chunk_overlap, p.ocr"
+            " FROM index_task t"
+            " JOIN document_version v USING (tenant_id, document_id, version_number)"
+            " JOIN index_profile p ON p.name = t.profile"
+            " WHERE t.tenant_id = %s AND t.status = 'SUCCEEDED' ORDER BY t.task_id",
             [tenant],
-        )]
+        )
         texts: list[str] = []
-        for task_id in task_ids:
-            texts.extend(c.embed_text for c in store.get("document_chunks", artifact_key(task_id))["value"])
+        for document_id, version, profile, content_hash, filename, media_type, model, tokens, overlap, ocr in rows:
+            parsed = parse_document(blobs.get(content_hash), filename=filename, media_type=media_type, ocr=ocr)
+            chunks = chunk_document(parsed, tokenizer=tokenizer_for_model(model), chunk_tokens=tokens, overlap=overlap,
+                                    identity=VersionIdentity(tenant, document_id, version, profile))
+            texts.extend(c.embed_text for c in chunks)
         return texts
 
     def embed_counts(self, tenant: str) -> dict[str, int]:

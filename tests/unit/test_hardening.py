@@ -118,7 +118,7 @@ def test_intermediate_pickles_are_0600_in_0700_folders(tmp_path):
     old = os.umask(0o022)
     try:
         store = ArtifactStore(tmp_path / "artifacts")
-        store.put("parsed", "acme/doc/v1", {"text": "secret"})
+        store.put("parsed_document", 1, {"text": "secret"})
     finally:
         os.umask(old)
     (pickle_file,) = list((tmp_path / "artifacts").rglob("*.pickle"))

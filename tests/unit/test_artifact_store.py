@@ -1,0 +1,119 @@
+"""The artifact store's layout (root/task-<id>/<stage>.pickle), its deletes, and RunState.discard (#28, defect 5)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+
+import pytest
+
+from resources.artifact_store import ArtifactStore
+from resources.run_state import STAGES, RunState, artifact_key
+
+
+def _files(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def _mode(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_a_tasks_outputs_live_in_its_own_folder_one_file_per_stage(tmp_path):
+    store = ArtifactStore(tmp_path / "artifacts")
+    store.put("parsed_document", 7, {"text": "secret"})
+    store.put("document_chunks", artifact_key(7), ["a", "b"])  # the bench names a task by its key
+    store.put("parsed_document", 12, {"text": "other"})
+    assert _files(tmp_path / "artifacts") == [
+        "task-12/parsed_document.pickle", "task-7/document_chunks.pickle", "task-7/parsed_document.pickle"]
+    assert store.get("document_chunks", 7) == ["a", "b"]
+    assert store.get("parsed_document", "task-7") == {"text": "secret"}
+    assert sorted(store.task_ids()) == [7, 12]
+    assert _mode(tmp_path / "artifacts" / "task-7") == 0o700
+    assert _mode(tmp_path / "artifacts" / "task-7" / "parsed_document.pickle") == 0o600
+    with pytest.raises(KeyError):
+        store.get("chunk_embeddings", 7)
+
+
+@pytest.mark.parametrize("key", ["acme/doc/v1", "task-0", "task-07", "../task-1", 0, -3])
+def test_keys_that_are_not_task_ids_are_refused(tmp_path, key):
+    with pytest.raises(ValueError):
+        ArtifactStore(tmp_path).put("parsed_document", key, 1)
+
+
+@pytest.mark.parametrize("stage", ["../x", "Parsed", "", "a/b"])
+def test_stage_names_are_plain_identifiers(tmp_path, stage):
+    with pytest.raises(ValueError):
+        ArtifactStore(tmp_path).put(stage, 1, 1)
+
+
+def test_delete_task_removes_every_stage_and_the_folder_and_nothing_else(tmp_path):
+    root = tmp_path / "artifacts"
+    store = ArtifactStore(root)
+    for stage in STAGES:
+        store.put(stage, 3, stage)
+        store.put(stage, 4, stage)
+    (root / "task-3" / f".parsed_document.{'0' * 32}.tmp").write_bytes(b"interrupted put")
+    assert store.delete_task(3) == 4
+    assert not (root / "task-3").exists()
+    assert _files(root) == [f"task-4/{stage}.pickle" for stage in sorted(STAGES)]
+    assert store.delete_task(3) == 0  # already gone: nothing to do, no error
+    assert list(store.task_ids()) == [4]
+
+
+def test_delete_task_keeps_files_younger_than_the_cutoff(tmp_path):
+    root = tmp_path / "artifacts"
+    store = ArtifactStore(root)
+    store.put("parsed_document", 5, "old")
+    store.put("document_chunks", 5, "young")
+    old = time.time() - 7200
+    os.utime(root / "task-5" / "parsed_document.pickle", (old, old))
+    assert store.delete_task(5, modified_before=time.time() - 3600) == 1
+    assert _files(root) == ["task-5/document_chunks.pickle"]
+
+
+def test_old_layout_folders_are_recognised_and_only_their_own_files_deleted(tmp_path):
+    root = tmp_path / "artifacts"
+    digest = hashlib.sha256(b"acme/doc/v1").hexdigest()
+    legacy = root / (hashlib.sha256(b"document_chunks").hexdigest()[:8] + "-document_chunks")
+    (legacy / digest[:2]).mkdir(parents=True)
+    (legacy / digest[:2] / f"{digest}.pickle").write_bytes(b"old")
+    (legacy / digest[:2] / f"{digest}.{'a' * 32}.tmp").write_bytes(b"old")
+    (root / "deadbeef-notes").mkdir()  # not the digest of its name: not ours
+    (root / "deadbeef-notes" / "keep.txt").write_bytes(b"someone else's")
+    store = ArtifactStore(root)
+    assert store.legacy_folders() == [legacy]
+    assert store.delete_legacy(legacy) == 2
+    assert not legacy.exists()
+    assert _files(root) == ["deadbeef-notes/keep.txt"]
+
+
+def test_discard_deletes_the_stored_outputs_of_every_stage_and_forget_keeps_them(tmp_path):
+    root = tmp_path / "artifacts"
+    state = RunState(ArtifactStore(root))
+    for task_id in (1, 2):
+        for stage in STAGES:
+            state.put(stage, task_id, ("fp", stage), f"{stage} of {task_id}")
+    state.forget(1)  # lost its lease: whoever runs it next may reuse them
+    assert RunState(ArtifactStore(root)).get("document_chunks", 1, ("fp", "document_chunks")) == "document_chunks of 1"
+    state.discard(2)  # ended in this run
+    with pytest.raises(KeyError):
+        state.get("document_chunks", 2, ("fp", "document_chunks"))
+    assert _files(root) == [f"task-1/{stage}.pickle" for stage in sorted(STAGES)]
+    state.discard(1)
+    assert _files(root) == [] and list(ArtifactStore(root).task_ids()) == []
+
+
+def test_discard_never_raises_for_the_disk(tmp_path, monkeypatch):
+    store = ArtifactStore(tmp_path / "artifacts")
+    state = RunState(store)
+    state.put("parsed_document", 9, "fp", "text")
+
+    def broken(*args, **kwargs):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(store, "delete_task", broken)
+    state.discard(9)  # the task's outcome is recorded already: no error for the step
+    assert (tmp_path / "artifacts" / "task-9" / "parsed_document.pickle").exists()  # left for the sweep

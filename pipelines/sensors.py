@@ -1,24 +1,25 @@
 """Sensors: the claiming sensor that turns due index tasks into runs, and the crashed-run recorder.
 
-The claim commits inside the sensor evaluation; if the tick then dies before its runs are stored,
-nothing is lost: the leases expire and a later claim takes the tasks over (invariant 7). Runs are
-requested only while at most KBINDEX_MAX_WAITING_RUNS wait for a slot, and the sensor heartbeats
-the leases of waiting runs each tick, so a queued run does not lose its leases before it starts.
+The claiming sensor's leases are reservations (sql/queries/lease.sql): they last the longest expected
+wait for a run slot (KBINDEX_RESERVATION_SECONDS), need no heartbeat, and the run adopts them when it
+starts. If the tick dies before its runs are stored, nothing is lost: the next ticks see reservations
+that no run names and end them after KBINDEX_ORPHAN_RESERVATION_SECONDS, and a claim takes the tasks
+over without spending an attempt (invariant 7). Runs are requested only while at most
+KBINDEX_MAX_WAITING_RUNS wait for a slot.
 A deep queue becomes a few big runs spread over the tenant's run slots; a lone publish, one small run.
 Retried versions join those runs: their existing partition keys are moved to the end of the key
 order with the fresh ones (unless a live run still covers them). A crash shared by several tasks is
-bisected (record_crashed_runs), and a launched run that lost every lease is canceled so that it gives
-its run slot back (release_hung_runs).
+bisected (record_crashed_runs); a run that can do nothing useful any more (a queued run whose leases
+were all taken over or cancelled, a launched run that lost every lease) is canceled before the tick plans
+its runs, so it pins no partition keys and gives its run slot back (release_runs).
 """
 
 
 import os
 import signal
-import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 
 import dagster as dg
 from dagster import DagsterRunStatus, RunsFilter
@@ -27,19 +28,18 @@ from pipelines.jobs import index_versions_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME, document_versions
 from resources import dagster_private
 from resources.dagster_resources import (
-    LEASES_TAG,
     MODELS_TAG,
     OWNER_TAG,
     TENANT_TAG,
     DatabaseResource,
+    claim_owner_of,
     lease_tags,
     leases_of,
     run_key_of,
     run_owner,
 )
-from pipelines.domain.errors import KbindexError
 from resources.partition_keys import record_added
-from resources.task_queue import ClaimedTask, Lease, TaskQueue
+from resources.task_queue import ClaimedTask, RunLeases, TaskQueue
 
 BATCH_MAX = int(os.environ.get("KBINDEX_RUN_BATCH", "320"))  # versions per run, at most (see RUN_BYTES)
 # A run is sized by its documents' bytes, not their number: a run pays a fixed cost (process start,
@@ -61,8 +61,16 @@ BATCH_MIN = int(os.environ.get("KBINDEX_RUN_BATCH_MIN", "12"))
 # one run). A burst of 1,000 publishes on the 1M-version bench ended in two runs of 19 and 20.
 RUN_SPLIT_BYTES = int(os.environ.get("KBINDEX_RUN_SPLIT_BYTES", str(256 * 1024)))
 MAX_WAITING_RUNS = int(os.environ.get("KBINDEX_MAX_WAITING_RUNS", "1"))
-WAITING_LEASE_MAX_SECONDS = float(os.environ.get("KBINDEX_WAITING_LEASE_MAX_SECONDS", "900"))
 LEASE_SECONDS = float(os.environ.get("KBINDEX_LEASE_SECONDS", "60"))
+# A reservation lasts the longest expected wait for a run slot: a run queued behind the per-tenant limit
+# must find its leases still reserved when it starts (issue #28: at 60-s leases and load ~25, a run lost
+# all 150 before it started, and each came back as a one-version run).
+RESERVATION_SECONDS = float(os.environ.get("KBINDEX_RESERVATION_SECONDS", "900"))
+# A reservation that no run names this long after its claim was orphaned (the tick died after claiming,
+# or the gRPC call timed out before its runs were stored: up to 60 s).
+ORPHAN_GRACE_SECONDS = float(os.environ.get("KBINDEX_ORPHAN_RESERVATION_SECONDS", str(max(120.0, 2 * LEASE_SECONDS))))
+# How often a reservation may end without its run starting before the task ends DEAD RUN_NEVER_STARTED.
+GIVEBACK_LIMIT = int(os.environ.get("KBINDEX_RESERVATION_GIVEBACKS", "5"))
 WAITING = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING]
 LAUNCHED = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]  # each holds a run slot
 LIVE = [*WAITING, *LAUNCHED]
@@ -229,14 +237,19 @@ def _request(group: list[ClaimedTask], group_keys: list[str], owner: str, tenant
     description="Claims due index tasks (SKIP LOCKED lease) and starts runs for them, many versions per run.",
 )
 def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SensorResult | dg.SkipReason:
-    queue = TaskQueue(database.db, lease_seconds=LEASE_SECONDS)
-    waiting = keep_waiting_leases(context.instance, queue)
+    queue = task_queue(database)
+    runs = leased_runs(context.instance)  # one read of Dagster's live runs serves the whole tick
+    orphaned = queue.expire_orphaned_reservations(sorted({r.leases.owner for r in runs}), ORPHAN_GRACE_SECONDS)
+    if orphaned:
+        context.log.warning(f"{orphaned} reservation(s) had no run {ORPHAN_GRACE_SECONDS:.0f} s after their claim: "
+                            "taken over without spending an attempt")
+    waiting = sum(1 for r in runs if r.leases.waiting)
     owner = f"batch-{uuid.uuid4().hex[:12]}"
     # With the run queue full, start no new work, but still take over expired leases (invariant 7:
     # nothing stays RUNNING past its lease plus one claim tick).
     queue_full = waiting >= MAX_WAITING_RUNS
-    # for_run: each lease waits for its run to adopt it (task_adopt); one that expires unadopted is
-    # given back without counting as an attempt.
+    # for_run: each lease is a reservation its run adopts when it starts (task_adopt); one that ends
+    # unadopted gives its attempt back.
     limit, left = claim_limit(database, queue_full)
     claimed = queue.claim(owner, limit=limit, expired_only=queue_full, for_run=True)
     if not queue_full and len(claimed) < limit and left > 0:
@@ -245,8 +258,10 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
         # BATCH_UNSIZED takeovers per slot and held a migration to half its runs' size).
         room = backfill_limit(database, BATCH_MAX * max(1, RUN_SPREAD) - len(claimed), left, bool(claimed))
         claimed += queue.claim_backfill(owner, room, for_run=True) if room else []
-    # After the claim, so a slow cancel never delays a takeover (invariant 7).
-    for run_id in release_hung_runs(context.instance, queue):
+    # After the claim (a slow cancel never delays a takeover, invariant 7) and before planning: a released
+    # run pins no keys, so the tasks taken over from it share big runs instead of getting one run each.
+    released = release_runs(context.instance, queue, runs)
+    for run_id in released:
         context.log.warning(f"run {run_id} holds none of its leases any more: canceled to free its run slot")
     if not claimed:
         if queue_full:
@@ -261,13 +276,14 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
     existing = set(context.instance.get_existing_dynamic_partitions(VERSIONS_PARTITIONS_NAME, list(set(keys.values()))))
     # A backfill in progress plans its runs as key ranges resolved only when each run executes:
     # moving keys under it would bend those ranges (seen in bench.chaos --migration), so keys stay.
-    pinned = (existing if dagster_private.backfill_in_progress(context.instance) else live_run_keys(context.instance, database)
+    live = [r.run for r in runs if r.run.run_id not in set(released)]
+    pinned = (existing if dagster_private.backfill_in_progress(context.instance) else live_run_keys(live, database)
               ) if existing else set()
     plan = plan_runs(claimed, keys, existing, owner, BATCH_MAX, spread=RUN_SPREAD, batch_min=BATCH_MIN,
                      weights=weights, caps=caps, pinned=pinned, run_bytes=RUN_BYTES, split_bytes=RUN_SPLIT_BYTES)
     # Moved keys are deleted here and re-added, in plan order, by the add request below. One
     # SensorResult may not both delete and add a key (Dagster refuses it). If the tick dies in
-    # between, the keys are simply missing: the leases expire and the next claim adds them afresh.
+    # between, the keys are simply missing: the reservations are orphaned and the next claim adds them afresh.
     for key in plan.delete:
         context.instance.delete_dynamic_partition(VERSIONS_PARTITIONS_NAME, key)
     requests = plan.requests
@@ -280,6 +296,12 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
         run_requests=requests,
         dynamic_partitions_requests=[document_versions.build_add_request(plan.add)] if plan.add else [],
     )
+
+
+def task_queue(database: DatabaseResource) -> TaskQueue:
+    """The task queue as the sensors use it: leases, reservations and give-backs from the environment."""
+    return TaskQueue(database.db, lease_seconds=LEASE_SECONDS, reservation_seconds=RESERVATION_SECONDS,
+                     giveback_limit=GIVEBACK_LIMIT)
 
 
 def claim_limit(database: DatabaseResource, queue_full: bool) -> tuple[int, int]:
@@ -311,53 +333,71 @@ def backfill_limit(database: DatabaseResource, slots: int, budget: int, claimed_
     return claim_count(sizes, budget, floor)
 
 
-def live_run_keys(instance: dg.DagsterInstance, database: DatabaseResource) -> set[str]:
+@dataclass(frozen=True)
+class LeasedRun:
+    """A live Dagster run that carries kbindex leases in its tags."""
+
+    run: dg.DagsterRun
+    leases: RunLeases
+
+
+def leased_runs(instance: dg.DagsterInstance) -> list[LeasedRun]:
+    """The runs of the index job and of UI materializations that are queued or hold a run slot and carry
+    lease tags: one read of Dagster's run records, O(live runs)."""
+    out = []
+    for record in instance.get_run_records(RunsFilter(statuses=LIVE)):
+        run = record.dagster_run
+        pairs, owner = leases_of(run.tags), claim_owner_of(run.tags)
+        if run.job_name in (index_versions_job.name, ASSET_JOB_NAME) and pairs and owner:
+            out.append(LeasedRun(run, RunLeases(owner, run_owner(run.run_id), pairs, run.status in WAITING)))
+    return out
+
+
+def live_run_keys(runs: list[dg.DagsterRun], database: DatabaseResource) -> set[str]:
     """Partition keys that a run not yet finished covers: its range ends, its key, its tagged tasks' keys.
 
     Such a key must not move: Dagster resolves a run's key range at each step, so moving an end
     would shrink or stretch the range under the run. O(live runs): the queue plus the run slots.
     """
-    records = instance.get_run_records(RunsFilter(statuses=LIVE))
     pinned: set[str] = set()
     task_ids: list[int] = []
-    for record in records:
-        tags = record.dagster_run.tags
-        pinned.update(v for k in PARTITION_TAGS if (v := tags.get(k)))
-        task_ids.extend(task_id for task_id, _ in leases_of(tags))
+    for run in runs:
+        pinned.update(v for k in PARTITION_TAGS if (v := run.tags.get(k)))
+        task_ids.extend(task_id for task_id, _ in leases_of(run.tags))
     if task_ids:
         pinned.update(r["partition_key"] for r in database.db.fetch_all("run_plan_inputs", {"task_ids": task_ids}))
     return pinned
 
 
-def release_hung_runs(instance: dg.DagsterInstance, queue: TaskQueue) -> list[str]:
-    """Cancel launched runs that hold none of their leases and lost at least one; returns their ids.
+def release_runs(instance: dg.DagsterInstance, queue: TaskQueue, runs: list[LeasedRun]) -> list[str]:
+    """Cancel the runs that can do nothing useful any more; returns their ids.
 
-    A run whose process hangs (SIGSTOP, a stuck call) stops heartbeating; its leases expire and are
-    taken over, but Dagster still counts it as started, so it keeps a run slot and due work waits
-    behind the per-tenant run limit. One statement judges every launched run with lease tags
-    (O(run slots)). The launcher is asked to terminate the run (a K8s/Docker launcher stops its
-    pod; the code server signals its run process), a process of this code server that cannot react
-    (stopped) is killed, and the run is marked canceled so the run queue frees the slot at once.
+    One statement judges them all (``lease_runs_to_release``): a queued run whose leases were all taken over
+    or cancelled would only start to adopt nothing, while pinning its partition keys; a launched run whose
+    process hangs (SIGSTOP, a stuck call) stops heartbeating, its leases are taken over, but Dagster still
+    counts it as started, so it keeps a run slot and due work waits behind the per-tenant run limit. A run
+    whose publish transaction holds its rows is never judged hung, even if its leases ran out meanwhile.
+    The launcher is asked to terminate a launched run (a K8s/Docker launcher stops its pod; a process of
+    this code server that cannot react, being stopped, is killed), and the run is marked canceled so the
+    run queue frees the slot at once.
     """
-    runs = [
-        r.dagster_run
-        for job in (index_versions_job.name, ASSET_JOB_NAME)
-        for r in instance.get_run_records(RunsFilter(job_name=job, statuses=LAUNCHED))
-        if r.dagster_run.tags.get(LEASES_TAG) and r.dagster_run.tags.get(OWNER_TAG)
-    ]
     if not runs:
         return []
-    lost = queue.runs_without_leases(
-        [(r.tags[OWNER_TAG], run_owner(r.run_id), leases_of(r.tags)) for r in runs])
     released = []
-    for run in (runs[ix] for ix in lost):
-        _terminate(instance, run)
+    for ix in queue.runs_to_release([r.leases for r in runs]):
+        run = runs[ix].run
+        if not runs[ix].leases.waiting:
+            _stop_run_process(instance, run)
+        current = instance.get_run_by_id(run.run_id)
+        if current is not None and not current.is_finished:
+            instance.report_run_canceled(current, message="kbindex: the run holds none of its leases any more "
+                                                          "(taken over, cancelled, or hung)")
         released.append(run.run_id)
     return released
 
 
-def _terminate(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
-    """Stop the run's process where the launcher can, then mark the run canceled (frees its slot)."""
+def _stop_run_process(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
+    """Stop the run's process where the launcher can (the caller then marks the run canceled)."""
     if dagster_private.is_default_run_launcher(instance.run_launcher):
         # Its terminate is a gRPC call to the code server that evaluates this very sensor: it can
         # block the tick (seen: a SIGSTOPped run stalled every later claim). Kill our child instead.
@@ -365,11 +405,8 @@ def _terminate(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
     else:
         try:
             instance.run_launcher.terminate(run.run_id)  # K8s, Docker, ECS: stop the pod or task
-        except Exception:  # noqa: BLE001 - best effort: the run is marked canceled below either way
+        except Exception:  # noqa: BLE001 - best effort: the caller marks the run canceled either way
             pass
-    current = instance.get_run_by_id(run.run_id)
-    if current is not None and not current.is_finished:
-        instance.report_run_canceled(current, message="kbindex: the run lost every lease (hung or taken over)")
 
 
 def _kill_child_run_process(instance: dg.DagsterInstance, run_id: str) -> None:
@@ -405,33 +442,6 @@ def _models(database: DatabaseResource, profiles: set[str]) -> str:
     return ",".join(sorted(models))
 
 
-def keep_waiting_leases(instance: dg.DagsterInstance, queue: TaskQueue) -> int:
-    """Heartbeat the leases of this job's runs that have not started work yet; returns how many runs wait.
-
-    A run queued behind the per-tenant limit, or a run process still starting (imports, model load:
-    seconds, more under load), may take longer than a lease before it adopts its leases; without this
-    they would expire first and every version would be reclaimed one run each. The heartbeat is the
-    fenced one under the claiming owner, one statement per run, so a lease the run already adopted
-    (it is then the run's own, and its process heartbeats it) or already lost is left alone. Runs
-    older than WAITING_LEASE_MAX_SECONDS are left to expire (a stuck queue loses nothing).
-    """
-    records = instance.get_run_records(RunsFilter(job_name=index_versions_job.name, statuses=[*WAITING, *LAUNCHED]))
-    now = time.time()
-    for record in records:
-        if now - record.create_timestamp.timestamp() > WAITING_LEASE_MAX_SECONDS:
-            continue
-        tags = record.dagster_run.tags
-        owner = tags.get(OWNER_TAG)
-        leases = [Lease(t, a, owner, datetime.now(timezone.utc)) for t, a in leases_of(tags)]
-        if not owner or not leases:
-            continue
-        try:
-            queue.heartbeat_many(leases)
-        except KbindexError:  # a database hiccup: the next tick tries again
-            pass
-    return sum(1 for r in records if r.dagster_run.status in WAITING)
-
-
 def _inject_fault_after_claim() -> None:
     """Fault injection for tests: die once after the claim committed (KBINDEX_FAULT_SENSOR_AFTER_CLAIM=marker file)."""
     marker = os.environ.get("KBINDEX_FAULT_SENSOR_AFTER_CLAIM")
@@ -445,12 +455,20 @@ def _inject_fault_after_claim() -> None:
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=1,
     description=("Records RUN_CRASHED for tasks of runs that died without recording an outcome (retried at once; "
-                 "a crash shared by several tasks costs none of them an attempt and halves their next run)."),
+                 "a crash shared by several tasks costs none of them an attempt and halves their next run); "
+                 "tasks the run never started are given back."),
 )
 def record_crashed_runs(context: dg.RunFailureSensorContext, database: DatabaseResource) -> None:
-    queue = TaskQueue(database.db, lease_seconds=LEASE_SECONDS)
-    pairs = leases_of(context.dagster_run.tags)
-    outcomes = queue.fail_crashed_run(pairs, "RUN_CRASHED", "the run process died before recording an outcome")
+    run = context.dagster_run
+    owner = claim_owner_of(run.tags)
+    if not owner:
+        return
+    outcomes = task_queue(database).fail_crashed_run(
+        leases_of(run.tags), "RUN_CRASHED", "the run process died before recording an outcome",
+        owner=owner, run_owner=run_owner(run.run_id))
     for o in outcomes:
+        if o.given_back:
+            context.log.info(f"task {o.task_id}: never started by this run -> {o.status} (attempt given back)")
+            continue
         cap = f" (next run at most {o.run_size_cap} task(s))" if o.run_size_cap and len(outcomes) > 1 else ""
         context.log.info(f"task {o.task_id}: RUN_CRASHED -> {o.status}{cap}")

@@ -28,9 +28,14 @@ from resources.run_state import RunState
 from resources.settings import Settings, resolve_database_url
 from resources.task_queue import TaskQueue
 
-# Run tags written by the claiming sensor and read by LeaseResource.
-LEASES_TAG = "kbindex/leases"  # the run's leases, encode_leases(); long sets go on in kbindex/leases.2, .3, ...
-OWNER_TAG = "kbindex/owner"
+# Run tags written by the claiming sensor and read by the run. The leases and the claiming tick are machinery,
+# not something an operator reads: under Dagster's hidden-tag prefix they stay out of the UI's runs list (its
+# GraphQL leaves ".dagster/" tags out) and are still copied to re-executions. Runs created before carry them
+# under the old visible keys (LEGACY_*), which are still read.
+LEASES_TAG = ".dagster/kbindex/leases"  # the run's leases, encode_leases(); long sets go on in .2, .3, ...
+OWNER_TAG = ".dagster/kbindex/owner"
+LEGACY_LEASES_TAG = "kbindex/leases"
+LEGACY_OWNER_TAG = "kbindex/owner"
 TENANT_TAG = "kbindex/tenant"
 PROFILE_TAG = "kbindex/profile"
 MODELS_TAG = "kbindex/models"  # comma-separated models of the run's tasks: loaded from the run's start
@@ -85,14 +90,21 @@ def lease_tags(pairs: list[tuple[int, int]]) -> dict[str, str]:
 def leases_of(tags: Mapping[str, str] | None) -> list[tuple[int, int]]:
     """The leases a run's tags carry (``lease_tags``), [] for a run without any."""
     tags = tags or {}
-    first = tags.get(LEASES_TAG)
+    key = LEASES_TAG if tags.get(LEASES_TAG) else LEGACY_LEASES_TAG
+    first = tags.get(key)
     if not first:
         return []
     parts, n = [first], 2
-    while f"{LEASES_TAG}.{n}" in tags:
-        parts.append(tags[f"{LEASES_TAG}.{n}"])
+    while f"{key}.{n}" in tags:
+        parts.append(tags[f"{key}.{n}"])
         n += 1
     return decode_leases("".join(parts))
+
+
+def claim_owner_of(tags: Mapping[str, str] | None) -> str | None:
+    """The claiming tick that reserved a run's leases (its ``OWNER_TAG``), None for a run without leases."""
+    tags = tags or {}
+    return tags.get(OWNER_TAG) or tags.get(LEGACY_OWNER_TAG)
 
 
 def run_key_of(pairs: list[tuple[int, int]]) -> str:
@@ -303,13 +315,17 @@ class IndexingRunResource(dg.ConfigurableResource):
             queue=queue,
             keeper=self._keeper,
             owner=run_owner(run.run_id if run else str(os.getpid())),
-            granted_by=tags.get(OWNER_TAG),
+            granted_by=claim_owner_of(tags),
             blobs=self.blobs.get_store(),
             embedder_for=_no_embedder,
             state=RunState(ArtifactStore(self.artifacts or (Settings.from_env().home / "artifacts"))),
             tagged=leases_of(tags),
             profile=tags.get(PROFILE_TAG),
         )
+        # Adopt the reservations now, before the first step: the run holds them from its start.
+        adopted = self._run.adopt_tagged()
+        if self._run.tagged and context.log is not None:
+            context.log.info(f"adopted {adopted} of the run's {len(self._run.tagged)} reserved task(s)")
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._run is not None:

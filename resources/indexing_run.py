@@ -213,6 +213,15 @@ class IndexingRun:
                 log.warning("%d of the run's %d tagged leases were lost before it started", lost, len(offered))
         return self._tagged_index
 
+    def adopt_tagged(self) -> int:
+        """Adopt the run's tagged reservations now (at run start, before any step); returns how many.
+
+        Early, so that a run queued past its reservations' lease_until still gets them (an unchanged
+        reservation stays adoptable until a claim takes it over), and so that a run that dies before its
+        first step has not started any task: the crashed-run recorder gives their attempts back.
+        """
+        return sum(len(v) for v in self._tagged_by_version().values())
+
     def _adopt_tagged(self, version: dict[str, Any]) -> list[Lease]:
         """Every adopted lease of this version, one per profile (issue #12, defect 2)."""
         return list(self._tagged_by_version().get(

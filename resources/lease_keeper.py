@@ -43,19 +43,6 @@ class LeaseKeeper:
         with self._guard:
             self._held[key] = _Held(lease)
 
-    def adopt(self, key: str, lease: Lease) -> bool:
-        """Take over a lease granted to this run's owner by the sensor: one fenced heartbeat proves it.
-
-        Returns False (and holds nothing) if the lease was already lost: the run must not touch that task.
-        """
-        try:
-            renewed = self.queue.heartbeat(lease)
-        except FenceRejected as exc:
-            log.warning("task %s attempt %s: lease not adopted (%s)", lease.task_id, lease.attempt, exc.code)
-            return False
-        self.hold(key, renewed)
-        return True
-
     def release(self, key: str) -> None:
         """Stop heartbeating ``key`` (after its task completed or failed)."""
         with self._guard:

@@ -72,6 +72,22 @@ class CrashOutcome:
     status: TaskStatus
     run_size_cap: int | None
     """The cap on the task's next run size (crash bisection), None for none."""
+    given_back: bool = False
+    """The run never started the task: its attempt was given back and it is due again."""
+
+
+@dataclass(frozen=True)
+class RunLeases:
+    """What ``runs_to_release`` needs of one Dagster run: its leases and who may hold them."""
+
+    owner: str
+    """The claiming tick that reserved the leases."""
+    run_owner: str
+    """The run, once it adopted them."""
+    pairs: Sequence[tuple[int, int]]
+    """``(task_id, attempt)`` of each lease."""
+    waiting: bool
+    """The run has not been launched yet (queued)."""
 
 
 class TaskQueue:
@@ -85,6 +101,8 @@ class TaskQueue:
         db: Database,
         *,
         lease_seconds: float = 60.0,
+        reservation_seconds: float = 900.0,
+        giveback_limit: int = 5,
         clock: Callable[[], datetime | None] = lambda: None,
         backoff_base: float = 2.0,
         backoff_cap: float = 300.0,
@@ -94,6 +112,8 @@ class TaskQueue:
             raise ValueError("lease_seconds must be positive")
         self.db = db
         self.lease_seconds = float(lease_seconds)
+        self.reservation_seconds = max(float(reservation_seconds), self.lease_seconds)
+        self.giveback_limit = int(giveback_limit)
         self.clock = clock
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
@@ -110,38 +130,13 @@ class TaskQueue:
     def _refused(self, session: Session, lease: Lease, verb: str) -> Exception:
         """Explain a fenced write that changed nothing: TaskCancelled, LeaseLost (with a reason) or TaskNotFound."""
         row = session.fetch_one("task_fence_state", {"task_id": lease.task_id, "now": self.clock()})
-        data = {"task_id": lease.task_id, "attempt": lease.attempt, "owner": lease.owner}
-        if row is None:
-            return TaskNotFound(f"task {lease.task_id} does not exist", **data)
-        status = row["status"]
-        if status == TaskStatus.CANCELLED:
-            return TaskCancelled(f"task {lease.task_id} was cancelled; {verb} refused", **data)
-        if row["attempts"] != lease.attempt:
-            reason = f"taken over by attempt {row['attempts']}"
-        elif status != TaskStatus.RUNNING:
-            reason = f"finished ({status})"
-        elif row["lease_owner"] != lease.owner:
-            reason = f"held by {row['lease_owner']}"
-        elif row["lease_expired"]:
-            reason = "expired"
-        else:  # pragma: no cover - only reachable for a progress lock race
-            reason = "changed concurrently"
-        return LeaseLost(
-            f"lease of task {lease.task_id} attempt {lease.attempt} lost: {reason}; {verb} refused",
-            reason=reason,
-            status=status,
-            current_attempt=row["attempts"],
-            **data,
-        )
+        return _explain(row, lease, verb)
 
     def _lost(self, session: Session, lease: Lease, verb: str) -> FenceRejected:
         """``_refused`` for a lease among many: a task row that is gone takes its lease with it."""
-        refusal = self._refused(session, lease, verb)
-        if isinstance(refusal, FenceRejected):
-            return refusal
-        return LeaseLost(refusal.message, reason="not found", task_id=lease.task_id)
+        return _as_fence_rejection(self._refused(session, lease, verb), lease)
 
-    # -- claiming ----------------------------------------------------------------------------
+    # -- claiming (sql/queries/lease.sql: one statement, four sources) --------------------------
 
     def claim(
         self, owner: str, limit: int = 10, session: Session | None = None, *, expired_only: bool = False,
@@ -152,49 +147,42 @@ class TaskQueue:
         Expired leases with no attempts left end DEAD (LEASE_ATTEMPTS_EXHAUSTED) and are not returned.
         ``expired_only`` takes over abandoned leases without starting new work (the run queue is full,
         but invariant 7 still wants expired leases reclaimed within a tick). ``for_run``: the leases are
-        for a run that has yet to start (the claiming sensor); the run takes them with ``adopt``, and one
-        that expires before any run adopted it is given back without counting as an attempt.
-        A worker looping on claims may pass its own autocommit ``session`` to skip the pool checkout.
+        reservations for a run that has yet to start (the claiming sensor): they last
+        ``reservation_seconds``, the run takes them with ``adopt``, and one that ends unadopted gives its
+        attempt back (at most ``giveback_limit`` times). A worker looping on claims may pass its own
+        autocommit ``session`` to skip the pool checkout.
         """
+        return self._claim("expired" if expired_only else "queue", owner, limit, reserve=for_run, session=session)
+
+    def claim_backfill(self, owner: str, limit: int, *, for_run: bool = False) -> list[ClaimedTask]:
+        """Lease up to ``limit`` never-attempted REINDEX tasks of profiles whose backfill was requested
+        (``profiles.request_backfill``), oldest first; the claiming sensor calls it with the capacity live
+        indexing left free in its tick."""
+        return self._claim("backfill", owner, limit, reserve=for_run)
+
+    def claim_task(self, task_id: int, owner: str) -> ClaimedTask | None:
+        """Lease one named task now if it is claimable (PENDING, RETRY_WAIT, or an expired lease); else None."""
+        claimed = self._claim("task", owner, 1, task_id=task_id)
+        return claimed[0] if claimed else None
+
+    def _claim(self, source: str, owner: str, limit: int, *, reserve: bool = False, task_id: int | None = None,
+               session: Session | None = None) -> list[ClaimedTask]:
         if limit < 1:
             return []
         with self._session(session) as s:
             rows = s.fetch_all(
                 "task_claim",
                 {
+                    "source": source,
+                    "task_id": task_id,
                     "owner": owner,
                     "limit": limit,
-                    "lease_seconds": self.lease_seconds,
+                    "reserve": reserve,
+                    "lease_seconds": self.reservation_seconds if reserve else self.lease_seconds,
+                    "giveback_limit": self.giveback_limit,
                     "now": self.clock(),
-                    "take_due": not expired_only,
-                    "unstarted": for_run,
                 },
             )
-        return [
-            ClaimedTask(
-                lease=Lease(r["task_id"], r["attempts"], r["lease_owner"], r["lease_until"]),
-                tenant_id=r["tenant_id"],
-                document_id=r["document_id"],
-                version_number=r["version_number"],
-                profile=r["profile"],
-                task_type=r["task_type"],
-            )
-            for r in rows
-        ]
-
-    # -- fenced verbs --------------------------------------------------------------------------
-
-    def claim_backfill(self, owner: str, limit: int, *, for_run: bool = False) -> list[ClaimedTask]:
-        """Lease up to ``limit`` never-attempted REINDEX tasks of profiles whose backfill was requested
-        (``profiles.request_backfill``), oldest first; the claiming sensor calls it with the capacity live
-        indexing left free in its tick."""
-        if limit < 1:
-            return []
-        rows = self.db.fetch_all(
-            "task_claim_backfill",
-            {"owner": owner, "limit": limit, "lease_seconds": self.lease_seconds, "now": self.clock(),
-             "unstarted": for_run},
-        )
         return [
             ClaimedTask(
                 lease=Lease(r["task_id"], r["attempts"], r["lease_owner"], r["lease_until"]),
@@ -203,6 +191,18 @@ class TaskQueue:
             )
             for r in rows
         ]
+
+    def expire_orphaned_reservations(self, live_owners: Sequence[str], grace_seconds: float) -> int:
+        """End the reservations whose run never appeared: made over ``grace_seconds`` ago by a tick that no
+        waiting or working run names (``live_owners``). The next claim takes them over and gives their
+        attempt back. Returns how many were ended."""
+        rows = self.db.fetch_all(
+            "lease_expire_orphaned",
+            {"live_owners": list(live_owners), "grace_seconds": grace_seconds, "now": self.clock()},
+        )
+        return len(rows)
+
+    # -- fenced verbs --------------------------------------------------------------------------
 
     def dagster_runs(self, task_id: int) -> builtins.list[dict[str, Any]]:
         """The Dagster run ids that worked on the task, with the attempt each worked on (from its history)."""
@@ -268,8 +268,11 @@ class TaskQueue:
                     result.renewed.append(Lease(lease.task_id, lease.attempt, lease.owner, r["lease_until"]))
                 elif r["outcome"] == "busy":
                     result.busy.append(lease)
-                else:  # rare: one read per lost lease explains why
-                    result.lost.append((lease, self._lost(s, lease, "heartbeat")))
+                else:  # the statement returned the row's state: no further read explains it
+                    result.lost.append((lease, _as_fence_rejection(_explain(
+                        None if r["status"] is None else
+                        {"status": r["status"], "attempts": r["current_attempt"], "lease_owner": r["current_owner"],
+                         "lease_expired": r["lease_expired"]}, lease, "heartbeat"), lease)))
         return result
 
     def progress(
@@ -363,44 +366,51 @@ class TaskQueue:
         return TaskStatus(row["status"])
 
     def fail_crashed_run(
-        self, pairs: Sequence[tuple[int, int]], code: str = "RUN_CRASHED", message: str = ""
+        self, pairs: Sequence[tuple[int, int]], code: str = "RUN_CRASHED", message: str = "", *,
+        owner: str, run_owner: str,
     ) -> builtins.list[CrashOutcome]:
-        """For the run-failure sensor: fail every ``(task_id, attempt)`` of a dead run still RUNNING on it.
+        """For the run-failure sensor: end the leases of a dead run that are still its own, in one statement.
 
-        One statement. With several such suspects the crash is nobody's fault yet: each gets its
-        attempt back and a cap of half the suspects on its next run (crash bisection, see
-        sql/queries/run.sql run_fail_crashed); a lone suspect's attempt counts as usual.
+        ``owner`` is the tick that reserved them, ``run_owner`` the run. A lease the run never adopted is
+        given back (due again, no error code: it never started). An adopted one fails with ``code``; with
+        several such suspects the crash is nobody's fault yet: each gets its attempt back and a cap of half
+        the suspects on its next run (crash bisection); a lone suspect's attempt counts as usual. A lease
+        another run took over meanwhile is left alone.
         """
         if not pairs:
             return []
         rows = self.db.fetch_all(
-            "run_fail_crashed",
+            "lease_fail_crashed_run",
             {
                 "task_ids": [int(t) for t, _ in pairs],
                 "attempts": [int(a) for _, a in pairs],
+                "owner": owner,
+                "run_owner": run_owner,
                 "code": code,
                 "message": sanitize_message(message or "the run ended without recording an outcome"),
                 "retryable": is_retryable(code),
+                "giveback_limit": self.giveback_limit,
                 "now": self.clock(),
             },
         )
-        return [CrashOutcome(r["task_id"], TaskStatus(r["status"]), r["run_size_cap"]) for r in rows]
+        return [CrashOutcome(r["task_id"], TaskStatus(r["status"]), r["run_size_cap"], r["given_back"]) for r in rows]
 
-    def runs_without_leases(self, runs: Sequence[tuple[str, str, Sequence[tuple[int, int]]]]) -> builtins.list[int]:
-        """Indexes of the ``(claim owner, run owner, [(task_id, attempt), ...])`` runs that hold none of
-        their leases (under either owner) and lost at least one (taken over, or expired unrenewed):
-        such a run can do nothing useful any more."""
-        flat = [(ix, owner, run_owner, t, a) for ix, (owner, run_owner, pairs) in enumerate(runs) for t, a in pairs]
+    def runs_to_release(self, runs: Sequence[RunLeases]) -> builtins.list[int]:
+        """Indexes of the runs that can do nothing useful any more (sql/queries/lease.sql
+        ``lease_runs_to_release``): they hold none of their leases, and lost one or never started.
+        One statement for every run, whatever their number."""
+        flat = [(ix, r, t, a) for ix, r in enumerate(runs) for t, a in r.pairs]
         if not flat:
             return []
         rows = self.db.fetch_all(
-            "run_leases_lost",
+            "lease_runs_to_release",
             {
                 "run_ixs": [f[0] for f in flat],
-                "owners": [f[1] for f in flat],
-                "run_owners": [f[2] for f in flat],
-                "task_ids": [int(f[3]) for f in flat],
-                "attempts": [int(f[4]) for f in flat],
+                "owners": [f[1].owner for f in flat],
+                "run_owners": [f[1].run_owner for f in flat],
+                "waiting": [f[1].waiting for f in flat],
+                "task_ids": [int(f[2]) for f in flat],
+                "attempts": [int(f[3]) for f in flat],
                 "now": self.clock(),
             },
         )
@@ -479,23 +489,6 @@ class TaskQueue:
             )
         return int(row["task_id"])
 
-    def claim_task(self, task_id: int, owner: str) -> ClaimedTask | None:
-        """Lease one named task now if it is claimable (PENDING, RETRY_WAIT, or an expired lease); else None."""
-        row = self.db.fetch_one(
-            "task_claim_one",
-            {"task_id": task_id, "owner": owner, "lease_seconds": self.lease_seconds, "now": self.clock()},
-        )
-        if row is None:
-            return None
-        return ClaimedTask(
-            lease=Lease(row["task_id"], row["attempts"], row["lease_owner"], row["lease_until"]),
-            tenant_id=row["tenant_id"],
-            document_id=row["document_id"],
-            version_number=row["version_number"],
-            profile=row["profile"],
-            task_type=row["task_type"],
-        )
-
     # -- reads -------------------------------------------------------------------------------
 
     def get(self, task_id: int) -> dict[str, Any]:
@@ -529,3 +522,34 @@ class TaskQueue:
         if status is not None:
             status = TaskStatus(status.upper()).value
         return self.db.fetch_all("task_list", {"status": status, "tenant": tenant, "limit": limit})
+
+
+def _explain(row: dict[str, Any] | None, lease: Lease, verb: str) -> Exception:
+    """Why ``lease``'s fenced ``verb`` changed nothing, from the task row's status, attempts, owner and expiry."""
+    data = {"task_id": lease.task_id, "attempt": lease.attempt, "owner": lease.owner}
+    if row is None:
+        return TaskNotFound(f"task {lease.task_id} does not exist", **data)
+    status = row["status"]
+    if status == TaskStatus.CANCELLED:
+        return TaskCancelled(f"task {lease.task_id} was cancelled; {verb} refused", **data)
+    if row["attempts"] != lease.attempt:
+        reason = f"taken over by attempt {row['attempts']}"
+    elif status != TaskStatus.RUNNING:
+        reason = f"finished ({status})"
+    elif row["lease_owner"] != lease.owner:
+        reason = f"held by {row['lease_owner']}"
+    elif row["lease_expired"]:
+        reason = "expired"
+    else:  # pragma: no cover - only reachable for a progress lock race
+        reason = "changed concurrently"
+    return LeaseLost(
+        f"lease of task {lease.task_id} attempt {lease.attempt} lost: {reason}; {verb} refused",
+        reason=reason, status=status, current_attempt=row["attempts"], **data,
+    )
+
+
+def _as_fence_rejection(refusal: Exception, lease: Lease) -> FenceRejected:
+    """For a lease among many: a task row that is gone takes its lease with it."""
+    if isinstance(refusal, FenceRejected):
+        return refusal
+    return LeaseLost(str(getattr(refusal, "message", refusal)), reason="not found", task_id=lease.task_id)

@@ -16,6 +16,7 @@
     │   └── EmbeddingUnavailable      EMBEDDING_UNAVAILABLE (transient)
     ├── IndexWriteFailed              INDEX_WRITE_FAILED (transient; database errors land here)
     ├── RunCrashed                    RUN_CRASHED (transient)
+    │   (bookkeeping codes, no class: LEASE_ATTEMPTS_EXHAUSTED, RUN_NEVER_STARTED; see BOOKKEEPING_CODES)
     ├── InternalError                 INTERNAL_ERROR (retried a bounded number of times)
     ├── InvalidRequest                INVALID_REQUEST: bad tenant, document id, profile name... (HTTP 400)
     ├── QuotaExceeded                 QUOTA_EXCEEDED: the tenant's stored bytes would pass its quota (HTTP 507)
@@ -55,7 +56,9 @@ TRANSIENT_CODES = frozenset(
         "INTERNAL_ERROR",
     }
 )
-BOOKKEEPING_CODES = frozenset({"LEASE_ATTEMPTS_EXHAUSTED"})
+# LEASE_ATTEMPTS_EXHAUSTED: leases ran out with no attempts left. RUN_NEVER_STARTED: the task's runs were
+# created and never began, KBINDEX_RESERVATION_GIVEBACKS times (the daemon or the run launcher is broken).
+BOOKKEEPING_CODES = frozenset({"LEASE_ATTEMPTS_EXHAUSTED", "RUN_NEVER_STARTED"})
 ALL_CODES = PERMANENT_CODES | TRANSIENT_CODES | BOOKKEEPING_CODES
 
 MAX_MESSAGE_CHARS = 300

@@ -15,7 +15,7 @@ SELECT r.name, r.backfill_requested_at,
 FROM requested r;
 
 -- name: task_backfill_sizes
--- The byte sizes of the next %(limit)s backlog tasks task_claim_backfill would take, in its order, without
+-- The byte sizes of the next %(limit)s backlog tasks task_claim (source backfill) would take, in its order, without
 -- locking (the claiming sensor sizes its claim by bytes). Same index walk: O(limit).
 SELECT v.byte_size
 FROM index_profile p
@@ -29,55 +29,6 @@ CROSS JOIN LATERAL (
 JOIN document_version v USING (tenant_id, document_id, version_number)
 WHERE p.building AND p.backfill_requested_at IS NOT NULL
 LIMIT %(limit)s;
-
--- name: task_claim_backfill
--- Lease up to %(limit)s never-attempted REINDEX tasks of profiles whose backfill was requested, oldest
--- task first, in one statement (same transition and event as task_claim). Walks
--- index_task_reindex_backlog_idx per requested profile; SKIP LOCKED as the claim does.
-WITH
-clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
-),
-picked AS (
-    SELECT b.task_id
-    FROM index_profile p
-    CROSS JOIN LATERAL (
-        SELECT t.task_id
-        FROM index_task t
-        WHERE t.profile = p.name AND t.task_type = 'REINDEX' AND t.status = 'PENDING' AND t.attempts = 0
-        ORDER BY t.task_id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) b
-    WHERE p.building AND p.backfill_requested_at IS NOT NULL
-    LIMIT %(limit)s
-),
-moved AS (
-    UPDATE index_task t
-    SET status          = 'RUNNING',
-        attempts        = t.attempts + 1,
-        lease_owner     = %(owner)s,
-        lease_until     = (SELECT now FROM clock) + make_interval(secs => %(lease_seconds)s),
-        lease_unstarted = %(unstarted)s::boolean,
-        started_at      = (SELECT now FROM clock),
-        finished_at     = NULL,
-        stage = NULL, completed = 0, total = 0,
-        updated_at      = (SELECT now FROM clock)
-    FROM picked p
-    WHERE t.task_id = p.task_id
-    RETURNING t.task_id, t.attempts, t.lease_owner, t.lease_until, t.tenant_id, t.document_id,
-              t.version_number, t.profile, t.task_type
-),
-logged AS (
-    INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, lease_owner, message, created_at)
-    SELECT m.task_id, 'transition', m.attempts, 'PENDING', 'RUNNING', %(owner)s,
-           'claimed for the backfill of profile ' || m.profile, (SELECT now FROM clock)
-    FROM moved m
-)
-SELECT m.task_id, m.attempts, m.lease_owner, m.lease_until, m.tenant_id, m.document_id,
-       m.version_number, m.profile, m.task_type
-FROM moved m
-ORDER BY m.task_id;
 
 -- name: dagster_partition_key_record
 -- Remember that these partition keys were (re)added to Dagster now.

@@ -119,6 +119,7 @@ def e2e(pg_server_url, template_url, tmp_path_factory):
         KBINDEX_BLOB_URL=str(root / "blobs"),
         KBINDEX_ARTIFACTS=str(root / "artifacts"),
         KBINDEX_LEASE_SECONDS=str(LEASE_SECONDS),
+        KBINDEX_ORPHAN_RESERVATION_SECONDS="15",  # the tick that dies after its claim: its reservations
         KBINDEX_FAKE_DELAY="0.7",
         KBINDEX_EMBED_BATCH="4",
         KBINDEX_FAULT_SENSOR_AFTER_CLAIM=str(marker),

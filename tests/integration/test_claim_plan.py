@@ -60,8 +60,8 @@ def big_queue(db, db_url) -> str:
 
 def claim_plan(url: str) -> dict[str, Any]:
     """The planner's own choice (enable_seqscan left on) for the real claim statement and parameters."""
-    params = {"owner": "w1", "limit": 10, "lease_seconds": 60.0, "now": datetime.now(UTC), "take_due": True,
-              "unstarted": True}
+    params = {"source": "queue", "task_id": None, "owner": "w1", "limit": 10, "lease_seconds": 60.0,
+              "now": datetime.now(UTC), "reserve": True, "giveback_limit": 5}
     with psycopg.connect(url) as conn:
         (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + queries["task_claim"], params).fetchone()
     plan = plan if isinstance(plan, list) else json.loads(plan)

@@ -51,7 +51,7 @@ def test_a_retryably_failed_reindex_task_is_claimed_after_its_backoff(make_queue
 def test_a_reindex_task_of_a_crashed_run_is_claimed_at_once(queue, shadow):
     tried, backlog = shadow
     run = queue.claim_task(tried, "backfill-run")
-    assert [o.status for o in queue.fail_crashed_run([(tried, run.lease.attempt)])] == ["RETRY_WAIT"]
+    assert [o.status for o in queue.fail_crashed_run([(tried, run.lease.attempt)], owner="backfill-run", run_owner="backfill-run")] == ["RETRY_WAIT"]
     (claimed,) = queue.claim("sensor", limit=10)
     assert (claimed.lease.task_id, claimed.lease.attempt, claimed.task_type, claimed.profile) == (
         tried, 2, "REINDEX", "shadow"

@@ -18,12 +18,15 @@ from dagster import DagsterRunStatus
 import pipelines.sensors as sensors
 from pipelines.jobs import index_versions_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME, document_versions
-from resources.dagster_resources import LEASES_TAG, OWNER_TAG, DatabaseResource, leases_of
+from resources.dagster_resources import LEASES_TAG, OWNER_TAG, DatabaseResource, claim_owner_of, leases_of, run_owner
 from resources.task_queue import TaskQueue
 
 
 def row(db, task_id: int) -> dict:
     return db.fetch_one("task_get", {"task_id": task_id})
+
+
+BY_A = {"owner": "batch-a", "run_owner": "batch-a"}  # leases a worker claimed and holds itself
 
 
 def pairs(claimed) -> list[tuple[int, int]]:
@@ -38,7 +41,7 @@ def test_a_crash_shared_by_several_tasks_grants_an_attempt_and_halves_their_next
     claimed = queue.claim("batch-a", limit=10)
     queue.complete_many([claimed[0].lease])  # finished before the crash: not a suspect
 
-    outcomes = queue.fail_crashed_run(pairs(claimed), "RUN_CRASHED", "the run process died")
+    outcomes = queue.fail_crashed_run(pairs(claimed), "RUN_CRASHED", "the run process died", **BY_A)
 
     assert [o.task_id for o in outcomes] == [t.lease.task_id for t in claimed[1:]]
     for o in outcomes:
@@ -55,7 +58,7 @@ def test_a_crash_of_a_run_of_one_task_counts_against_it(db, queue, publish_task)
     task = publish_task()
     (claimed,) = queue.claim("batch-a", limit=1)
 
-    (outcome,) = queue.fail_crashed_run(pairs([claimed]))
+    (outcome,) = queue.fail_crashed_run(pairs([claimed]), **BY_A)
 
     assert (outcome.status, outcome.run_size_cap) == ("RETRY_WAIT", None)
     r = row(db, task.task_id)
@@ -67,10 +70,10 @@ def test_a_crash_that_cannot_lower_the_cap_counts(db, queue, publish_task):
     for _ in range(2):
         publish_task()
     claimed = queue.claim("batch-a", limit=2)
-    assert {o.run_size_cap for o in queue.fail_crashed_run(pairs(claimed))} == {1}
+    assert {o.run_size_cap for o in queue.fail_crashed_run(pairs(claimed), **BY_A)} == {1}
     again = queue.claim("batch-b", limit=2)  # a planner that ignored the cap: two tasks, cap 1
 
-    outcomes = queue.fail_crashed_run(pairs(again))
+    outcomes = queue.fail_crashed_run(pairs(again), owner="batch-b", run_owner="batch-b")
 
     assert all(row(db, o.task_id)["max_attempts"] == 6 for o in outcomes)  # the first grant only
 
@@ -91,7 +94,8 @@ def test_a_poison_document_ends_dead_alone_after_bisection(db, queue, publish_ta
         for request in plan.requests:
             run = [leases[task_id] for task_id, _ in leases_of(request.tags)]
             if any(lease.task_id == poison for lease in run):
-                queue.fail_crashed_run([(lease.task_id, lease.attempt) for lease in run])
+                queue.fail_crashed_run([(lease.task_id, lease.attempt) for lease in run], owner=run[0].owner,
+                                       run_owner=run[0].owner)
             else:
                 queue.complete_many(run)
 
@@ -106,7 +110,9 @@ def test_a_poison_document_ends_dead_alone_after_bisection(db, queue, publish_ta
 def test_the_run_failure_sensor_bisects(db, db_url, publish_task):
     for _ in range(3):
         publish_task()
-    claimed = TaskQueue(db).claim("batch-a", limit=3)
+    queue = TaskQueue(db)
+    claimed = queue.claim("batch-a", limit=3, for_run=True)
+    queue.adopt([t.lease for t in claimed], run_owner("r" * 32))  # the run started them, then died
     with dg.instance_for_test() as instance:
         run = instance.add_run(dg.DagsterRun(
             job_name=index_versions_job.name, run_id="r" * 32, status=DagsterRunStatus.STARTED,
@@ -180,7 +186,8 @@ def test_a_retried_key_that_a_live_run_covers_stays_put(db, db_url, publish_task
     instance.add_run(dg.DagsterRun(job_name=index_versions_job.name, run_id="l" * 32,
                                    status=DagsterRunStatus.STARTED, tags=dict(request.tags)))
     order = list(instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME))
-    TaskQueue(db).fail_crashed_run([(tasks[0].task_id, 1)])  # one task of the live run is due again
+    TaskQueue(db).fail_crashed_run([(tasks[0].task_id, 1)], owner=claim_owner_of(request.tags),
+                                   run_owner=run_owner("l" * 32))  # one task of the live run is due again
 
     result = tick(instance, db_url)
 
@@ -199,7 +206,7 @@ def test_no_key_moves_while_a_backfill_is_in_progress(db, db_url, publish_task, 
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE index_task SET lease_until = now() - interval '1 second' WHERE task_id = ANY(%s)",
                      [[t.task_id for t in tasks]])
-    monkeypatch.setattr(sensors, "_backfill_in_progress", lambda instance: True)
+    monkeypatch.setattr(sensors.dagster_private, "backfill_in_progress", lambda instance: True)
 
     result = tick(instance, db_url)
 

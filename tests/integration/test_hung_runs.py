@@ -39,6 +39,11 @@ def started_run(instance, owner: str, claimed, job: str = index_versions_job.nam
                                           tags=tags))
 
 
+def release(instance, queue) -> list[str]:
+    """What the claiming tick does before planning: cancel the runs that can do nothing useful any more."""
+    return sensors.release_runs(instance, queue, sensors.leased_runs(instance))
+
+
 def expire(db_url: str, task_ids: list[int]) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE index_task SET lease_until = now() - interval '1 second' WHERE task_id = ANY(%s)",
@@ -65,7 +70,7 @@ def test_a_run_whose_leases_were_taken_over_is_canceled_and_a_live_one_is_left_a
     queue.claim("batch-thief", limit=10)  # taken over
     assert slots_taken(instance) == 2
 
-    released = sensors.release_hung_runs(instance, queue)
+    released = release(instance, queue)
 
     assert released == [hung.run_id]
     assert status(instance, hung) is DagsterRunStatus.CANCELED
@@ -81,7 +86,7 @@ def test_a_run_that_stopped_heartbeating_is_canceled_before_its_leases_are_even_
     hung = started_run(instance, "batch-hung", claimed, job="__ASSET_JOB")
     expire(db_url, [claimed[0].lease.task_id])
 
-    assert sensors.release_hung_runs(instance, queue) == [hung.run_id]
+    assert release(instance, queue) == [hung.run_id]
     assert status(instance, hung) is DagsterRunStatus.CANCELED
 
 
@@ -93,7 +98,7 @@ def test_a_run_that_finished_its_own_tasks_is_not_canceled(db, publish_task, ins
     queue.complete_many([t.lease for t in claimed])
     done = started_run(instance, "batch-done", claimed)  # between its last publish and its exit
 
-    assert sensors.release_hung_runs(instance, queue) == []
+    assert release(instance, queue) == []
     assert status(instance, done) is DagsterRunStatus.STARTED
 
 
@@ -109,7 +114,7 @@ def test_a_stopped_run_process_of_this_process_is_killed(db, db_url, publish_tas
                                      EngineEventData.in_process(process.pid))
         expire(db_url, [claimed[0].lease.task_id])
 
-        sensors.release_hung_runs(instance, queue)
+        release(instance, queue)
 
         assert process.wait(timeout=10) == -signal.SIGKILL
     finally:
@@ -144,6 +149,6 @@ def test_a_run_holding_leases_it_adopted_is_left_alone(db, db_url, publish_task,
         conn.execute("UPDATE index_task SET lease_owner = %s WHERE task_id = %s",
                      [run_owner(run.run_id), claimed[0].lease.task_id])
 
-    assert sensors.release_hung_runs(instance, queue) == []
+    assert release(instance, queue) == []
     expire(db_url, [claimed[0].lease.task_id])  # then it stopped heartbeating
-    assert sensors.release_hung_runs(instance, queue) == [run.run_id]
+    assert release(instance, queue) == [run.run_id]

@@ -14,8 +14,8 @@ from resources.lease_keeper import LeaseKeeper
 from resources.task_queue import Lease
 
 
-def test_unstarted_leases_that_expire_never_exhaust_the_attempts(publish_task, make_queue, clock):
-    queue = make_queue(lease_seconds=30.0)
+def test_reservations_that_expire_unadopted_do_not_spend_attempts(publish_task, make_queue, clock):
+    queue = make_queue(lease_seconds=30.0, reservation_seconds=30.0, giveback_limit=100)
     r = publish_task()
     for tick in range(8):  # more ticks than max_attempts (5): each claim's run never starts
         (claimed,) = queue.claim(f"batch-{tick}", limit=1, for_run=True)
@@ -23,6 +23,7 @@ def test_unstarted_leases_that_expire_never_exhaust_the_attempts(publish_task, m
         clock.advance(31)
     task = queue.get(r.task_id)
     assert task["status"] == "RUNNING" and task["max_attempts"] == 5 + 7
+    # (bounded: tests/integration/test_reservations.py ends such a task DEAD RUN_NEVER_STARTED)
 
 
 def test_adopted_leases_that_expire_count_and_end_dead(db, publish_task, make_queue, clock):
@@ -65,9 +66,10 @@ def test_a_run_that_crashes_before_adopting_its_lease_costs_no_attempt(publish_t
     r = publish_task()
     (claimed,) = queue.claim("batch-c", limit=1, for_run=True)
     before = queue.get(r.task_id)["max_attempts"]
-    queue.fail_crashed_run([(claimed.lease.task_id, claimed.lease.attempt)], "RUN_CRASHED", "the run died at start")
+    queue.fail_crashed_run([(claimed.lease.task_id, claimed.lease.attempt)], "RUN_CRASHED", "the run died at start",
+                           owner="batch-c", run_owner="run-c")
     task = queue.get(r.task_id)
-    assert (task["status"], task["max_attempts"]) == ("RETRY_WAIT", before + 1)
+    assert (task["status"], task["max_attempts"], task["error_code"]) == ("RETRY_WAIT", before + 1, None)
 
 
 def test_kbindex_task_names_the_dagster_runs_that_worked_on_it(db, db_url, publish_task, make_queue, monkeypatch):

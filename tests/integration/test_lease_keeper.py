@@ -66,11 +66,3 @@ def test_cancel_stops_the_run_promptly(claimed):
         assert _wait(lambda: keeper.lease("first") is None, timeout=2.0)
         with pytest.raises(TaskCancelled):
             keeper.check("first")
-
-
-def test_adopt_refuses_a_lease_that_was_already_lost(claimed):
-    queue, (first, _), _ = claimed
-    queue.fail(first.lease, "EMBEDDING_TIMEOUT", "slow provider")
-    keeper = LeaseKeeper(queue, interval=0.2)
-    assert keeper.adopt("first", first.lease) is False
-    assert keeper.keys() == []

@@ -142,15 +142,12 @@ def make_machine(db, db_url: str, tmp_path):
         def claim(self, owner: str, limit: int, advance: float) -> None:
             """Time passes (often past leases), then a claimer asks for work."""
             now = self.clock.advance(advance)
-            due = sorted(
-                ((m.next_attempt_at, tid) for tid, m in self.model.items()
-                 if m.status in ("PENDING", "RETRY_WAIT") and m.next_attempt_at <= now)
-            )[:limit]
-            expired = sorted(
-                ((m.lease_until, tid) for tid, m in self.model.items()
-                 if m.status == "RUNNING" and m.lease_until is not None and m.lease_until <= now)
-            )[:limit]
-            # Ties on the boundary may go either way (the index breaks them by heap position).
+            due = [(m.next_attempt_at, tid) for tid, m in self.model.items()
+                   if m.status in ("PENDING", "RETRY_WAIT") and m.next_attempt_at <= now]
+            expired = [(m.lease_until, tid) for tid, m in self.model.items()
+                       if m.status == "RUNNING" and m.lease_until is not None and m.lease_until <= now]
+            # Ties on the boundary may go either way (the index breaks them by heap position), so every
+            # tie is a candidate: an exhausted one the walk took ends DEAD and fills a place.
             candidates = sorted(due + expired)
             boundary = candidates[limit - 1][0] if len(candidates) >= limit else None
             claimed = self.queue.claim(owner, limit)
@@ -254,7 +251,8 @@ def make_machine(db, db_url: str, tmp_path):
         def crash(self, lease: Lease) -> None:
             """The run-failure sensor reports a crashed run's lease attempt."""
             m = self.model[lease.task_id]
-            outcomes = self.queue.fail_crashed_run([(lease.task_id, lease.attempt)])
+            outcomes = self.queue.fail_crashed_run([(lease.task_id, lease.attempt)], owner=lease.owner,
+                                                   run_owner=lease.owner)
             result = outcomes[0].status if outcomes else None
             if m.status == "RUNNING" and m.attempts == lease.attempt:
                 m.status = "RETRY_WAIT" if m.attempts < m.max_attempts else "DEAD"

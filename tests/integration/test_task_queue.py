@@ -381,11 +381,13 @@ def test_fail_crashed_run_only_hits_the_crashed_attempt(queue, publish_task, clo
     (c,) = queue.claim("w1")
     clock.advance(31)
     (again,) = queue.claim("w2")
-    assert queue.fail_crashed_run([(task.task_id, c.lease.attempt)]) == []  # attempt 1 is long gone
+    assert queue.fail_crashed_run([(task.task_id, c.lease.attempt)], owner="w1", run_owner="w1") == []  # long gone
     assert queue.get(task.task_id)["status"] == "RUNNING"
-    # attempt 2 crashed: failed at once, whoever holds it and even after its lease ran out
+    # attempt 2 crashed: failed at once, even after its lease ran out, but only by its own run
     clock.advance(120)
-    outcomes = queue.fail_crashed_run([(task.task_id, again.lease.attempt)], message="run 42 failed")
+    assert queue.fail_crashed_run([(task.task_id, again.lease.attempt)], owner="w1", run_owner="w1") == []
+    outcomes = queue.fail_crashed_run([(task.task_id, again.lease.attempt)], message="run 42 failed",
+                                      owner="w2", run_owner="w2")
     assert [o.status for o in outcomes] == [TaskStatus.RETRY_WAIT]
     row = queue.get(task.task_id)
     assert (row["status"], row["error_code"], row["next_attempt_at"]) == ("RETRY_WAIT", "RUN_CRASHED", clock.now)

@@ -35,6 +35,11 @@ def pgdata_dir(home: Path) -> Path:
     return home / "postgres" / "data"
 
 
+def initialized(home: Path) -> bool:
+    """Whether ``home`` holds an embedded database (``start`` would reuse it rather than create one)."""
+    return (pgdata_dir(home) / "PG_VERSION").is_file()
+
+
 def _server(pgdata: Path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on servers

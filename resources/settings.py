@@ -32,13 +32,34 @@ class Settings:
         )
 
 
-def resolve_database_url(settings: Settings | None = None, *, start: bool = True) -> str:
-    """The PostgreSQL URL to use: the external one if configured, else the embedded server (started on demand)."""
+class HomeNotFound(LookupError):
+    """KBINDEX_HOME holds no embedded database, and the caller may not create one (a command that only reads).
+
+    Not a KbindexError: those messages are sanitized of paths for API callers, and this one is only for the
+    person at the terminal, to whom the path is the point. The CLI translates it in ``errors_to_exit``.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        super().__init__(
+            f"no kbindex home at {home} (KBINDEX_HOME, default ./.kbindex): set KBINDEX_HOME to yours, "
+            "or create one with `kbindex dev` or `kbindex db start`"
+        )
+
+
+def resolve_database_url(settings: Settings | None = None, *, start: bool = True, create: bool = True) -> str:
+    """The PostgreSQL URL to use: the external one if configured, else the embedded server (started on demand).
+
+    ``create=False`` refuses to make a new home: if KBINDEX_HOME holds no embedded database yet, HomeNotFound,
+    and nothing is created or started.
+    """
     settings = settings or Settings.from_env()
     if settings.database_url:
         return settings.database_url
     from resources import local_postgres
 
+    if not create and not local_postgres.initialized(settings.home):
+        raise HomeNotFound(settings.home)
     if start:
         return local_postgres.start(settings.home)
     url = local_postgres.running_url(settings.home)

@@ -17,8 +17,10 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from pipelines.domain.errors import IllegalTransition, InvalidRequest, KbindexError, TaskNotFound
+from resources.settings import HomeNotFound
 
 app = typer.Typer(
     name="kbindex",
@@ -83,17 +85,31 @@ def errors_to_exit() -> Iterator[None]:
         yield
     except (KbindexError,) as exc:
         raise fail(exc) from None
+    except HomeNotFound as exc:  # one line, never wrapped: the path is the point
+        err_console.print(f"[bold red]error[/] HOME_NOT_FOUND: {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(EXIT_ERROR) from None
+
+
+def database_url(*, start: bool = True, writes: bool = False) -> str:
+    """The configured server's URL; the embedded one under KBINDEX_HOME is started on demand.
+
+    Only a command that sets a home up or ``writes`` may create one (a new KBINDEX_HOME and PostgreSQL in it).
+    A command that only reads gets HOME_NOT_FOUND instead: `kbindex task 1` typed in the wrong folder says so
+    and creates nothing, rather than starting an empty database there.
+    """
+    from resources.settings import resolve_database_url
+
+    return resolve_database_url(start=start, create=writes)
 
 
 @contextmanager
-def open_database(*, start: bool = True) -> Iterator[Any]:
-    """A Database on the configured server (the embedded one is started on demand)."""
+def open_database(*, start: bool = True, writes: bool = False) -> Iterator[Any]:
+    """A Database on the configured server (see ``database_url`` for ``writes``)."""
     from resources.database import Database
-    from resources.settings import resolve_database_url
 
     with errors_to_exit():
         try:
-            url = resolve_database_url(start=start)
+            url = database_url(start=start, writes=writes)
         except RuntimeError as exc:
             raise InvalidRequest(str(exc)) from exc
         from resources.migrations import migrate, pending

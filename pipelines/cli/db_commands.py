@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from pipelines.cli.app import app, console, db_app, err_console, errors_to_exit, print_json, JsonOption
+from pipelines.cli.app import app, console, database_url, db_app, err_console, errors_to_exit, print_json, JsonOption
 
 
 @db_app.command("start")
@@ -37,14 +37,12 @@ def db_stop() -> None:
 @db_app.command("url")
 def db_url(as_json: bool = JsonOption) -> None:
     """Print the database URL in use (exit 1 if the embedded server is not running)."""
-    from resources import local_postgres
-    from resources.settings import Settings
-
-    settings = Settings.from_env()
-    url = settings.database_url or local_postgres.running_url(settings.home)
-    if url is None:
-        err_console.print("the embedded PostgreSQL is not running\n  next: `kbindex db start`")
-        raise typer.Exit(1)
+    with errors_to_exit():
+        try:
+            url = database_url(start=False)
+        except RuntimeError:
+            err_console.print("the embedded PostgreSQL is not running\n  next: `kbindex db start`")
+            raise typer.Exit(1) from None
     print_json({"url": url}) if as_json else console.print(url, highlight=False, soft_wrap=True)
 
 

@@ -67,7 +67,7 @@ def create_command(
     from resources.http_embedder import ProviderConfig
     from resources.profiles import create_profile
 
-    with open_database() as db, errors_to_exit():
+    with open_database(writes=True) as db, errors_to_exit():
         provider = None
         if provider_url or provider_model:
             if model:
@@ -130,7 +130,7 @@ def backfill_command(name: str = typer.Argument(...), as_json: bool = JsonOption
     """Build NAME's backlog with the claiming sensor, in bounded runs beside live indexing (any size)."""
     from resources.profiles import request_backfill
 
-    with open_database() as db, errors_to_exit():
+    with open_database(writes=True) as db, errors_to_exit():
         row = request_backfill(db, name)
     if as_json:
         print_json(row)
@@ -148,7 +148,7 @@ def activate_command(
     """Switch search to NAME in one transaction (exit 3 unless it covers every current version and passed its gate)."""
     from resources.profiles import activate_profile
 
-    with open_database() as db, errors_to_exit():
+    with open_database(writes=True) as db, errors_to_exit():
         row = activate_profile(db, name, force=force)
     if as_json:
         print_json(row)
@@ -163,7 +163,7 @@ def rollback_command(as_json: bool = JsonOption) -> None:
     """Switch search back to the previous profile at once (exit 3 when there is none)."""
     from resources.profiles import rollback_profile
 
-    with open_database() as db, errors_to_exit():
+    with open_database(writes=True) as db, errors_to_exit():
         row = rollback_profile(db)
     if as_json:
         print_json(row)
@@ -185,7 +185,7 @@ def gate_command(
     """Score NAME and the active profile on an eval set (nDCG@10, recall@10) and record it; exit 1 if it did not pass."""
     from resources.profiles import run_gate
 
-    with open_database() as db, errors_to_exit():
+    with open_database(writes=True) as db, errors_to_exit():
         row = run_gate(db, name, eval_dir, tolerance=tolerance)
     if as_json:
         print_json(row)

@@ -44,7 +44,7 @@ def publish_command(
     with errors_to_exit():
         pairs = iter_files(paths, document_id)
     failures = 0
-    with open_database() as db, errors_to_exit():
+    with open_database(writes=True) as db, errors_to_exit():
         publisher = Publisher(db, BlobStore(Settings.from_env().blob_url))
         with Progress(console=err_console, transient=True, disable=as_json or len(pairs) < 5) as progress:
             bar = progress.add_task("publishing", total=len(pairs))

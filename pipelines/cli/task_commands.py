@@ -82,7 +82,7 @@ def task_command(task_id: int, as_json: bool = JsonOption) -> None:
 @app.command("cancel")
 def cancel_command(task_id: int, as_json: bool = JsonOption) -> None:
     """Cancel a PENDING, RETRY_WAIT or RUNNING task (exit 3 if its state does not allow it)."""
-    with open_database() as db, errors_to_exit():
+    with open_database(writes=True) as db, errors_to_exit():
         queue = _queue(db)
         queue.cancel(task_id)
         view = task_view(queue.get(task_id))
@@ -96,7 +96,7 @@ def retry_command(
     as_json: bool = JsonOption,
 ) -> None:
     """Send a DEAD or CANCELLED task back to PENDING (same row, attempts kept, more granted; exit 3 otherwise)."""
-    with open_database() as db, errors_to_exit():
+    with open_database(writes=True) as db, errors_to_exit():
         queue = _queue(db)
         queue.retry(task_id, extra_attempts=attempts)
         view = task_view(queue.get(task_id))

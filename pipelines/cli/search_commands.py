@@ -3,12 +3,20 @@ of current versions."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import typer
-from rich.table import Table
+from rich.console import Group
+from rich.padding import Padding
+from rich.text import Text
 
 from pipelines.cli.app import JsonOption, app, console, errors_to_exit, open_database, print_json
 from pipelines.domain.errors import InvalidRequest
 from pipelines.domain.lexical import MODES
+
+if TYPE_CHECKING:
+    from resources.search import SearchHit
 
 
 @app.command("search")
@@ -42,10 +50,34 @@ def search_command(
     if not hits:
         console.print(f"no results for tenant {tenant}", highlight=False)
         return
-    table = Table("#", "score", "document", "version", "section", "text")
+    console.print(hits_view(hits))
+
+
+SNIPPET_CHARS = 160
+SNIPPET_INDENT = 3
+
+
+def hit_heading(rank: int, hit: SearchHit) -> Text:
+    """`1  0.831  policies/refunds.md  v3  Refunds > Time limits (p. 4)`: what the hit is, on one line."""
+    section = " > ".join(hit.heading_path) + (f" (p. {hit.page})" if hit.page else "")
+    heading = Text.assemble((str(rank), "bold"), f"  {hit.score:.3f}  ", (hit.document_id, "bold"),
+                            f"  v{hit.version_number}")
+    if section.strip():
+        heading.append(f"  {section.strip()}", style="dim")
+    return heading
+
+
+def hits_view(hits: Sequence[SearchHit]) -> Group:
+    """Each hit a block: its heading line, then the snippet wrapped to the terminal's width, a blank line between.
+
+    Text is data, never rich markup (a document id may hold brackets).
+    """
+    blocks: list[Text | Padding] = []
     for rank, hit in enumerate(hits, 1):
         snippet = " ".join(hit.text.split())
-        snippet = snippet[:157] + "…" if len(snippet) > 160 else snippet
-        section = " > ".join(hit.heading_path) + (f" (p. {hit.page})" if hit.page else "")
-        table.add_row(str(rank), f"{hit.score:.3f}", hit.document_id, str(hit.version_number), section, snippet)
-    console.print(table)
+        if len(snippet) > SNIPPET_CHARS:
+            snippet = snippet[:SNIPPET_CHARS - 3] + "…"
+        if blocks:
+            blocks.append(Text(""))
+        blocks += [hit_heading(rank, hit), Padding(Text(snippet), (0, 0, 0, SNIPPET_INDENT), expand=False)]
+    return Group(*blocks)

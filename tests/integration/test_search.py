@@ -237,6 +237,9 @@ def test_cli_search_prints_hits_and_json(db_url, index, real_model):
     assert hit["document_id"] == "handbook" and hit["text"].startswith("Expense") and hit["version_number"] == 1
     assert set(hit) == {"document_id", "version_number", "heading_path", "text", "score", "chunk_id", "page"}
     result = runner.invoke(app, ["search", "parking", "--tenant", "acme"], env=env)
-    assert result.exit_code == 0 and "handbook" in result.stdout
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()  # a block per hit: rank, score, document, version; then the snippet
+    assert lines[0].split()[0] == "1" and lines[0].split()[2:4] == ["handbook", "v1"], result.stdout
+    assert lines[1].strip() == "Parking is free." and lines[2] == "", result.stdout
     assert runner.invoke(app, ["search", "x", "--tenant", "bad tenant!"], env=env).exit_code == 2
     assert runner.invoke(app, ["search", "x"], env=env).exit_code == 2

@@ -16,7 +16,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from pipelines.domain.task_states import TaskStatus
+from pipelines.domain.task_states import TERMINAL, TaskStatus
 
 RECENT_EVENTS = 8
 STATUS_STYLES = {
@@ -41,8 +41,26 @@ def format_time(value: datetime | None) -> str:
     return (value.astimezone() if value.tzinfo else value).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def outcome_text(view: dict[str, Any]) -> str:
+    """How a finished task ended: `done`, `failed in parse (0 of 1 done)`, `cancelled before it started`.
+
+    Never a percent or a bare fraction: complete() leaves the publish stage's counter at 0 of 1, which read
+    `publish 100% (0/1)` beside SUCCEEDED.
+    """
+    status = view["status"]
+    if status == TaskStatus.SUCCEEDED:
+        return "done"
+    verb = "failed" if status == TaskStatus.DEAD else "cancelled"
+    if not view.get("stage"):
+        return f"{verb} before it started"
+    counter = f" ({view.get('completed') or 0} of {view['total']} done)" if view.get("total") else ""
+    return f"{verb} in {view['stage']}{counter}"
+
+
 def progress_text(view: dict[str, Any]) -> str:
-    """`embed 45% (120/300)`: stage, overall percent and the stage's own counter, when there is a stage."""
+    """`embed 45% (120/300)`: stage, overall percent and the stage's own counter; a finished task's outcome."""
+    if view["status"] in TERMINAL:
+        return outcome_text(view)
     percent = f"{view['percent']:.0f}%"
     if not view.get("stage"):
         return percent
@@ -128,14 +146,14 @@ def _state_line(view: dict[str, Any]) -> Text:
 
 
 def summary_grid(view: dict[str, Any]) -> Table:
-    """Label/value lines: state, progress, attempts, error (code, then the message on its own line)."""
+    """Label/value lines: state, progress (a finished task's outcome), attempts, error (code, then its message)."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
     grid.add_row("document", Text(f"{view['tenant_id']} / {view['document_id']} v{view['version_number']}"))
     grid.add_row("profile", Text(f"{_text(view.get('profile'))} ({_text(view.get('task_type')) or 'INDEX'})"))
     grid.add_row("state", _state_line(view))
-    grid.add_row("progress", Text(progress_text(view)))
+    grid.add_row("outcome" if view["status"] in TERMINAL else "progress", Text(progress_text(view)))
     grid.add_row("attempts", Text(f"{view['attempts']} of {view['max_attempts']}"))
     if view.get("error_code") or view.get("error_message"):
         grid.add_row("error", Text(_text(view.get("error_code")), style="red"))

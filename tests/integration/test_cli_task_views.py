@@ -81,7 +81,7 @@ def test_tasks_wide_shows_every_column_one_line_per_task(db_url: str, tasks: dic
     running = _row(out, DOCS["RUNNING"])
     assert "minilm-v1" in running and "embed 45% (120/300)" in running and "1/5" in running
     assert "EMBEDDING_TIMEOUT" in _row(out, DOCS["RETRY_WAIT"])
-    assert "publish 100% (7/7)" in _row(out, DOCS["SUCCEEDED"])
+    assert _row(out, DOCS["SUCCEEDED"]).split()[7] == "done"  # the progress column: its outcome
 
 
 def test_tasks_json_is_unchanged_and_ignores_wide(db_url: str, queue, tasks: dict[str, int]) -> None:
@@ -110,7 +110,8 @@ def test_task_summary_of_a_dead_task(db_url: str, queue, tasks: dict[str, int]) 
     assert lines[1].split() == ["document", TENANT, "/", DOCS["DEAD"], "v1"]
     by_label = {line.split()[0]: line for line in lines[1:] if line and not line.startswith(" ")}
     assert by_label["state"].split()[:2] == ["state", "DEAD"]
-    assert by_label["progress"].split() == ["progress", "parse", "0%", "(0/1)"]
+    assert by_label["outcome"].split() == ["outcome", "failed", "in", "parse", "(0", "of", "1", "done)"]
+    assert "progress" not in by_label  # a finished task has an outcome, not a percent
     assert by_label["attempts"].split() == ["attempts", "1", "of", "5"]
     error_at = lines.index(by_label["error"])
     assert lines[error_at].split() == ["error", "PARSE_ERROR"]
@@ -128,6 +129,20 @@ def test_task_summary_of_a_dead_task(db_url: str, queue, tasks: dict[str, int]) 
     assert rows[2][2:] == ["1", "RUNNING", "DEAD", "parse", "PARSE_ERROR"]
     assert " ".join(rows[2][:2]) == format_time(transitions[2]["created_at"])
     assert lines[header_at + 5] == "showing 3 of 3 transitions and 0 of 1 progress ticks (--json: all)"
+
+
+def test_task_summary_of_a_succeeded_task(db_url: str, queue, publish_task) -> None:
+    """Publishing begins at 0 of 1 and complete() leaves that counter: the summary says `done`, not `(0/1)`."""
+    task_id = publish_task(TENANT, "finished-handbook").task_id
+    claimed = queue.claim_task(task_id, "worker-1")
+    queue.progress(claimed.lease, Stage.PUBLISH, 0, 1)
+    queue.complete(claimed.lease, chunk_count=7)
+    result = kbindex(db_url, "task", str(task_id))
+    assert result.returncode == 0, result.stderr
+    out = "\n".join(line.rstrip() for line in result.stdout.splitlines())
+    assert re.search(r"^state\s+SUCCEEDED\s+finished \d{4}-", out, re.M), out
+    assert re.search(r"^outcome\s+done$", out, re.M) and re.search(r"^chunks\s+7$", out, re.M), out
+    assert not re.search(r"^progress", out, re.M) and "0/1" not in out and "100%" not in out, out
 
 
 def test_task_summary_of_a_running_task(db_url: str, tasks: dict[str, int]) -> None:

@@ -67,3 +67,29 @@ def test_wide_list_is_printed_whole_past_the_terminal_width() -> None:
                   wide=True)
     (row,) = [line for line in out.splitlines() if "d" * 60 in line]
     assert len(row) > 80 and "EMBEDDING_INVALID_RESPONSE" in row and "…" not in out
+
+
+def _line(out: str, label: str) -> str | None:
+    return next((line for line in out.splitlines() if line.split()[:1] == [label]), None)
+
+
+def test_a_finished_task_shows_its_outcome_not_a_progress_fraction() -> None:
+    # complete() leaves the publish stage's counter where it was when publishing began: 0 of 1.
+    done = _task(status="SUCCEEDED", attempts=1, stage="publish", completed=0, total=1, chunk_count=7, finished_at=NOW)
+    dead = _task(status="DEAD", attempts=1, stage="parse", completed=0, total=1, error_code="PARSE_ERROR",
+                 error_message="bad xref", finished_at=NOW)
+    cancelled = _task(status="CANCELLED", attempts=1, stage="embed", completed=120, total=300, finished_at=NOW)
+    never = _task(status="CANCELLED", finished_at=NOW)
+    for task, outcome in ((done, "outcome   done"), (dead, "outcome   failed in parse (0 of 1 done)"),
+                          (cancelled, "outcome   cancelled in embed (120 of 300 done)"),
+                          (never, "outcome   cancelled before it started")):
+        out = _render(task_summary(task, []))
+        assert _line(out, "outcome") == outcome, out
+        assert _line(out, "progress") is None and "%" not in out, out
+    wide = _render(tasks_table([done, dead], wide=True), wide=True)
+    assert "done" in wide and "failed in parse" in wide and "%" not in wide and "0/1" not in wide, wide
+
+
+def test_a_running_task_keeps_its_progress_line() -> None:
+    out = _render(task_summary(_task(status="RUNNING", attempts=1, stage="embed", completed=120, total=300), []))
+    assert _line(out, "progress") == "progress  embed 45% (120/300)" and _line(out, "outcome") is None, out

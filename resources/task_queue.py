@@ -30,6 +30,11 @@ from pipelines.domain.task_states import Stage, TaskStatus, backoff_seconds, why
 from resources.database import Database, Session
 
 
+NEVER_STARTED_MESSAGE = ("runs were created for this task again and again and none began; check the Dagster "
+                         "daemon and the run launcher, then retry the task")
+"""The message of a task that ends DEAD RUN_NEVER_STARTED (its reservations were given back too often)."""
+
+
 @dataclass(frozen=True)
 class Lease:
     """A run's right to finish or fail one task: valid while ``attempts == attempt`` and before ``lease_until``."""
@@ -180,6 +185,7 @@ class TaskQueue:
                     "reserve": reserve,
                     "lease_seconds": self.reservation_seconds if reserve else self.lease_seconds,
                     "giveback_limit": self.giveback_limit,
+                    "never_started_message": NEVER_STARTED_MESSAGE,
                     "now": self.clock(),
                 },
             )
@@ -390,6 +396,7 @@ class TaskQueue:
                 "message": sanitize_message(message or "the run ended without recording an outcome"),
                 "retryable": is_retryable(code),
                 "giveback_limit": self.giveback_limit,
+                "never_started_message": NEVER_STARTED_MESSAGE,
                 "now": self.clock(),
             },
         )

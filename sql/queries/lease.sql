@@ -108,10 +108,7 @@ moved AS (
         error_code            = CASE WHEN p.exhausted THEN 'LEASE_ATTEMPTS_EXHAUSTED'
                                      WHEN p.abandoned THEN 'RUN_NEVER_STARTED' ELSE t.error_code END,
         error_message         = CASE WHEN p.exhausted THEN 'the lease expired and no attempts are left'
-                                     WHEN p.abandoned THEN 'runs were started for this task '
-                                          || t.reservation_givebacks || ' times and none began; check the Dagster '
-                                          || 'daemon and run launcher, then retry the task'
-                                     ELSE t.error_message END,
+                                     WHEN p.abandoned THEN %(never_started_message)s ELSE t.error_message END,
         finished_at           = CASE WHEN p.exhausted OR p.abandoned THEN (SELECT now FROM clock) ELSE NULL END,
         started_at            = (SELECT now FROM clock),
         stage                 = NULL,
@@ -314,10 +311,7 @@ moved AS (
         lease_until           = NULL,
         error_code            = CASE WHEN j.abandoned THEN 'RUN_NEVER_STARTED'
                                      WHEN j.reserved THEN t.error_code ELSE %(code)s END,
-        error_message         = CASE WHEN j.abandoned
-                                     THEN 'runs were started for this task ' || t.reservation_givebacks
-                                          || ' times and none began; check the Dagster daemon and run launcher, '
-                                          || 'then retry the task'
+        error_message         = CASE WHEN j.abandoned THEN %(never_started_message)s
                                      WHEN j.reserved THEN t.error_message
                                      WHEN j.granted
                                      THEN %(message)s || ' (one of ' || j.n || ' tasks in the run: attempt not'

@@ -305,55 +305,6 @@ def test_retention_leaves_partition_keys_to_the_lineage_job(world, db):
     assert "acme/broken/v1" in prunable(db, window_seconds=0, now=later(60))
 
 
-def test_migration_0028_hands_keys_from_before_0020_to_the_lineage_job(pg_server_url):
-    """Keys added before dagster_partition_key existed were deleted by retention alone; 0028 records those of
-    versions retention had not released, as added when published, and drops retention's key bookkeeping."""
-    from psycopg import sql as pgsql
-
-    from resources.migrations import migrate
-    from sql import migration_files, queries
-
-    name = "mig_0028_keys"
-    with psycopg.connect(pg_server_url, autocommit=True) as conn:
-        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
-        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    base, _, query = pg_server_url.partition("?")
-    url = base.rpartition("/")[0] + f"/{name}" + (f"?{query}" if query else "")
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(queries["migration_table_create"])
-        for version, body in migration_files():
-            if version >= "0028":
-                break
-            conn.execute(body.encode())
-            conn.execute(queries["migration_record"], {"version": version})
-        conn.execute("UPDATE schema_migration SET applied_at = now() - interval '10 days'"
-                     " WHERE version = '0020_profile_backfill_and_lineage_keys'")
-        conn.execute("INSERT INTO document (tenant_id, document_id, latest_version) VALUES ('acme', 'policy', 4)")
-        for v, days in ((1, 20), (2, 15), (3, 1), (4, 20)):
-            conn.execute(
-                "INSERT INTO document_version (tenant_id, document_id, version_number, content_hash, byte_size, "
-                "filename, media_type, partition_key, published_at) VALUES ('acme', 'policy', %s, %s, 1, 'p.txt', "
-                "'text/plain', %s, now() - make_interval(days => %s))",
-                (v, f"h{v}", f"acme/policy/v{v}", days),
-            )
-        conn.execute("INSERT INTO partition_key_release (partition_key) VALUES ('acme/policy/v2')")  # deleted
-        conn.execute("INSERT INTO dagster_partition_key (partition_key, added_at)"
-                     " VALUES ('acme/policy/v4', now() - interval '1 hour')")  # re-added by the sensor since
-    try:
-        assert "0028_reuse_newest_copy_one_key_pruner" in migrate(url)
-        with psycopg.connect(url) as conn:
-            recorded = conn.execute(
-                "SELECT k.partition_key, k.added_at = v.published_at FROM dagster_partition_key k"
-                " JOIN document_version v USING (partition_key) ORDER BY 1").fetchall()
-            (release_table,) = conn.execute("SELECT to_regclass('partition_key_release')").fetchone()
-        # v1: from before 0020, never released; v2: released; v3: after 0020 (the sensor records its own)
-        assert recorded == [("acme/policy/v1", True), ("acme/policy/v4", False)]
-        assert release_table is None
-    finally:
-        with psycopg.connect(pg_server_url, autocommit=True) as conn:
-            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
-
-
 def test_migration_0006_backfills_existing_rows(pg_server_url):
     """Rows indexed before 0006: superseded versions are tracked from the pointer's last move, and embed
     digests are filled where the embedded text is known exactly (no heading prefix)."""

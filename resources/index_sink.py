@@ -24,6 +24,9 @@ small document does not pay a dozen round trips and a commit of its own; issue #
      versions now pointed (one statement per tenant and profile, in that order: stats rows are locked in
      one global order).
   4. ``queue.complete_published``: RUNNING -> SUCCEEDED with their events, in the same transaction.
+A tombstone (a delete) is published like any version, with zero chunks: its pointer moves forward onto it,
+nothing is written, and the reconcile takes the document out of its tenant's BM25 statistics; the previous
+version's chunks stay until retention removes them, like any superseded version's.
 Readers never see a pointer without all its chunks and lexical rows: all become visible at commit
 (invariant 4), to dense and lexical search at the same instant.
 
@@ -312,6 +315,8 @@ def _check_item(item: PublishItem, key: dict[str, Any], profile: dict[str, Any] 
         raise InvalidRequest(f"index profile {key['profile']!r} does not exist")
     if item.work is not None:
         _check_work(item.work, key, profile)
+        if getattr(item.work, "tombstone", False) and len(item.chunks):
+            raise InternalError(f"version {key['version_number']} is a tombstone: refusing to write chunks for it")
     _check_chunk_ids(item.chunks, key)
     if len(item.chunks) and item.vectors.shape[1] != profile["dimension"]:
         raise EmbeddingInvalidResponse(

@@ -11,6 +11,8 @@ is keyed by task, never by partition key alone:
 - the shared embedding pass: its cache is keyed by (model, dimension, text), so two profiles with
   different models never exchange vectors;
 - the publish: ``IndexSink`` re-derives every chunk id from the locked task row's own identity.
+- a tombstone (a delete, DESIGN.md) goes through the same leases and steps, but reads no bytes, loads
+  no model and has zero chunks: its publish moves the search pointer onto it and writes nothing else.
 
 Every step is a failure boundary per task: a lost lease stops that task without writing; any other
 error is classified to a stable code and recorded by a fenced ``fail`` from inside the run. Its
@@ -29,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.domain.chunking import CHUNKER_VERSION, VersionIdentity
-from pipelines.domain.errors import EmbeddingInvalidResponse, FenceRejected, KbindexError, classify
+from pipelines.domain.errors import EmbeddingInvalidResponse, FenceRejected, InternalError, KbindexError, classify
 from pipelines.domain.task_states import Stage
 from resources.blob_store import BlobStore
 from resources.database import Database
@@ -62,11 +64,14 @@ class TaskWork:
     dimension: int
     chunk_tokens: int
     chunk_overlap: int
-    content_hash: str
+    content_hash: str | None
     filename: str
     media_type: str
     ocr: bool = True
     """OCR scanned pages (a profile setting: OCR costs seconds and ~600 MB per worker)."""
+    tombstone: bool = False
+    """The version is a delete (DESIGN.md "tombstone"): no bytes, nothing to parse, chunk or embed; its
+    publish writes zero chunks and moves the search pointer onto it."""
 
     @property
     def task_id(self) -> int:
@@ -264,17 +269,19 @@ class IndexingRun:
             dimension=profile["dimension"], chunk_tokens=profile["chunk_tokens"],
             chunk_overlap=profile["chunk_overlap"], content_hash=version["content_hash"],
             filename=version["filename"], media_type=version["media_type"], ocr=bool(profile.get("ocr", True)),
+            tombstone=version.get("kind") == "tombstone",
         )
 
     def models(self, keys: Iterable[str]) -> set[str]:
-        return {w.model for w in self.works(keys)}
+        """The models the run's content versions need (a run of tombstones loads none)."""
+        return {w.model for w in self.works(keys) if not w.tombstone}
 
     # -- the four steps -------------------------------------------------------------------------
     def start_ahead(self, keys: list[str]) -> None:
         """Start parsing, chunking and embedding the live tasks of ``keys`` ahead of the steps
         (resources/run_ahead.py); the parse step calls it first. Idempotent."""
         if self._ahead is None:
-            works = [w for w in self.works(keys) if w.task_id not in self._stopped]
+            works = [w for w in self.works(keys) if w.task_id not in self._stopped and not w.tombstone]
             self._ahead = RunAhead(self, works, SharedVectors()).start()
 
     def close(self) -> None:
@@ -284,6 +291,8 @@ class IndexingRun:
 
     def parse(self, keys: list[str]) -> dict[str, list[StepResult]]:
         def step(work: TaskWork) -> dict[str, Any]:
+            if work.tombstone:  # a delete has no bytes: nothing is read
+                return {"tombstone": True, "blocks": 0}
             if self._ahead is not None and self._ahead.covers(work):
                 self._ahead.prepared(work, "parse")
                 parsed = self._parsed_of(work)
@@ -302,7 +311,8 @@ class IndexingRun:
                 chunks = self._chunks(work)
             else:
                 chunks = self._chunk(work)
-            return {"chunks": len(chunks), "tokens": sum(c.token_count for c in chunks)}
+            return {"chunks": len(chunks), "tokens": sum(c.token_count for c in chunks),
+                    **({"tombstone": True} if work.tombstone else {})}
 
         return self._each(keys, Stage.CHUNK, step)
 
@@ -325,6 +335,8 @@ class IndexingRun:
         covered: list[TaskWork] = []  # tasks the shared pass embedded entirely: their "n/n" goes in one statement
 
         def step(work: TaskWork) -> dict[str, Any]:
+            if work.tombstone:  # nothing to embed, no model called, nothing stored
+                return {"vectors": 0, "tombstone": True}
             chunks = self._chunks(work)
             vectors, counts = shared.vectors_of(work, chunks)
             if vectors is None:
@@ -392,6 +404,8 @@ class IndexingRun:
     def _parse(self, work: TaskWork) -> Any:
         from pipelines.domain.parsing import parse_document
 
+        if work.tombstone or work.content_hash is None:  # never reached: _chunk answers a tombstone first
+            raise InternalError(f"version {work.version_number} is a tombstone: it has no bytes to parse")
         source = (work.content_hash, work.filename, work.media_type, work.ocr)
         if source not in self._parsed:
             data = self.blobs.get(work.content_hash)
@@ -408,6 +422,8 @@ class IndexingRun:
     def _chunk(self, work: TaskWork) -> list[Any]:
         from pipelines.domain.chunking import chunk_document
 
+        if work.tombstone:  # zero chunks: its publish moves the pointer onto a version search finds nothing in
+            return []
         chunks = chunk_document(
             self._parsed_of(work), tokenizer=self.tokenizer_for(work.model), chunk_tokens=work.chunk_tokens,
             overlap=work.chunk_overlap, identity=work.identity,
@@ -416,6 +432,8 @@ class IndexingRun:
         return chunks
 
     def _chunks(self, work: TaskWork) -> list[Any]:
+        if work.tombstone:
+            return []
         try:
             return self.state.get("document_chunks", work.task_id, work.fingerprint("document_chunks"))
         except KeyError:
@@ -426,6 +444,8 @@ class IndexingRun:
         return self._chunks(work)
 
     def _vectors(self, work: TaskWork, chunks: list[Any]) -> np.ndarray:
+        if work.tombstone:
+            return np.zeros((0, work.dimension), dtype=np.float32)
         try:
             return self.state.get("chunk_embeddings", work.task_id, work.fingerprint("chunk_embeddings"))
         except KeyError:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import mimetypes
 import os
 import posixpath
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from pipelines.domain.errors import InvalidRequest, QuotaExceeded
 from pipelines.domain.identifiers import validate_document_id, validate_tenant
 from pipelines.domain.partition_keys import version_partition_key
 from resources.blob_store import BlobStore, content_hash
-from resources.database import Database
+from resources.database import Database, Session
 
 mimetypes.add_type("text/markdown", ".md")
 mimetypes.add_type("text/markdown", ".markdown")
@@ -40,6 +41,38 @@ class PublishResult:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+TOMBSTONE = "tombstone"
+"""document_version.kind of a delete: a version without bytes (migration 0029)."""
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    """What ``Publisher.delete`` did: ``deleted`` (a new tombstone and its task(s)), ``already_deleted`` (the
+    latest version is a tombstone: its task(s), nothing new) or ``not_found`` (never published: nothing)."""
+
+    tenant_id: str
+    document_id: str
+    outcome: str
+    version: int | None = None
+    task_id: int | None = None
+    status: str | None = None
+    profile: str | None = None
+    created: bool = False
+    requeued: bool = False
+    tasks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def message(self) -> str:
+        if self.outcome == "not_found":
+            return f"nothing to delete: {self.document_id} was never published"
+        if self.outcome == "already_deleted":
+            return f"already deleted: {self.document_id} v{self.version} is a tombstone (task {self.task_id} {self.status})"
+        return f"deleted {self.document_id}: tombstone v{self.version}, task {self.task_id} {self.status}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), "message": self.message}
 
 
 def media_type_for(filename: str) -> str:
@@ -112,25 +145,12 @@ class Publisher:
             if latest is not None and latest["content_hash"] == digest:
                 version = latest["version_number"]
             else:
-                version = (latest["version_number"] if latest else 0) + 1
-                tx.execute(
-                    "document_version_insert",
-                    {
-                        **key,
-                        "version": version,
-                        "content_hash": digest,
-                        "byte_size": len(data),
-                        "filename": name,
-                        "media_type": media_type or media_type_for(name),
-                        "partition_key": version_partition_key(tenant_id, document_id, version),
-                    },
-                )
+                version = self._new_version(tx, key, latest, kind="content", content_hash=digest, byte_size=len(data),
+                                            filename=name, media_type=media_type or media_type_for(name))
                 charged = tx.fetch_one("tenant_storage_charge", {"tenant_id": tenant_id, "byte_size": len(data)})
                 if self.quota_bytes is not None and charged and charged["stored_bytes"] > self.quota_bytes:
                     raise self._over_quota(tenant_id, int(charged["stored_bytes"]))  # rolls the version back
-            tasks = tx.fetch_all("index_task_ensure", {**key, "version": version, "max_attempts": self.max_attempts})
-            if not tasks:  # raised inside the transaction: the version row is rolled back with it
-                raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
+            tasks = self._ensure_tasks(tx, key, version)
         primary = next((t for t in tasks if t["is_active"]), tasks[0])
         return PublishResult(
             tenant_id=tenant_id,
@@ -144,5 +164,54 @@ class Publisher:
             content_hash=digest,
         )
 
+    def delete(self, tenant_id: str, document_id: str) -> DeleteResult:
+        """Delete a document: record a tombstone, version n+1 without bytes, and its PENDING task(s), in one
+        transaction, exactly as a publish records a content version (same lock, same version numbering, same
+        ``index_task_ensure``). Its fenced publish later moves the search pointer onto it (resources/index_sink.py).
 
-__all__ = ["PublishResult", "Publisher", "content_hash", "media_type_for", "safe_filename"]
+        Idempotent, never an error: a document never published gets nothing (``not_found``); one whose latest
+        version is already a tombstone gets that tombstone's task(s) back (``already_deleted``; a CANCELLED one
+        is re-queued, as a publish of the same bytes would).
+        """
+        validate_tenant(tenant_id)
+        document_id = validate_document_id(document_id)
+        key = {"tenant_id": tenant_id, "document_id": document_id}
+        with self.db.transaction() as tx:
+            latest = tx.fetch_one("document_version_latest", key) if tx.fetch_one("document_lock_existing", key) else None
+            if latest is None:
+                return DeleteResult(tenant_id, document_id, "not_found")
+            if latest["kind"] == TOMBSTONE:
+                version = latest["version_number"]
+            else:
+                version = self._new_version(tx, key, latest, kind=TOMBSTONE, content_hash=None, byte_size=0,
+                                            filename=latest["filename"], media_type=latest["media_type"])
+            tasks = self._ensure_tasks(tx, key, version)
+        primary = next((t for t in tasks if t["is_active"]), tasks[0])
+        return DeleteResult(
+            tenant_id, document_id, "deleted" if latest["kind"] != TOMBSTONE else "already_deleted",
+            version=version, task_id=primary["task_id"], status=primary["status"], profile=primary["profile"],
+            created=bool(primary["created"]), requeued=bool(primary["requeued"]),
+            tasks=[{"task_id": t["task_id"], "profile": t["profile"], "status": t["status"]} for t in tasks],
+        )
+
+    @staticmethod
+    def _new_version(tx: Session, key: dict[str, str], latest: dict[str, Any] | None, *, kind: str,
+                     content_hash: str | None, byte_size: int, filename: str, media_type: str) -> int:
+        """Insert version n+1 of the locked document (content or tombstone); returns its number."""
+        version = (latest["version_number"] if latest else 0) + 1
+        tx.execute("document_version_insert", {
+            **key, "version": version, "kind": kind, "content_hash": content_hash, "byte_size": byte_size,
+            "filename": filename, "media_type": media_type,
+            "partition_key": version_partition_key(key["tenant_id"], key["document_id"], version),
+        })
+        return version
+
+    def _ensure_tasks(self, tx: Session, key: dict[str, str], version: int) -> list[dict[str, Any]]:
+        """The version's task per target profile (the active one and any being built), created or existing."""
+        tasks = tx.fetch_all("index_task_ensure", {**key, "version": version, "max_attempts": self.max_attempts})
+        if not tasks:  # raised inside the transaction: the version row is rolled back with it
+            raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
+        return tasks
+
+
+__all__ = ["TOMBSTONE", "DeleteResult", "PublishResult", "Publisher", "content_hash", "media_type_for", "safe_filename"]

@@ -6,25 +6,35 @@ ON CONFLICT (tenant_id, document_id) DO UPDATE SET latest_version = document.lat
 RETURNING latest_version;
 
 -- name: document_version_latest
--- The newest version of a document (its bytes decide whether a publish is a duplicate).
-SELECT version_number, content_hash
+-- The newest version of a document (its bytes decide whether a publish is a duplicate; a tombstone has none,
+-- so a publish after a delete is always a new version).
+SELECT version_number, content_hash, kind, filename, media_type
 FROM document_version
 WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s
 ORDER BY version_number DESC
 LIMIT 1;
 
 -- name: document_version_insert
--- Record a new immutable version and move the document's latest_version to it.
+-- Record a new immutable version (%(kind)s: content, or a tombstone without bytes) and move the document's
+-- latest_version to it.
 WITH v AS (
     INSERT INTO document_version
-        (tenant_id, document_id, version_number, content_hash, byte_size, filename, media_type, partition_key)
-    VALUES (%(tenant_id)s, %(document_id)s, %(version)s, %(content_hash)s, %(byte_size)s, %(filename)s,
+        (tenant_id, document_id, version_number, kind, content_hash, byte_size, filename, media_type, partition_key)
+    VALUES (%(tenant_id)s, %(document_id)s, %(version)s, %(kind)s, %(content_hash)s, %(byte_size)s, %(filename)s,
             %(media_type)s, %(partition_key)s)
     RETURNING tenant_id, document_id, version_number
 )
 UPDATE document d SET latest_version = v.version_number
 FROM v
 WHERE d.tenant_id = v.tenant_id AND d.document_id = v.document_id;
+
+-- name: document_lock_existing
+-- Lock an existing document's row for this transaction (a delete serializes with publishes of it like they do
+-- with each other); no row: the document was never published, and nothing is created for it.
+SELECT latest_version
+FROM document
+WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s
+FOR UPDATE;
 
 -- name: index_task_ensure
 -- One INDEX task per target profile (the active one and any being built) for a version, idempotent on
@@ -82,14 +92,16 @@ WHERE t.tenant_id = %(tenant_id)s AND t.document_id = %(document_id)s
 
 -- name: document_version_get
 -- One version's stored facts (where its bytes are, what it is called).
-SELECT tenant_id, document_id, version_number, content_hash, byte_size, filename, media_type, partition_key, published_at
+SELECT tenant_id, document_id, version_number, kind, content_hash, byte_size, filename, media_type, partition_key,
+       published_at
 FROM document_version
 WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s AND version_number = %(version)s;
 
 -- name: document_versions_by_partition_keys
 -- The versions these Dagster partition keys name (looked up, never parsed), in one statement for a run's
 -- keys; unknown keys have no row.
-SELECT tenant_id, document_id, version_number, content_hash, byte_size, filename, media_type, partition_key, published_at
+SELECT tenant_id, document_id, version_number, kind, content_hash, byte_size, filename, media_type, partition_key,
+       published_at
 FROM document_version
 WHERE partition_key = ANY(%(partition_keys)s::text[]);
 

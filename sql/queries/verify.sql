@@ -101,6 +101,29 @@ FROM offending o
 ORDER BY o.tenant_id, o.document_id, o.profile, o.version_number
 LIMIT %(limit)s;
 
+-- name: verify_search_pointer_tombstone_chunks
+-- A pointer naming a tombstone (a deleted document's version, which has no bytes) that has chunk or lexical
+-- rows, or whose publish recorded chunks: search would return a deleted document. A tombstone with 0 chunks
+-- is how a deletion looks, and is valid.
+WITH offending AS (
+    SELECT p.tenant_id, p.document_id, p.profile, p.version_number, p.task_id, p.chunk_count AS recorded_chunks,
+           (SELECT count(*) FROM chunk c
+            WHERE c.tenant_id = p.tenant_id AND c.document_id = p.document_id
+              AND c.profile = p.profile AND c.version_number = p.version_number)::integer AS chunk_rows,
+           (SELECT count(*) FROM lexical_chunk l
+            WHERE l.tenant_id = p.tenant_id AND l.document_id = p.document_id
+              AND l.profile = p.profile AND l.version_number = p.version_number)::integer AS lexical_rows
+    FROM search_pointer p
+    JOIN document_version v
+      ON v.tenant_id = p.tenant_id AND v.document_id = p.document_id AND v.version_number = p.version_number
+    WHERE v.kind = 'tombstone'
+)
+SELECT o.*, count(*) OVER ()::integer AS total
+FROM offending o
+WHERE o.recorded_chunks <> 0 OR o.chunk_rows <> 0 OR o.lexical_rows <> 0
+ORDER BY o.tenant_id, o.document_id, o.profile
+LIMIT %(limit)s;
+
 -- name: verify_chunk_retained
 -- Chunk rows of versions older than the pointed one (superseded, kept for rollback; search never reads
 -- them) whose ``past_window`` is %(past_window)s: search left them (superseded_version, recorded by the

@@ -237,6 +237,12 @@ def pointer_moved_by_other_task(db_url: str, s: State) -> None:
     sql(db_url, "UPDATE search_pointer SET task_id = %s", (s.policy_v1,))
 
 
+def pointed_version_turned_tombstone(db_url: str, s: State) -> None:
+    """The served version says the document is deleted, yet its chunks are what search returns."""
+    sql(db_url, "UPDATE document_version SET kind = 'tombstone', content_hash = NULL, byte_size = 0"
+                " WHERE document_id = 'refund-policy' AND version_number = 2")
+
+
 def chunks_of_pending_version(db_url: str, s: State) -> None:
     insert_chunk(db_url, "acme", "refund-policy", 3, 0, "Refunds within 90 days.")
 
@@ -378,6 +384,7 @@ CORRUPTIONS: list[tuple[Callable[[str, State], None], str]] = [
     (task_count_lies, "search_pointer_chunk_count"),
     (pointer_to_pending_version, "search_pointer_unsucceeded"),
     (pointer_moved_by_other_task, "search_pointer_unsucceeded"),
+    (pointed_version_turned_tombstone, "search_pointer_tombstone_chunks"),
     (chunks_of_pending_version, "chunk_unpointed"),
     (chunks_without_pointer, "chunk_unpointed"),
     (backdate_lease, "index_task_lease_stale"),

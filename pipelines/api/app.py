@@ -9,6 +9,10 @@
     GET    /documents                         the tenant's documents with their status, a page at a time
                                               (?task_status=, ?error_code=, ?cursor= from X-Next-Cursor)
     GET    /documents/{document_id}           latest vs searchable version: INDEXING | SEARCHABLE | FAILED | STALE
+                                              | DELETING | DELETED
+    DELETE /documents/{document_id}           delete: a tombstone version -> 202 + its task | 200 when already
+                                              deleted (same task) or never published (nothing to delete);
+                                              ?erase=true answers 501 NOT_IMPLEMENTED for now
     GET    /tasks                             the tenant's tasks, newest first
     GET    /tasks/{task_id}                   status, stage, completed/total, percent, attempts, error, can_cancel/retry
     GET    /tasks/{task_id}/events            Server-Sent Events, resumable with Last-Event-ID
@@ -54,7 +58,7 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipelines.api.auth import TokenAuth, install_log_redaction
-from pipelines.api.errors import NotFound, ServiceUnavailable, Unauthorized, error_body, status_for
+from pipelines.api.errors import NotFound, NotImplementedYet, ServiceUnavailable, Unauthorized, error_body, status_for
 from pipelines.api.limits import Admission
 from pipelines.api.metrics import ScrapeCache, build_registry
 from pipelines.api.sse import EventHub, TaskStream
@@ -472,6 +476,50 @@ def create_app(
         if row is None:
             raise NotFound("no such document")
         return _jsonable(document_json(row))
+
+    @app.delete(
+        "/documents/{document_id:path}",
+        status_code=202,
+        tags=["documents"],
+        summary="Delete a document: a tombstone version, indexed like any version",
+        description=(
+            "Records a tombstone (a new version without bytes) and its index task per profile. Search keeps serving "
+            "the previous version until the tombstone's fenced publish, then returns nothing of the document in any "
+            "mode. A new tombstone answers **202** with its task (`kind: delete`; `tasks` lists every profile's). "
+            "Deleting again answers **200** with the existing tombstone's task (`outcome: already_deleted`), and a "
+            "document never published answers **200** with `outcome: not_found` and no task: deletes are "
+            "idempotent. Publishing afterwards creates the next version and the document comes back. "
+            "`erase=true` (purge every stored copy) is not available yet: **501** NOT_IMPLEMENTED."
+        ),
+        responses={
+            200: {"description": "Already deleted (the existing task) or never published (nothing to delete)"},
+            202: {"description": "A tombstone was recorded; its PENDING task"},
+            501: _err("erase=true is not available yet (NOT_IMPLEMENTED)"),
+            **COMMON_ERRORS,
+        },
+    )
+    def delete_document(
+        document_id: DocumentId,
+        tenant_id: Tenant,
+        erase: Annotated[bool, Query(description="Purge every stored copy (not available yet: 501)")] = False,
+    ) -> JSONResponse:
+        document_id = validate_document_id(document_id)
+        if erase:
+            raise NotImplementedYet(
+                "erase is not available yet; DELETE without erase=true deletes the document from search"
+            )
+        result = publisher.delete(tenant_id, document_id)
+        body: dict[str, Any] = {"outcome": result.outcome, "message": result.message,
+                                "tenant_id": tenant_id, "document_id": document_id}
+        if result.task_id is None:
+            return JSONResponse(body, status_code=200)
+        tasks = [task_json(queue.get(t["task_id"])) for t in result.tasks]
+        primary = next(t for t in tasks if t["task_id"] == result.task_id)
+        return JSONResponse(
+            _jsonable({**primary, **body, "tasks": tasks}),
+            status_code=202 if result.created or result.requeued else 200,
+            headers={"Location": f"/tasks/{result.task_id}"},
+        )
 
     # -- tasks -------------------------------------------------------------------------------
 

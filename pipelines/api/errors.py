@@ -39,6 +39,13 @@ class ServiceUnavailable(KbindexError):
     code = "SERVICE_UNAVAILABLE"
 
 
+class NotImplementedYet(KbindexError):
+    """A documented request this server does not perform yet (HTTP 501); the message says what to do instead."""
+
+    code = "NOT_IMPLEMENTED"
+    retryable = False
+
+
 class TooManyRequests(KbindexError):
     """This tenant has too many of these open at once; close one or try again shortly (HTTP 429)."""
 
@@ -64,6 +71,8 @@ def status_for(exc: KbindexError) -> int:
         return 400
     if isinstance(exc, TooManyRequests):
         return 429
+    if isinstance(exc, NotImplementedYet):
+        return 501
     if isinstance(exc, UploadTimeout):
         return 408
     if isinstance(exc, QuotaExceeded):

@@ -30,8 +30,14 @@ def _percent(status: str, stage: str | None, completed: int | None, total: int |
     return overall_percent(TaskStatus(status), Stage(stage) if stage else None, completed or 0, total or 0)
 
 
+def task_kind(row: dict[str, Any]) -> str:
+    """What a task does: ``delete`` (its version is a tombstone: its publish takes the document out of search)
+    or ``index`` (a content version)."""
+    return "delete" if row.get("version_kind") == "tombstone" else "index"
+
+
 def task_json(row: dict[str, Any]) -> dict[str, Any]:
-    """One index task for people and scripts."""
+    """One index task for people and scripts; ``kind`` says whether it indexes a version or deletes the document."""
     status = TaskStatus(row["status"])
     cancel_reason = why_cannot_cancel(status)
     retry_reason = why_cannot_retry(status)
@@ -43,6 +49,7 @@ def task_json(row: dict[str, Any]) -> dict[str, Any]:
         "version_number": row["version_number"],
         "profile": row["profile"],
         "task_type": row.get("task_type", "INDEX"),
+        "kind": task_kind(row),
         "status": status.value,
         "terminal": status in TERMINAL,
         "stage": row.get("stage"),
@@ -94,6 +101,8 @@ def is_terminal_event(row: dict[str, Any]) -> bool:
 class DocumentStatus:
     INDEXING = "INDEXING"
     SEARCHABLE = "SEARCHABLE"
+    DELETING = "DELETING"
+    DELETED = "DELETED"
     FAILED = "FAILED"
     STALE = "STALE"
 
@@ -104,13 +113,17 @@ def document_json(row: dict[str, Any]) -> dict[str, Any]:
     SEARCHABLE: search serves the latest version. INDEXING: the latest version's task is still on its way
     (an older version may be served meanwhile). FAILED: the latest version failed (DEAD or CANCELLED) and
     nothing is served. STALE: the latest version failed while an older one is still served.
+    For a deleted document (its latest version is a tombstone): DELETED once the tombstone's publish took it out
+    of search, DELETING while that task is on its way (the previous version is still served), and STALE /
+    FAILED as for any version when the delete's task failed.
     """
     latest = row["latest_version"]
     served = row.get("searchable_version")
     task_status = row.get("task_status")
+    deleted = row.get("latest_kind") == "tombstone"
     failure = None
     if served is not None and served >= latest:
-        status = DocumentStatus.SEARCHABLE
+        status = DocumentStatus.DELETED if deleted else DocumentStatus.SEARCHABLE
     elif task_status in (TaskStatus.DEAD, TaskStatus.CANCELLED):
         status = DocumentStatus.STALE if served is not None else DocumentStatus.FAILED
         if task_status == TaskStatus.CANCELLED:
@@ -121,11 +134,12 @@ def document_json(row: dict[str, Any]) -> dict[str, Any]:
                 "message": sanitize_message(row.get("error_message") or "indexing failed"),
             }
     else:
-        status = DocumentStatus.INDEXING
+        status = DocumentStatus.DELETING if deleted else DocumentStatus.INDEXING
     task = None
     if row.get("task_id") is not None:
         task = {
             "task_id": row["task_id"],
+            "kind": "delete" if deleted else "index",
             "status": task_status,
             "stage": row.get("stage"),
             "completed": row.get("completed") or 0,
@@ -138,7 +152,9 @@ def document_json(row: dict[str, Any]) -> dict[str, Any]:
         "tenant_id": row["tenant_id"],
         "document_id": row["document_id"],
         "status": status,
+        "deleted": deleted,
         "latest_version": latest,
+        "latest_kind": row.get("latest_kind") or "content",
         "searchable_version": served,
         "profile": row.get("profile"),
         "filename": row.get("filename"),

@@ -5,7 +5,7 @@
 -- task under the active profile, and the version search serves (search_pointer). Every part is a
 -- primary-key or unique-key probe per listed document (LATERAL), never a join over the tenant's tasks.
 SELECT d.tenant_id, d.document_id, d.latest_version,
-       v.filename, v.media_type, v.byte_size, v.published_at,
+       v.kind AS latest_kind, v.filename, v.media_type, v.byte_size, v.published_at,
        p.name AS profile,
        t.task_id, t.status AS task_status, t.stage, t.completed, t.total, t.attempts, t.max_attempts,
        t.error_code, t.error_message, t.created_at AS task_created_at, t.finished_at AS task_finished_at,

@@ -229,17 +229,28 @@ logged AS (
 SELECT m.task_id, m.from_status FROM moved m;
 
 -- name: task_get
--- One task by id.
-SELECT t.* FROM index_task t WHERE t.task_id = %(task_id)s;
+-- One task by id, with its version's kind ('tombstone': the task deletes the document).
+SELECT t.*, v.kind AS version_kind
+FROM index_task t
+LEFT JOIN document_version v
+  ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number
+WHERE t.task_id = %(task_id)s;
 
 -- name: task_get_many
--- The tasks of these ids (a run reads all of its tasks at once); missing ids have no row.
-SELECT t.* FROM index_task t WHERE t.task_id = ANY(%(task_ids)s::bigint[]);
+-- The tasks of these ids (a run reads all of its tasks at once), with their version's kind; missing ids have
+-- no row.
+SELECT t.*, v.kind AS version_kind
+FROM index_task t
+LEFT JOIN document_version v
+  ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number
+WHERE t.task_id = ANY(%(task_ids)s::bigint[]);
 
 -- name: task_list
--- Newest tasks first, optionally of one status and/or tenant.
-SELECT t.*
+-- Newest tasks first, optionally of one status and/or tenant, with their version's kind (one key probe each).
+SELECT t.*, v.kind AS version_kind
 FROM index_task t
+LEFT JOIN document_version v
+  ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number
 WHERE (%(status)s::text IS NULL OR t.status = %(status)s::text)
   AND (%(tenant)s::text IS NULL OR t.tenant_id = %(tenant)s::text)
 ORDER BY t.task_id DESC

@@ -1,4 +1,4 @@
-"""`kbindex publish PATH... --tenant T [--document-id ID]`."""
+"""`kbindex publish PATH... --tenant T [--document-id ID]` and `kbindex delete DOCUMENT_ID --tenant T`."""
 
 from __future__ import annotations
 
@@ -76,3 +76,23 @@ def publish_command(
                     console.print(f"{verb} {doc_id} v{result.version} task {result.task_id} {result.status}", highlight=False)
     if failures:
         raise typer.Exit(EXIT_ERROR)
+
+
+@app.command("delete")
+def delete_command(
+    document_id: str = typer.Argument(..., help="The document to delete."),
+    tenant: str = typer.Option(..., "--tenant", help="Tenant that owns the document."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Delete a document: a tombstone version and its PENDING task(s). Search serves the previous version until
+    the tombstone is published, then returns nothing of it. Deleting again, or what was never published, says so."""
+    from resources.blob_store import BlobStore
+    from resources.publisher import Publisher
+    from resources.settings import Settings
+
+    with open_database(writes=True) as db, errors_to_exit():
+        result = Publisher(db, BlobStore(Settings.from_env().blob_url)).delete(tenant, document_id)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        console.print(result.message, highlight=False, soft_wrap=True)

@@ -20,10 +20,11 @@ def _queue(db):
 
 
 def task_view(task: dict) -> dict:
-    """A task as people and scripts see it: the row plus percent, can_cancel, can_retry."""
+    """A task as people and scripts see it: the row plus kind (index or delete), percent, can_cancel, can_retry."""
     status = TaskStatus(task["status"])
     stage = Stage(task["stage"]) if task.get("stage") else None
     view = dict(task)
+    view["kind"] = "delete" if task.get("version_kind") == "tombstone" else "index"
     view["percent"] = overall_percent(status, stage, task.get("completed") or 0, task.get("total") or 0)
     view["can_cancel"] = status in (TaskStatus.PENDING, TaskStatus.RETRY_WAIT, TaskStatus.RUNNING)
     view["can_retry"] = status in (TaskStatus.DEAD, TaskStatus.CANCELLED)

@@ -49,7 +49,7 @@ def outcome_text(view: dict[str, Any]) -> str:
     """
     status = view["status"]
     if status == TaskStatus.SUCCEEDED:
-        return "done"
+        return "deleted: search no longer returns the document" if view.get("kind") == "delete" else "done"
     verb = "failed" if status == TaskStatus.DEAD else "cancelled"
     if not view.get("stage"):
         return f"{verb} before it started"
@@ -69,7 +69,14 @@ def progress_text(view: dict[str, Any]) -> str:
 
 
 def row_detail(view: dict[str, Any]) -> str:
-    """The one thing worth knowing about a row of the short list, given its status."""
+    """The one thing worth knowing about a row of the short list, given its status (a delete says so)."""
+    detail = _row_detail(view)
+    if view.get("kind") != "delete":
+        return detail
+    return "deleted" if view["status"] == TaskStatus.SUCCEEDED else f"delete {detail}".rstrip()
+
+
+def _row_detail(view: dict[str, Any]) -> str:
     status = view["status"]
     if status in (TaskStatus.DEAD, TaskStatus.RETRY_WAIT):
         return _text(view.get("error_code"))
@@ -108,7 +115,8 @@ def tasks_table(views: Sequence[dict[str, Any]], *, wide: bool = False) -> Table
         table.add_column(header, justify="right" if header in ("id", "ver") else "left", **whole)
     for v in views:
         table.add_row(*_cells(
-            v["task_id"], v["tenant_id"], v["document_id"], v["version_number"], v.get("task_type"), v.get("profile"),
+            v["task_id"], v["tenant_id"], v["document_id"], v["version_number"],
+            f"{v.get('task_type') or 'INDEX'} delete" if v.get("kind") == "delete" else v.get("task_type"), v.get("profile"),
             _status(v["status"]), progress_text(v), f"{v['attempts']}/{v['max_attempts']}", v.get("error_code"),
             format_time(v.get("updated_at")),
         ))
@@ -150,7 +158,8 @@ def summary_grid(view: dict[str, Any]) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
-    grid.add_row("document", Text(f"{view['tenant_id']} / {view['document_id']} v{view['version_number']}"))
+    tombstone = " (tombstone: deletes the document)" if view.get("kind") == "delete" else ""
+    grid.add_row("document", Text(f"{view['tenant_id']} / {view['document_id']} v{view['version_number']}{tombstone}"))
     grid.add_row("profile", Text(f"{_text(view.get('profile'))} ({_text(view.get('task_type')) or 'INDEX'})"))
     grid.add_row("state", _state_line(view))
     grid.add_row("outcome" if view["status"] in TERMINAL else "progress", Text(progress_text(view)))

@@ -4,6 +4,9 @@ The version row, the task row(s) and their events commit in one transaction; the
 NOTIFYs listeners. The same bytes for the same document again create nothing and return the
 existing task, re-queued if it was CANCELLED (a cancel is never a dead end); changed bytes make
 version n+1. Concurrent publishes of one document are serialized by a row lock on the document.
+
+A delete (``delete``) records a tombstone the same way: version n+1 without bytes, and its task(s), in
+one transaction under the same lock and through the same statements.
 """
 
 from __future__ import annotations

@@ -93,3 +93,16 @@ def test_a_finished_task_shows_its_outcome_not_a_progress_fraction() -> None:
 def test_a_running_task_keeps_its_progress_line() -> None:
     out = _render(task_summary(_task(status="RUNNING", attempts=1, stage="embed", completed=120, total=300), []))
     assert _line(out, "progress") == "progress  embed 45% (120/300)" and _line(out, "outcome") is None, out
+
+
+def test_a_delete_says_so_in_the_list_the_wide_list_and_the_summary() -> None:
+    pending = _task(version_kind="tombstone")
+    done = _task(task_id=8, version_kind="tombstone", status="SUCCEEDED", chunk_count=0, finished_at=NOW)
+    content = _task(task_id=9, status="SUCCEEDED", chunk_count=3, finished_at=NOW)
+    assert (pending["kind"], content["kind"]) == ("delete", "index")
+    short = _render(tasks_table([pending, done, content])).splitlines()
+    assert short[2].split()[-1] == "delete" and short[3].split()[-1] == "deleted" and short[4].endswith("3 chunks")
+    assert "INDEX delete" in _render(tasks_table([pending], wide=True), wide=True)
+    summary = _render(task_summary(done, [_event(1, "SUCCEEDED")]))
+    assert "policy v2 (tombstone: deletes the document)" in summary
+    assert "deleted: search no longer returns the document" in summary

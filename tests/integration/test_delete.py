@@ -205,3 +205,24 @@ def test_verify_reports_a_pointer_naming_a_tombstone_that_has_chunks(db, db_url,
                      " token_count, content_digest, embedding FROM chunk WHERE version_number = 1 AND ordinal = 0")
     report = verify(db)
     assert "search_pointer_tombstone_chunks" in {v.check for v in report.violations}
+
+
+def test_retention_removes_a_deleted_documents_chunks_after_the_window_like_any_superseded_version(db, db_url, kb):
+    from datetime import UTC, datetime, timedelta
+
+    from resources.retention import apply_retention
+
+    v1 = kb["publisher"].publish("acme", "refunds", REFUNDS, "refunds.txt")
+    index(db, db_url, kb, v1.task_id, "refunds", 1)
+    deleted = kb["publisher"].delete("acme", "refunds")
+    index(db, db_url, kb, deleted.task_id, "refunds", 2)
+    assert apply_retention(db, window_seconds=3600).removed_versions == []  # within the rollback window: kept
+    assert rows(db_url, "SELECT count(*) FROM chunk WHERE version_number = 1")[0][0] > 0
+    later = datetime.now(UTC) + timedelta(hours=2)
+    report = apply_retention(db, window_seconds=3600, now=later)
+    assert report.removed_versions == [("acme", "refunds", "minilm-v1", 1)]
+    assert rows(db_url, "SELECT count(*) FROM chunk")[0][0] == 0
+    assert rows(db_url, "SELECT count(*) FROM lexical_chunk")[0][0] == 0
+    assert rows(db_url, "SELECT version_number, chunk_count FROM search_pointer") == [(2, 0)]
+    assert documents_in_every_mode(db, kb) == {m: set() for m in MODES}
+    assert verify(db).ok

@@ -85,6 +85,26 @@ class BlobStore:
         except FileNotFoundError:
             pass
 
+    def erase(self, digest: str, *, stored_before: float) -> str:
+        """Delete one blob for an erase (resources/eraser.py): ``deleted``, ``missing``, or ``renewed`` (kept: a
+        publish stored the same bytes at or after ``stored_before``, a ``time.time()`` value, and may be about
+        to commit a version that needs them; blob garbage collection removes them if none does)."""
+        path = self._path(digest)
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return "missing"
+        modified = info.get("mtime") or info.get("LastModified") or info.get("last_modified")
+        if hasattr(modified, "timestamp"):
+            modified = modified.timestamp()
+        if modified is not None and float(modified) >= stored_before:
+            return "renewed"
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            return "missing"
+        return "deleted"
+
     def get(self, digest: str) -> bytes:
         path = self._path(digest)
         try:

@@ -178,17 +178,22 @@ class Publisher:
         """
         validate_tenant(tenant_id)
         document_id = validate_document_id(document_id)
-        key = {"tenant_id": tenant_id, "document_id": document_id}
         with self.db.transaction() as tx:
-            latest = tx.fetch_one("document_version_latest", key) if tx.fetch_one("document_lock_existing", key) else None
-            if latest is None:
-                return DeleteResult(tenant_id, document_id, "not_found")
-            if latest["kind"] == TOMBSTONE:
-                version = latest["version_number"]
-            else:
-                version = self._new_version(tx, key, latest, kind=TOMBSTONE, content_hash=None, byte_size=0,
-                                            filename=latest["filename"], media_type=latest["media_type"])
-            tasks = self._ensure_tasks(tx, key, version)
+            return self.delete_in(tx, tenant_id, document_id)
+
+    def delete_in(self, tx: Session, tenant_id: str, document_id: str) -> DeleteResult:
+        """``delete`` inside the caller's transaction (erase deletes and purges in one): locks the document row,
+        which the caller then holds until it commits. Arguments already validated."""
+        key = {"tenant_id": tenant_id, "document_id": document_id}
+        latest = tx.fetch_one("document_version_latest", key) if tx.fetch_one("document_lock_existing", key) else None
+        if latest is None:
+            return DeleteResult(tenant_id, document_id, "not_found")
+        if latest["kind"] == TOMBSTONE:
+            version = latest["version_number"]
+        else:
+            version = self._new_version(tx, key, latest, kind=TOMBSTONE, content_hash=None, byte_size=0,
+                                        filename=latest["filename"], media_type=latest["media_type"])
+        tasks = self._ensure_tasks(tx, key, version)
         primary = next((t for t in tasks if t["is_active"]), tasks[0])
         return DeleteResult(
             tenant_id, document_id, "deleted" if latest["kind"] != TOMBSTONE else "already_deleted",

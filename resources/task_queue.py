@@ -473,6 +473,9 @@ class TaskQueue:
         if row is None:
             raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
         status = TaskStatus(row["status"])
+        if row.get("version_erased_at") is not None and row.get("version_kind") == "content":
+            raise IllegalTransition("the document was erased: this version's content is gone; publish it again instead",
+                                    task_id=task_id, status=status)
         raise IllegalTransition(why_cannot_retry(status) or "the task changed concurrently", task_id=task_id, status=status)
 
     # -- operator-launched runs (UI backfills, `dagster asset materialize`) ----------------------

@@ -196,7 +196,8 @@ SELECT m.task_id, m.from_status FROM moved m;
 
 -- name: task_retry
 -- Manual retry: DEAD or CANCELLED -> PENDING on the same row, attempts kept (the fencing token only
--- grows), %(extra_attempts)s more granted from the current attempt.
+-- grows), %(extra_attempts)s more granted from the current attempt. Never a task of an erased content version
+-- (migration 0031): its bytes are gone, and a blob shared with another document must not be indexed back.
 WITH
 clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
@@ -207,6 +208,9 @@ cur AS (
     FROM index_task t
     WHERE t.task_id = %(task_id)s
       AND t.status IN ('DEAD', 'CANCELLED')
+      AND NOT EXISTS (SELECT 1 FROM document_version v
+                      WHERE v.tenant_id = t.tenant_id AND v.document_id = t.document_id
+                        AND v.version_number = t.version_number AND v.kind = 'content' AND v.erased_at IS NOT NULL)
     FOR UPDATE
 ),
 moved AS (
@@ -229,8 +233,8 @@ logged AS (
 SELECT m.task_id, m.from_status FROM moved m;
 
 -- name: task_get
--- One task by id, with its version's kind ('tombstone': the task deletes the document).
-SELECT t.*, v.kind AS version_kind
+-- One task by id, with its version's kind ('tombstone': the task deletes the document) and when it was erased.
+SELECT t.*, v.kind AS version_kind, v.erased_at AS version_erased_at
 FROM index_task t
 LEFT JOIN document_version v
   ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number

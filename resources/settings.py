@@ -19,6 +19,8 @@ class Settings:
     """Where document bytes go (KBINDEX_BLOB_URL): a folder or any fsspec URL such as s3://bucket/kb."""
     model: str | None
     """Embedding model path or name (KBINDEX_MODEL); None means the packaged all-MiniLM-L6-v2."""
+    artifacts_dir: Path | None = None
+    """Per-task run outputs (KBINDEX_ARTIFACTS; default ``home/artifacts``, as the Dagster resource uses)."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -29,6 +31,7 @@ class Settings:
             database_url=env.get("KBINDEX_DATABASE_URL") or None,
             blob_url=env.get("KBINDEX_BLOB_URL") or str(home / "blobs"),
             model=env.get("KBINDEX_MODEL") or None,
+            artifacts_dir=Path(env.get("KBINDEX_ARTIFACTS") or home / "artifacts"),
         )
 
 

@@ -12,7 +12,8 @@
                                               | DELETING | DELETED
     DELETE /documents/{document_id}           delete: a tombstone version -> 202 + its task | 200 when already
                                               deleted (same task) or never published (nothing to delete);
-                                              ?erase=true answers 501 NOT_IMPLEMENTED for now
+                                              ?erase=true erases: the delete, then the purge of every
+                                              stored copy -> 200 + receipt (removed per kind, not_removed)
     GET    /tasks                             the tenant's tasks, newest first
     GET    /tasks/{task_id}                   status, stage, completed/total, percent, attempts, error, can_cancel/retry
     GET    /tasks/{task_id}/events            Server-Sent Events, resumable with Last-Event-ID
@@ -58,7 +59,7 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipelines.api.auth import TokenAuth, install_log_redaction
-from pipelines.api.errors import NotFound, NotImplementedYet, ServiceUnavailable, Unauthorized, error_body, status_for
+from pipelines.api.errors import NotFound, ServiceUnavailable, Unauthorized, error_body, status_for
 from pipelines.api.limits import Admission
 from pipelines.api.metrics import ScrapeCache, build_registry
 from pipelines.api.sse import EventHub, TaskStream
@@ -74,7 +75,9 @@ from pipelines.api.views import (
 from pipelines.domain.errors import InvalidRequest, KbindexError, TaskNotFound
 from pipelines.domain.identifiers import validate_document_id
 from pipelines.domain.task_states import TERMINAL, TaskStatus
+from resources.artifact_store import ArtifactStore
 from resources.blob_store import BlobStore
+from resources.eraser import Eraser
 from resources.database import Database
 from resources.publisher import Publisher
 from resources.task_queue import TaskQueue
@@ -167,6 +170,7 @@ def create_app(
     tokens: Mapping[str, str] | None = None,
     tokens_file: str | None = None,
     blob_url: str | None = None,
+    artifacts_dir: str | None = None,
     embedder: Any | None = None,
     search_fn: SearchFn | None = None,
     max_upload_bytes: int | None = None,
@@ -197,6 +201,7 @@ def create_app(
     install_log_redaction()
     queue = TaskQueue(db)
     publisher = Publisher(db, BlobStore(blob_url or settings.blob_url), max_bytes=max_upload_bytes)
+    eraser = Eraser(db, publisher.blobs, ArtifactStore(artifacts_dir or settings.artifacts_dir or settings.home / "artifacts"))
     if metrics_public is None:
         metrics_public = os.environ.get("KBINDEX_METRICS_PUBLIC", "").lower() in ("1", "true", "yes")
     if metrics_cache_seconds is None:
@@ -489,25 +494,25 @@ def create_app(
             "Deleting again answers **200** with the existing tombstone's task (`outcome: already_deleted`), and a "
             "document never published answers **200** with `outcome: not_found` and no task: deletes are "
             "idempotent. Publishing afterwards creates the next version and the document comes back. "
-            "`erase=true` (purge every stored copy) is not available yet: **501** NOT_IMPLEMENTED."
+            "`erase=true` erases: the same delete, then the purge of every stored copy of every version (chunks, "
+            "vectors, lexical rows, run artifacts, bytes no other document shares); search returns nothing of it "
+            "at once. Answers **200** with the receipt: `removed` per kind, `not_removed` with why; `outcome` is "
+            "`erased`, `already_erased` or `not_found`."
         ),
         responses={
             200: {"description": "Already deleted (the existing task) or never published (nothing to delete)"},
             202: {"description": "A tombstone was recorded; its PENDING task"},
-            501: _err("erase=true is not available yet (NOT_IMPLEMENTED)"),
             **COMMON_ERRORS,
         },
     )
     def delete_document(
         document_id: DocumentId,
         tenant_id: Tenant,
-        erase: Annotated[bool, Query(description="Purge every stored copy (not available yet: 501)")] = False,
+        erase: Annotated[bool, Query(description="Also purge every stored copy of every version (a receipt answers)")] = False,
     ) -> JSONResponse:
         document_id = validate_document_id(document_id)
         if erase:
-            raise NotImplementedYet(
-                "erase is not available yet; DELETE without erase=true deletes the document from search"
-            )
+            return JSONResponse(_jsonable(eraser.erase(tenant_id, document_id).to_dict()), status_code=200)
         result = publisher.delete(tenant_id, document_id)
         body: dict[str, Any] = {"outcome": result.outcome, "message": result.message,
                                 "tenant_id": tenant_id, "document_id": document_id}

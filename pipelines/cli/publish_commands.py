@@ -1,4 +1,5 @@
-"""`kbindex publish PATH... --tenant T [--document-id ID]` and `kbindex delete DOCUMENT_ID --tenant T`."""
+"""`kbindex publish PATH... --tenant T [--document-id ID]`, `kbindex delete DOCUMENT_ID --tenant T` and
+`kbindex erase DOCUMENT_ID --tenant T --yes`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.progress import Progress
 
-from pipelines.cli.app import EXIT_ERROR, app, console, err_console, errors_to_exit, open_database, print_json, JsonOption
+from pipelines.cli.app import EXIT_ERROR, EXIT_USAGE, app, console, err_console, errors_to_exit, open_database, print_json, JsonOption
 from pipelines.domain.errors import InvalidRequest, KbindexError
 
 
@@ -96,3 +97,38 @@ def delete_command(
         print_json(result.to_dict())
     else:
         console.print(result.message, highlight=False, soft_wrap=True)
+
+
+@app.command("erase")
+def erase_command(
+    document_id: str = typer.Argument(..., help="The document to erase."),
+    tenant: str = typer.Option(..., "--tenant", help="Tenant that owns the document."),
+    yes: bool = typer.Option(False, "--yes", help="Really erase: it cannot be undone."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Erase a document: delete it, then purge every stored copy of every version (chunks, vectors, lexical rows,
+    run artifacts, bytes no other document shares) and print a receipt. Cannot be undone: needs --yes."""
+    if not yes:
+        err_console.print(
+            f"erase would delete {document_id} (tenant {tenant}) and purge every stored copy of every version of it: "
+            "chunks and vectors, lexical rows and postings, run artifacts and its stored bytes (unless another "
+            "document has the same bytes). It cannot be undone. Run again with --yes to erase.",
+            highlight=False, soft_wrap=True,
+        )
+        raise typer.Exit(EXIT_USAGE)
+    from resources.artifact_store import ArtifactStore
+    from resources.blob_store import BlobStore
+    from resources.eraser import Eraser
+    from resources.settings import Settings
+
+    settings = Settings.from_env()
+    with open_database(writes=True) as db, errors_to_exit():
+        receipt = Eraser(db, BlobStore(settings.blob_url), ArtifactStore(settings.artifacts_dir or settings.home / "artifacts")).erase(
+            tenant, document_id)
+    if as_json:
+        print_json(receipt.to_dict())
+        return
+    console.print(receipt.message, highlight=False, soft_wrap=True)
+    for item in receipt.not_removed:
+        what = item.get("content_hash", "")[:12] or f"task {item.get('task_id')}"
+        console.print(f"  not removed: {item['kind']} {what}: {item['why']}", highlight=False, soft_wrap=True)

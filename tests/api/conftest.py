@@ -46,6 +46,7 @@ def make_app(db_url: str, tmp_path, embedder) -> Iterator[Callable[..., FastAPI]
             "tokens": TOKENS,
             "tokens_file": "",
             "blob_url": str(tmp_path / "blobs"),
+            "artifacts_dir": str(tmp_path / "artifacts"),
             "embedder": embedder,
             "max_upload_bytes": MAX_UPLOAD,
             "poll_seconds": 2.0,

@@ -1,4 +1,4 @@
-"""DELETE /documents/{id}: a tombstone and its task (202), idempotent repeats (200), erase not yet (501); the
+"""DELETE /documents/{id}: a tombstone and its task (202), idempotent repeats (200), ?erase=true a receipt; the
 task and the document say what a delete is; search keeps the old version until the tombstone's publish."""
 
 from __future__ import annotations
@@ -77,11 +77,30 @@ def test_a_tenant_cannot_delete_another_tenants_document(client):
 
 
 @pytest.mark.parametrize("value", ["true", "1"])
-def test_erase_is_not_available_yet_and_deletes_nothing(client, value):
-    publish(client, DOC, b"acme's policy")
+def test_erase_purges_at_once_and_answers_a_receipt(client, db, queue, embedder, value):
+    v1 = publish(client, DOC, b"# Refunds\n\nWithin 30 days.\n").json()["task_id"]
+    index_task(db, queue, embedder, v1, ["refunds within thirty days"])
+    assert all(hits(client, m) == [(DOC, 1)] for m in MODES)
+
     response = client.delete(f"/documents/{DOC}", params={"erase": value}, headers=ACME)
-    assert response.status_code == 501
-    assert response.json()["error"]["code"] == "NOT_IMPLEMENTED"
+
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["outcome"], body["tombstone_version"], body["document_id"]) == ("erased", 2, DOC)
+    assert body["removed"]["chunks"] == 1 and body["removed"]["lexical_rows"] == 1
+    assert body["removed"]["blobs"] == 1 and body["not_removed"] == []
+    assert all(hits(client, m) == [] for m in MODES)  # at once: the tombstone's task is still PENDING
+    assert client.get(f"/tasks/{body['tombstone_task_id']}", headers=ACME).json()["status"] == "PENDING"
+    again = client.delete(f"/documents/{DOC}", params={"erase": value}, headers=ACME)
+    assert (again.status_code, again.json()["outcome"]) == (200, "already_erased")
+    nothing = client.delete("/documents/nope.md", params={"erase": value}, headers=ACME)
+    assert (nothing.status_code, nothing.json()["outcome"]) == (200, "not_found")
+
+
+def test_a_tenant_cannot_erase_another_tenants_document(client):
+    publish(client, DOC, b"acme's policy")
+    response = client.delete(f"/documents/{DOC}", params={"erase": "true"}, headers=GLOBEX)
+    assert (response.status_code, response.json()["outcome"]) == (200, "not_found")
     assert client.get(f"/documents/{DOC}", headers=ACME).json()["latest_version"] == 1
 
 

@@ -61,3 +61,27 @@ def test_delete_then_again_then_nothing_to_delete_all_exit_0(cli, db, tmp_path):
     assert "deleted" in cli("tasks").stdout
     done = cli("delete", "refunds.md", "--tenant", "acme")
     assert done.exit_code == 0 and "SUCCEEDED" in done.stdout and "already deleted" in done.stdout
+
+
+def test_erase_refuses_without_yes_and_says_what_it_would_do(cli, db, tmp_path):
+    doc = tmp_path / "refunds.md"
+    doc.write_text("# Refunds\n\nWithin 30 days.\n")
+    assert cli("publish", str(doc), "--tenant", "acme").exit_code == 0
+    refused = cli("erase", "refunds.md", "--tenant", "acme")
+    assert refused.exit_code == 2
+    assert "purge every stored copy" in refused.output and "--yes" in refused.output
+    assert TaskQueue(db).list()[0]["version_number"] == 1  # nothing happened: no tombstone
+
+
+def test_erase_with_yes_prints_a_receipt(cli, db, tmp_path):
+    doc = tmp_path / "refunds.md"
+    doc.write_text("# Refunds\n\nWithin 30 days.\n")
+    assert cli("publish", str(doc), "--tenant", "acme").exit_code == 0
+    done = cli("erase", "refunds.md", "--tenant", "acme", "--yes", "--json")
+    assert done.exit_code == 0, done.output
+    body = json.loads(done.stdout)
+    assert (body["outcome"], body["tombstone_version"]) == ("erased", 2)
+    assert (body["removed"]["blobs"], body["removed"]["tasks_cancelled"], body["removed"]["versions_stripped"]) == (1, 1, 2)
+    assert list((tmp_path / "blobs").rglob("*.txt")) == [] and not [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
+    text = cli("erase", "refunds.md", "--tenant", "acme", "--yes")
+    assert text.exit_code == 0 and "already erased" in text.output

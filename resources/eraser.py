@@ -63,6 +63,7 @@ class EraseReceipt:
     not_removed: list[dict[str, Any]] = field(default_factory=list)
     erasure_id: int | None = None
     erased_at: datetime | None = None
+    vacuumed: bool = False
 
     @property
     def message(self) -> str:
@@ -79,7 +80,8 @@ class EraseReceipt:
             "tenant_id": self.tenant_id, "document_id": self.document_id, "outcome": self.outcome,
             "tombstone_version": self.tombstone_version, "tombstone_task_id": self.tombstone_task_id,
             "removed": dict(self.removed), "not_removed": list(self.not_removed), "erasure_id": self.erasure_id,
-            "erased_at": self.erased_at.isoformat() if self.erased_at else None, "message": self.message,
+            "erased_at": self.erased_at.isoformat() if self.erased_at else None, "vacuumed": self.vacuumed,
+            "message": self.message,
         }
 
 
@@ -90,8 +92,10 @@ class Eraser:
         self.artifacts = artifacts
         self.publisher = Publisher(db, blobs, max_attempts=max_attempts, quota_bytes=None)
 
-    def erase(self, tenant_id: str, document_id: str) -> EraseReceipt:
-        """Delete, then purge every stored copy of the document (module docstring); idempotent."""
+    def erase(self, tenant_id: str, document_id: str, *, vacuum: bool = False) -> EraseReceipt:
+        """Delete, then purge every stored copy of the document (module docstring); idempotent. ``vacuum``: then
+        VACUUM the touched tables (``erase_vacuum``), so the purged rows' dead versions are reclaimed now rather
+        than by autovacuum later; it reads each whole table, so it is opt-in."""
         validate_tenant(tenant_id)
         document_id = validate_document_id(document_id)
         started = time.time()
@@ -111,6 +115,10 @@ class Eraser:
         self._purge_files(receipt, tasks, hashes, started)
         if not any(receipt.removed.get(kind) for kind in CONTENT_KINDS):
             receipt.outcome = "already_erased"
+        if vacuum and receipt.outcome != "not_found":
+            with self.db.session() as s:
+                s.execute("erase_vacuum")
+            receipt.vacuumed = True
         self.db.fetch_one("document_erasure_finish", {
             "erasure_id": receipt.erasure_id, "removed": json.dumps(receipt.removed),
             "not_removed": json.dumps(receipt.not_removed),

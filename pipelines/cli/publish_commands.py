@@ -104,6 +104,7 @@ def erase_command(
     document_id: str = typer.Argument(..., help="The document to erase."),
     tenant: str = typer.Option(..., "--tenant", help="Tenant that owns the document."),
     yes: bool = typer.Option(False, "--yes", help="Really erase: it cannot be undone."),
+    vacuum: bool = typer.Option(False, "--vacuum", help="Then VACUUM the touched tables (reads each whole table)."),
     as_json: bool = JsonOption,
 ) -> None:
     """Erase a document: delete it, then purge every stored copy of every version (chunks, vectors, lexical rows,
@@ -124,7 +125,7 @@ def erase_command(
     settings = Settings.from_env()
     with open_database(writes=True) as db, errors_to_exit():
         receipt = Eraser(db, BlobStore(settings.blob_url), ArtifactStore(settings.artifacts_dir or settings.home / "artifacts")).erase(
-            tenant, document_id)
+            tenant, document_id, vacuum=vacuum)
     if as_json:
         print_json(receipt.to_dict())
         return

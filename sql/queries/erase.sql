@@ -126,3 +126,9 @@ UPDATE document_erasure
 SET removed = %(removed)s::jsonb, not_removed = %(not_removed)s::jsonb, finished_at = clock_timestamp()
 WHERE erasure_id = %(erasure_id)s
 RETURNING finished_at;
+
+-- name: erase_vacuum
+-- Opt-in after an erase (``kbindex erase --vacuum``): reclaim the dead row versions the purge left in the tables
+-- it touched, so their space is reused sooner. Outside any transaction (autocommit); it reads each whole table.
+VACUUM (ANALYZE) chunk, lexical_chunk, lexical_posting, lexical_document, search_pointer, superseded_version,
+    document_version, index_task;

@@ -86,12 +86,14 @@ def key_of(db_url: str, document: str, version: int) -> str:
                 [document, version])[0][0]
 
 
-def run_steps(db, db_url, kb, task_id: int, document: str, version: int, steps: tuple[str, ...], owner: str) -> None:
+def run_steps(db, db_url, kb, task_id: int, document: str, version: int, steps: tuple[str, ...],
+              owner: str) -> IndexingRun:
     run = start_run(db, kb, task_id, owner)
     key = key_of(db_url, document, version)
     for name in steps:
         (result,) = getattr(run, name)([key])[key]
         assert result.outcome == "ok", (name, result)
+    return run
 
 
 def found(db, kb, mode: str, query: str) -> set[str]:
@@ -108,7 +110,7 @@ def test_after_an_erase_no_copy_of_the_phrase_remains_in_the_database_or_under_t
     run_steps(db, db_url, kb, other.task_id, "handbook", 1, ALL, "run-2")
     # v2 is mid-run: parsed, chunked and embedded, its artifacts on disk, not yet published.
     v2 = kb["publisher"].publish("acme", "secret", SECRET_V2, f"{PHRASE}-v2.txt")
-    run_steps(db, db_url, kb, v2.task_id, "secret", 2, ("parse", "chunk", "embed"), "run-3")
+    mid_run = run_steps(db, db_url, kb, v2.task_id, "secret", 2, ("parse", "chunk", "embed"), "run-3")
     needle = PHRASE.encode()
     assert needle in dump(db_url) and files_holding(kb["home"], needle)  # the test can see the phrase
     assert all(found(db, kb, m, f"{PHRASE} settlement") == {"secret", "handbook"} for m in MODES)
@@ -133,6 +135,12 @@ def test_after_an_erase_no_copy_of_the_phrase_remains_in_the_database_or_under_t
     report = verify(db)
     assert report.ok, report.to_dict()
     assert rows(db_url, "SELECT status FROM index_task WHERE task_id = %s", [v2.task_id]) == [("CANCELLED",)]
+    # The run that was mid-way publishes after the purge: its fence fails (cancelled), it writes nothing.
+    key2 = key_of(db_url, "secret", 2)
+    (late,) = mid_run.publish([key2])[key2]
+    assert late.outcome != "ok"
+    assert rows(db_url, "SELECT count(*) FROM chunk WHERE document_id = 'secret'") == [(0,)]
+    assert needle not in dump(db_url)
     # The erase is recorded, with counts and times only.
     logged = rows(db_url, "SELECT tombstone_version, removed->>'chunks', finished_at IS NOT NULL FROM document_erasure")
     assert logged == [(3, str(chunks), True)]

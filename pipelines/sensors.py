@@ -10,7 +10,7 @@ A deep queue becomes a few big runs spread over the tenant's run slots; a lone p
 Retried versions join those runs: their existing partition keys are moved to the end of the key
 order with the fresh ones (unless a live run still covers them). A crash shared by several tasks is
 bisected (record_crashed_runs); a run that can do nothing useful any more (a queued run whose leases
-were all taken over or cancelled, a launched run that lost every lease) is canceled before the tick plans
+were all taken over, a launched run that lost every lease) is canceled before the tick plans
 its runs, so it pins no partition keys and gives its run slot back (release_runs).
 """
 
@@ -373,7 +373,7 @@ def release_runs(instance: dg.DagsterInstance, queue: TaskQueue, runs: list[Leas
     """Cancel the runs that can do nothing useful any more; returns their ids.
 
     One statement judges them all (``lease_runs_to_release``): a queued run whose leases were all taken over
-    or cancelled would only start to adopt nothing, while pinning its partition keys; a launched run whose
+    would only start to adopt nothing, while pinning its partition keys; a launched run whose
     process hangs (SIGSTOP, a stuck call) stops heartbeating, its leases are taken over, but Dagster still
     counts it as started, so it keeps a run slot and due work waits behind the per-tenant run limit. A run
     whose publish transaction holds its rows is never judged hung, even if its leases ran out meanwhile.

@@ -92,7 +92,7 @@ class RunLeases:
     pairs: Sequence[tuple[int, int]]
     """``(task_id, attempt)`` of each lease."""
     waiting: bool
-    """The run has not been launched yet (queued)."""
+    """The run has not been launched yet (queued): released, it has no process to stop."""
 
 
 class TaskQueue:
@@ -404,7 +404,7 @@ class TaskQueue:
 
     def runs_to_release(self, runs: Sequence[RunLeases]) -> builtins.list[int]:
         """Indexes of the runs that can do nothing useful any more (sql/queries/lease.sql
-        ``lease_runs_to_release``): they hold none of their leases, and lost one or never started.
+        ``lease_runs_to_release``): they hold none of their leases and lost at least one.
         One statement for every run, whatever their number."""
         flat = [(ix, r, t, a) for ix, r in enumerate(runs) for t, a in r.pairs]
         if not flat:
@@ -415,7 +415,6 @@ class TaskQueue:
                 "run_ixs": [f[0] for f in flat],
                 "owners": [f[1].owner for f in flat],
                 "run_owners": [f[1].run_owner for f in flat],
-                "waiting": [f[1].waiting for f in flat],
                 "task_ids": [int(f[2]) for f in flat],
                 "attempts": [int(f[3]) for f in flat],
                 "now": self.clock(),

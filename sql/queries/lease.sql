@@ -339,22 +339,24 @@ SELECT m.task_id, m.status, m.run_size_cap, m.given_back FROM moved m ORDER BY m
 -- A run's lease is reserved under its tick's owner (%(owners)s) until the run adopts it, then held under the
 -- run's own owner (%(run_owners)s). A lease is
 --   held  while still reserved (adoptable, even past lease_until, until a claim takes it over), or held (by the
---         run, or by a worker that handed it on) and either unexpired or *busy*: its row is locked by another transaction (the run's own publish
---         holds it, and the heartbeat skips it meanwhile: the lease may run out while that transaction commits);
+--         run, or by a worker that handed it on) and either unexpired or *busy*: its row is locked by another
+--         transaction (the run's own publish holds it, and the heartbeat skips it meanwhile: the lease may run
+--         out while that transaction commits);
 --   lost  when taken over (attempts moved on, another owner) or expired unrenewed and not busy.
--- A run is released when it holds none of its leases and either lost one or has not started (%(waiting)s:
--- a queued run whose leases were all taken over or cancelled would only start to adopt nothing). A run that
--- finished its own leases (SUCCEEDED, failed, cancelled on its attempt) neither holds nor lost them, so a
--- started run finishing normally is never released.
+-- A run is released when it holds none of its leases and lost one: a queued run whose reservations were all
+-- taken over (it would pin its keys and start only to adopt nothing), or a started run that stopped
+-- heartbeating. A lease finished on its attempt (SUCCEEDED, failed, cancelled) is neither held nor lost, so a
+-- run finishing normally, or a re-execution of a finished run (it fails on its own, building nothing), is
+-- never released here.
 WITH
 clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
 leases AS (
-    SELECT l.run_ix, l.task_id, l.attempt, l.owner, l.run_owner, l.waiting
+    SELECT l.run_ix, l.task_id, l.attempt, l.owner, l.run_owner
     FROM unnest(%(run_ixs)s::integer[], %(task_ids)s::bigint[], %(attempts)s::integer[], %(owners)s::text[],
-                %(run_owners)s::text[], %(waiting)s::boolean[])
-         AS l (run_ix, task_id, attempt, owner, run_owner, waiting)
+                %(run_owners)s::text[])
+         AS l (run_ix, task_id, attempt, owner, run_owner)
 ),
 -- Held leases past their lease_until: normally none. Probed for a row lock without waiting (KEY SHARE
 -- conflicts only with the publish's FOR UPDATE; the probe writes nothing the heartbeat waits on).
@@ -372,7 +374,7 @@ unlocked AS (
     FOR KEY SHARE OF t SKIP LOCKED
 ),
 judged AS (
-    SELECT l.run_ix, l.waiting,
+    SELECT l.run_ix,
            coalesce(t.status = 'RUNNING' AND t.attempts = l.attempt
                     AND ((t.lease_reserved AND t.lease_owner = l.owner)
                          OR (NOT t.lease_reserved AND t.lease_owner IN (l.owner, l.run_owner)
@@ -389,5 +391,5 @@ judged AS (
 SELECT j.run_ix
 FROM judged j
 GROUP BY j.run_ix
-HAVING NOT bool_or(j.held) AND (bool_or(j.lost) OR bool_and(j.waiting))
+HAVING NOT bool_or(j.held) AND bool_or(j.lost)
 ORDER BY j.run_ix;

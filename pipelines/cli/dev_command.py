@@ -16,6 +16,7 @@ import typer
 from pipelines import event_batching
 from pipelines.cli.app import app, console, errors_to_exit
 from pipelines.cli.dev_status import DevStatus, StatusReader, show_status
+from pipelines.cli.dev_stop import stop_all
 from resources.local_databases import LocalDatabases, prepare_local_databases, psycopg2_url
 
 __all__ = ["dagster_environment", "dev_command", "psycopg2_url"]  # psycopg2_url: tests and benches import it here
@@ -46,25 +47,6 @@ def dagster_environment(home: Path, local: LocalDatabases) -> dict[str, str]:
 
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
-
-
-def _stop_group(proc: subprocess.Popen[bytes]) -> int:
-    """SIGTERM to dagster dev's process group, SIGKILL after 30 s: no webserver or code server outlives us."""
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is still there
-    except ProcessLookupError:
-        pass
-    return proc.wait()
 
 
 @app.command("dev")
@@ -120,21 +102,21 @@ def dev_command(
     board = threading.Thread(target=_show_status, args=(status, local.kbindex_url, stop), daemon=True)
     board.start()
     try:
-        code = proc.wait()
+        proc.wait()
     except KeyboardInterrupt:
         status.stopping = True
-        code = _stop_group(proc)
     finally:
-        status.dagster_exit = proc.returncode
+        # Dagster's whole group and the service at once, one shared grace, SIGKILL only past it (dev_stop.py).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the stop half-way
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        report = stop_all(proc, service)
+        with open(status.log_path, "a") as log:
+            log.write(f"==== {report.line()} ====\n")
+        status.dagster_exit, status.stopped_in, status.killed = report.dagster_exit, report.seconds, report.killed
         stop.set()
-        board.join(timeout=10)
-        service.terminate()
-        try:
-            service.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            service.kill()
-        time.sleep(0.1)
-    raise typer.Exit(code if code and code > 0 else 0)
+        board.join(timeout=3)  # it draws the final state; a database call stuck past this is not worth waiting for
+    code = report.dagster_exit
+    raise typer.Exit(code if code > 0 else 0)
 
 
 def _show_status(status: DevStatus, url: str, stop: threading.Event) -> None:

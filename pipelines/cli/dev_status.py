@@ -49,6 +49,10 @@ class DevStatus:
     database_error: str | None = None
     stopping: bool = False
     dagster_exit: int | None = None
+    stopped_in: float | None = None
+    """Seconds from the stop signal until Dagster's group and the embedding service were gone."""
+    killed: list[str] = field(default_factory=list)
+    """What had to be SIGKILLed after the grace period (normally nothing)."""
 
 
 def _searchable_lines(s: DevStatus) -> list[tuple[str, str]]:
@@ -67,7 +71,9 @@ def _searchable_lines(s: DevStatus) -> list[tuple[str, str]]:
 def status_lines(s: DevStatus) -> list[tuple[str, str]]:
     """The block as (label, text) rows; the same rows on a terminal and in plain output."""
     if s.dagster_exit is not None:
-        ui = f"{s.ui_url}  (Dagster stopped, exit {s.dagster_exit})"
+        took = f" in {s.stopped_in:.1f} s" if s.stopped_in is not None else ""
+        killed = f", killed: {', '.join(s.killed)}" if s.killed else ""
+        ui = f"{s.ui_url}  (Dagster stopped{took}, exit {s.dagster_exit}{killed})"
     elif s.stopping:
         ui = f"{s.ui_url}  (stopping…)"
     else:

@@ -53,8 +53,13 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
         family = psutil.Process(proc.pid).children(recursive=True)
         assert len(family) >= 4  # dagster dev, webserver, daemon, code server(s), embedding service
 
+        sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         proc.wait(90)
+        took = time.monotonic() - sent
+        print(f"kbindex dev: SIGTERM -> exit {took:.1f} s")
+        assert proc.returncode == 0
+        assert took < 15, f"stopping took {took:.1f} s"  # was 33 s and a SIGKILL (issue #29)
 
         alive = []
         for p in family:
@@ -68,10 +73,14 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
 
         log = (home / "logs" / "dagster.log").read_text(errors="replace")
         assert "Serving dagster-webserver" in log and "dagster.daemon" in log
+        stopped = [line for line in log.splitlines() if "kbindex dev stopped in" in line]
+        assert stopped and "killed" not in stopped[-1], stopped  # no SIGKILL in the normal case
+        print(stopped[-1])
         terminal = out_path.read_text(errors="replace")
         assert f"Dagster UI: http://127.0.0.1:{port}" in terminal
         assert f"Dagster log: {home / 'logs' / 'dagster.log'}" in terminal
         assert "searchable: publish with" in terminal
+        assert "(Dagster stopped in " in terminal and ", exit 0)" in terminal
         assert "dagster.daemon" not in terminal and "Serving dagster-webserver" not in terminal
         assert len(terminal.splitlines()) < 25, terminal
     finally:

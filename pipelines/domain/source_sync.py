@@ -1,0 +1,183 @@
+"""Planning one sync pass of a source: what to read, what to delete, and whether deleting is safe.
+
+Pure: no I/O, no framework. The input is a listing (path, size, stamp) and the ledger of what the last passes
+published (resources/source_sync.py fetches both); the output says which files must be read (new ones, and
+those whose size or stamp moved: only their bytes are read and hashed), which ledger entries vanished, and
+whether the vanished ones may be deleted.
+
+The safety rule (issue 29; LangChain's ``scoped_full`` cleanup deleted everything on an empty input): a pass
+that failed to list, listed nothing, or would delete more than ``max_delete_share`` of the ledger deletes
+nothing and says why, unless ``allow_mass_delete``. New and changed files are still published.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+DEFAULT_MAX_DELETE_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A file as the listing saw it: path relative to the source root ('/'-separated), size, stamp."""
+
+    path: str
+    size: int
+    stamp: str
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """What a pass last published from a file (a source_file row)."""
+
+    path: str
+    document_id: str
+    size: int
+    stamp: str
+    content_hash: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    to_read: list[Listed]
+    """New files and files whose size or stamp moved: the only ones whose bytes a pass reads."""
+    new: int
+    restamped: int
+    unchanged: int
+    vanished: list[LedgerEntry]
+    """Ledger entries the listing no longer has."""
+    delete_blocked: str | None = None
+    """Why the vanished entries are kept this pass (None: they are deleted)."""
+    listed: int = 0
+    list_error: str | None = None
+
+    @property
+    def to_delete(self) -> list[LedgerEntry]:
+        return [] if self.delete_blocked else self.vanished
+
+
+@dataclass
+class PassCounts:
+    """What a pass did (also the report the sensor and CLI print and source.last_pass keeps)."""
+
+    listed: int = 0
+    unchanged: int = 0
+    read: int = 0
+    published: int = 0
+    """New versions (new files, or changed bytes)."""
+    same_bytes: int = 0
+    """Read because the stamp moved, but the bytes are what was last published: only the ledger is updated."""
+    deleted: int = 0
+    vanished: int = 0
+    failed: int = 0
+    deletes_blocked: str | None = None
+    list_error: str | None = None
+    skipped: str | None = None
+    """Why the pass did not run at all (another pass of the source holds its lock)."""
+    partial: bool = False
+    """The pass stopped reading at its time budget; the next pass goes on (nothing is lost, the ledger tells)."""
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"skipped: {self.skipped}"
+        parts = [f"listed {self.listed:,}", f"unchanged {self.unchanged:,}", f"read {self.read:,}",
+                 f"published {self.published:,}", f"same bytes {self.same_bytes:,}",
+                 f"deleted {self.deleted:,}/{self.vanished:,} vanished", f"failed {self.failed:,}"]
+        text = ", ".join(parts)
+        if self.partial:
+            text += " (partial: time budget reached, the next pass goes on)"
+        if self.list_error:
+            text += f"; listing failed: {self.list_error}"
+        if self.deletes_blocked:
+            text += f"; deleted nothing: {self.deletes_blocked}"
+        return text
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def plan_pass(
+    listing: list[Listed] | None,
+    ledger: list[LedgerEntry],
+    *,
+    max_delete_share: float = DEFAULT_MAX_DELETE_SHARE,
+    allow_mass_delete: bool = False,
+    list_error: str | None = None,
+) -> Plan:
+    """Compare a listing (None: listing failed, ``list_error`` says how) with the ledger."""
+    known = {entry.path: entry for entry in ledger}
+    if listing is None:
+        return Plan(to_read=[], new=0, restamped=0, unchanged=0, vanished=[], listed=0,
+                    list_error=list_error or "listing failed",
+                    delete_blocked=f"the listing failed ({list_error or 'unknown error'})")
+    to_read: list[Listed] = []
+    new = restamped = unchanged = 0
+    seen: set[str] = set()
+    for item in listing:
+        if item.path in seen:
+            continue
+        seen.add(item.path)
+        entry = known.get(item.path)
+        if entry is None:
+            new += 1
+            to_read.append(item)
+        elif entry.size != item.size or entry.stamp != item.stamp:
+            restamped += 1
+            to_read.append(item)
+        else:
+            unchanged += 1
+    vanished = [entry for path, entry in sorted(known.items()) if path not in seen]
+    blocked = None
+    if vanished and not allow_mass_delete:
+        share = len(vanished) / len(known)
+        if not seen:
+            blocked = f"the listing is empty and the ledger has {len(known):,} files"
+        elif share > max_delete_share:
+            blocked = (f"{len(vanished):,} of {len(known):,} files vanished ({share:.0%}), "
+                       f"more than the safety share of {max_delete_share:.0%}")
+        if blocked:
+            blocked += "; run `kbindex source sync NAME --allow-mass-delete` if that is intended"
+    return Plan(to_read=to_read, new=new, restamped=restamped, unchanged=unchanged, vanished=vanished,
+                delete_blocked=blocked, listed=len(seen))
+
+
+def needs_publish(entry: LedgerEntry | None, digest: str) -> bool:
+    """After reading a file: publish unless the bytes are the ones last published (then only the ledger moves)."""
+    return entry is None or entry.content_hash != digest
+
+
+@lru_cache(maxsize=64)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
+
+
+def glob_matches(path: str, pattern: str) -> bool:
+    """Whether a relative path matches a glob: ``*`` and ``?`` stay within a folder, ``**`` crosses folders
+    (``**/*.md``: every Markdown file at any depth; ``**``: everything)."""
+    return _glob_regex(pattern).match(path) is not None
+
+
+def is_hidden(path: str) -> bool:
+    """Hidden files and folders are skipped (``.git/``, ``.DS_Store``), as ``kbindex publish DIR`` skips them."""
+    return any(part.startswith(".") for part in path.split("/"))

@@ -1,0 +1,79 @@
+"""The sync planner (pipelines/domain/source_sync.py): what a pass reads, and when it deletes nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.domain.source_sync import LedgerEntry, Listed, glob_matches, is_hidden, needs_publish, plan_pass
+
+
+def ledger(n: int, prefix: str = "f") -> list[LedgerEntry]:
+    return [LedgerEntry(f"{prefix}{i}.md", f"{prefix}{i}.md", 10, "t1", f"h{i}") for i in range(n)]
+
+
+def listing(entries: list[LedgerEntry]) -> list[Listed]:
+    return [Listed(e.path, e.size, e.stamp) for e in entries]
+
+
+def test_unchanged_files_are_not_read():
+    known = ledger(100)
+    plan = plan_pass(listing(known), known)
+    assert (plan.to_read, plan.unchanged, plan.vanished, plan.delete_blocked) == ([], 100, [], None)
+
+
+def test_new_and_changed_by_size_or_stamp_are_read():
+    known = ledger(10)
+    seen = listing(known)
+    seen[0] = Listed(seen[0].path, 11, "t1")  # size moved
+    seen[1] = Listed(seen[1].path, 10, "t2")  # stamp (mtime/ETag) moved
+    seen.append(Listed("new.md", 3, "t9"))
+    plan = plan_pass(seen, known)
+    assert sorted(x.path for x in plan.to_read) == ["f0.md", "f1.md", "new.md"]
+    assert (plan.new, plan.restamped, plan.unchanged) == (1, 2, 8)
+
+
+def test_a_changed_stamp_with_unchanged_bytes_is_not_published():
+    entry = ledger(1)[0]
+    assert not needs_publish(entry, entry.content_hash)
+    assert needs_publish(entry, "other")
+    assert needs_publish(None, "anything")
+
+
+def test_vanished_within_the_safety_share_are_deleted():
+    known = ledger(10)
+    plan = plan_pass(listing(known[2:]), known)  # 2 of 10 = 20%: not more than the share
+    assert [e.path for e in plan.to_delete] == ["f0.md", "f1.md"] and plan.delete_blocked is None
+
+
+def test_more_than_the_safety_share_deletes_nothing_and_says_why():
+    known = ledger(10)
+    plan = plan_pass(listing(known[3:]), known)
+    assert len(plan.vanished) == 3 and plan.to_delete == []
+    assert "3 of 10 files vanished (30%)" in plan.delete_blocked and "--allow-mass-delete" in plan.delete_blocked
+    assert len(plan_pass(listing(known[3:]), known, max_delete_share=0.5).to_delete) == 3
+    assert len(plan_pass(listing(known[3:]), known, allow_mass_delete=True).to_delete) == 3
+
+
+def test_an_empty_listing_deletes_nothing():
+    known = ledger(50)
+    plan = plan_pass([], known, max_delete_share=1.0)
+    assert plan.to_delete == [] and "listing is empty" in plan.delete_blocked
+    assert len(plan_pass([], known, allow_mass_delete=True).to_delete) == 50
+
+
+def test_a_failed_listing_deletes_nothing_and_reads_nothing():
+    plan = plan_pass(None, ledger(5), allow_mass_delete=True, list_error="bucket not found")
+    assert plan.to_read == [] and plan.to_delete == [] and "bucket not found" in plan.delete_blocked
+
+
+@pytest.mark.parametrize(("path", "pattern", "expected"), [
+    ("a.md", "**", True), ("x/y/a.md", "**", True), ("a.md", "**/*.md", True), ("x/y/a.md", "**/*.md", True),
+    ("x/a.txt", "**/*.md", False), ("x/a.md", "*.md", False), ("a.md", "*.md", True),
+    ("docs/a.md", "docs/**", True), ("other/a.md", "docs/**", False), ("a1.md", "a?.md", True),
+])
+def test_glob(path, pattern, expected):
+    assert glob_matches(path, pattern) is expected
+
+
+def test_hidden_files_and_folders():
+    assert is_hidden(".DS_Store") and is_hidden(".git/config") and not is_hidden("a/b.md")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 DEFAULT_MAX_DELETE_SHARE = 0.2
+MAX_ERRORS_KEPT = 20
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,8 @@ class PassCounts:
         return text
 
     def to_dict(self) -> dict[str, object]:
-        return {k: v for k, v in self.__dict__.items()}
+        """The report as stored and printed (the first errors only: a pass over a broken source stays small)."""
+        return {**self.__dict__, "errors": self.errors[:MAX_ERRORS_KEPT]}
 
 
 def plan_pass(

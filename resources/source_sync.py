@@ -1,0 +1,229 @@
+"""Sources: register fsspec locations and run one sync pass over one, into a tenant's documents.
+
+A pass lists the location (one ``find``: names, sizes and stamps, no bytes), compares the listing with the
+ledger in PostgreSQL (pipelines/domain/source_sync.py), reads and hashes only the files whose size or stamp
+moved, publishes those whose bytes changed (``Publisher.publish``; document id = the path relative to the
+source root, as ``kbindex publish DIR`` names them) and deletes the documents of vanished files
+(``Publisher.delete``), unless the safety rule holds the deletes back.
+
+Crash safety: each file's ledger row is written after its publish or delete committed. A pass that dies
+half way leaves rows behind for the files it did not finish; the next pass reads those again, and publish
+is idempotent by bytes (same bytes as the latest version: no new version) and delete by tombstone, so
+nothing is repeated. One pass per source runs at a time (an advisory lock; a crashed holder frees it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import fsspec
+
+from pipelines.domain.errors import InvalidRequest, KbindexError
+from pipelines.domain.identifiers import validate_tenant
+from pipelines.domain.source_sync import (
+    DEFAULT_MAX_DELETE_SHARE,
+    LedgerEntry,
+    Listed,
+    PassCounts,
+    glob_matches,
+    is_hidden,
+    needs_publish,
+    plan_pass,
+)
+from resources.blob_store import content_hash
+from resources.database import Database
+from resources.publisher import Publisher
+
+Progress = Callable[[str, int, int], None]
+"""on_progress(stage, done, total): stage is "listed", "read" or "deleted"."""
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    tenant_id: str
+    url: str
+    glob: str
+    max_delete_share: float
+    created_at: datetime
+    passes: int = 0
+    files: int = 0
+    last_pass_at: datetime | None = None
+    last_pass: dict[str, Any] | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Source:
+        return cls(**{k: row.get(k) for k in cls.__dataclass_fields__ if k in row})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _stamp(info: dict[str, Any]) -> str:
+    """What says a file changed without reading it: the object's ETag, else its modification time."""
+    etag = info.get("ETag") or info.get("etag")
+    if etag:
+        return "etag:" + str(etag).strip('"')
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if value is not None:
+            return "mtime:" + (value.isoformat() if hasattr(value, "isoformat") else repr(float(value)))
+    return "size-only"
+
+
+def list_location(url: str, glob: str) -> tuple[Any, str, list[Listed]]:
+    """(filesystem, root, files under the root matching ``glob``, hidden ones left out). Raises if the
+    location cannot be listed; a location that does not exist is a failure, not an empty listing."""
+    fs, root = fsspec.core.url_to_fs(url)
+    root = root.rstrip("/")
+    if not fs.isdir(root):
+        raise FileNotFoundError(f"{url} is not a folder or bucket prefix that exists")
+    found = fs.find(root, detail=True, withdirs=False)
+    prefix = root + "/" if root else ""
+    listed: list[Listed] = []
+    for full, info in found.items():
+        if info.get("type", "file") != "file" or not full.startswith(prefix):
+            continue
+        rel = full[len(prefix):]
+        if not rel or is_hidden(rel) or not glob_matches(rel, glob):
+            continue
+        listed.append(Listed(rel, int(info.get("size") or 0), _stamp(info)))
+    return fs, root, listed
+
+
+class SourceSync:
+    """Domain verbs over sources: ``add``, ``list``, ``get``, ``remove``, and ``sync`` (one pass)."""
+
+    def __init__(self, db: Database, publisher: Publisher) -> None:
+        self.db = db
+        self.publisher = publisher
+
+    def add(self, name: str, tenant_id: str, url: str, glob: str = "**",
+            max_delete_share: float = DEFAULT_MAX_DELETE_SHARE) -> Source:
+        validate_tenant(tenant_id)
+        if not 0.0 <= max_delete_share <= 1.0:
+            raise InvalidRequest("--max-delete-share must be between 0 and 1")
+        try:
+            fsspec.core.url_to_fs(url)
+        except (ImportError, ValueError) as exc:  # unknown protocol, or its package (s3fs) missing
+            raise InvalidRequest(f"cannot open {url}: {exc}") from exc
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
+            raise InvalidRequest("source name must be 1-63 characters: lower-case letters, digits, '_', '.', '-'")
+        row = self.db.fetch_one("source_insert", {"name": name, "tenant_id": tenant_id, "url": url, "glob": glob,
+                                                  "max_delete_share": max_delete_share})
+        if row is None:
+            raise InvalidRequest(f"a source named {name} exists: remove it first, or choose another name")
+        return Source.from_row(row)
+
+    def list(self) -> list[Source]:
+        return [Source.from_row(r) for r in self.db.fetch_all("source_list")]
+
+    def get(self, name: str) -> Source:
+        row = self.db.fetch_one("source_get", {"name": name})
+        if row is None:
+            raise InvalidRequest(f"no source named {name}: list them with `kbindex source list`")
+        return Source.from_row(row)
+
+    def remove(self, name: str) -> bool:
+        """Forget the source and its ledger; the documents it published stay (delete them one by one if meant)."""
+        return self.db.execute("source_delete", {"name": name}) > 0
+
+    def sync(self, name: str, *, allow_mass_delete: bool = False, budget_seconds: float | None = None,
+             on_progress: Progress | None = None) -> PassCounts:
+        """One pass over the source; returns its counts (also kept in source.last_pass)."""
+        source = self.get(name)
+        with self.db.session() as lock:  # held for the pass: one pass per source, across processes
+            if not lock.fetch_one("source_pass_lock", {"name": name})["locked"]:
+                return PassCounts(skipped="another pass of this source is running")
+            try:
+                counts = self._pass(source, allow_mass_delete, budget_seconds, on_progress or (lambda *a: None))
+                self.db.execute("source_pass_finish", {"name": name, "report": json.dumps(counts.to_dict())})
+            finally:
+                lock.fetch_one("source_pass_unlock", {"name": name})
+        return counts
+
+    def _pass(self, source: Source, allow_mass_delete: bool, budget_seconds: float | None,
+              progress: Progress) -> PassCounts:
+        started = time.monotonic()
+        row = self.db.fetch_one("source_pass_start", {"name": source.name})
+        pass_no = int(row["passes"]) if row else 0
+        ledger = [LedgerEntry(r["path"], r["document_id"], int(r["byte_size"]), r["stamp"], r["content_hash"])
+                  for r in self.db.fetch_all("source_file_ledger", {"name": source.name})]
+        try:
+            fs, root, listing = list_location(source.url, source.glob)
+            list_error = None
+        except Exception as exc:  # any listing failure: delete nothing, say why (no path or secret beyond the URL)
+            fs, root, listing, list_error = None, "", None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        plan = plan_pass(listing, ledger, max_delete_share=source.max_delete_share,
+                         allow_mass_delete=allow_mass_delete, list_error=list_error)
+        counts = PassCounts(listed=plan.listed, unchanged=plan.unchanged, vanished=len(plan.vanished),
+                            deletes_blocked=plan.delete_blocked if plan.vanished or list_error else None,
+                            list_error=plan.list_error)
+        progress("listed", plan.listed, plan.listed)
+        known = {e.path: e for e in ledger}
+        for done, item in enumerate(plan.to_read, 1):
+            if budget_seconds is not None and time.monotonic() - started > budget_seconds:
+                counts.partial = True
+                break
+            self._one_file(source, fs, root, item, known.get(item.path), pass_no, counts)
+            progress("read", done, len(plan.to_read))
+        for done, entry in enumerate(plan.to_delete, 1):
+            if budget_seconds is not None and time.monotonic() - started > budget_seconds:
+                counts.partial = True
+                break
+            try:
+                self.publisher.delete(source.tenant_id, entry.document_id)
+            except KbindexError as exc:
+                if exc.code == "INDEX_WRITE_FAILED":
+                    raise
+                counts.failed += 1
+                counts.errors.append(f"{entry.path}: {exc.code}")
+                continue
+            self.db.execute("source_file_forget", {"name": source.name, "path": entry.path})  # after the delete
+            counts.deleted += 1
+            progress("deleted", done, len(plan.to_delete))
+        return counts
+
+    def _one_file(self, source: Source, fs: Any, root: str, item: Listed, entry: LedgerEntry | None, pass_no: int,
+                  counts: PassCounts) -> None:
+        if item.size > self.publisher.max_bytes:  # refused without reading it
+            counts.failed += 1
+            counts.errors.append(f"{item.path}: DOCUMENT_TOO_LARGE")
+            return
+        try:
+            data = fs.cat_file(f"{root}/{item.path}" if root else item.path)
+        except (OSError, ValueError) as exc:  # vanished or unreadable since the listing: the next pass sees
+            counts.failed += 1
+            counts.errors.append(f"{item.path}: {type(exc).__name__}")
+            return
+        counts.read += 1
+        digest = content_hash(data)
+        document_id = entry.document_id if entry else item.path
+        if needs_publish(entry, digest):
+            try:
+                result = self.publisher.publish(source.tenant_id, document_id, data, item.path.rsplit("/", 1)[-1])
+            except KbindexError as exc:
+                if exc.code == "INDEX_WRITE_FAILED":
+                    raise
+                counts.failed += 1
+                counts.errors.append(f"{item.path}: {exc.code}")
+                return
+            if result.created or result.requeued:
+                counts.published += 1
+            else:
+                counts.same_bytes += 1  # already the document's latest bytes (a crash before the ledger row)
+        else:
+            counts.same_bytes += 1
+        # The ledger row only after the publish committed: a crash before it repeats an idempotent publish.
+        self.db.execute("source_file_upsert", {"name": source.name, "path": item.path, "document_id": document_id,
+                                               "byte_size": item.size, "stamp": item.stamp,
+                                               "content_hash": digest, "pass": pass_no})
+
+
+__all__ = ["Source", "SourceSync", "list_location"]

@@ -1,0 +1,66 @@
+-- Sources (migration 0030): a named fsspec location synced into a tenant's documents, and its file ledger.
+
+-- name: source_insert
+-- Register a source; an existing name returns nothing (the caller says it exists rather than changing it).
+INSERT INTO source (name, tenant_id, url, glob, max_delete_share)
+VALUES (%(name)s, %(tenant_id)s, %(url)s, %(glob)s, %(max_delete_share)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING name, tenant_id, url, glob, max_delete_share, created_at, passes, last_pass_at, last_pass;
+
+-- name: source_get
+-- One source by name.
+SELECT name, tenant_id, url, glob, max_delete_share, created_at, passes, last_pass_at, last_pass,
+       (SELECT count(*) FROM source_file f WHERE f.source_name = s.name) AS files
+FROM source s
+WHERE name = %(name)s;
+
+-- name: source_list
+-- Every source with the size of its ledger, by name.
+SELECT name, tenant_id, url, glob, max_delete_share, created_at, passes, last_pass_at, last_pass,
+       (SELECT count(*) FROM source_file f WHERE f.source_name = s.name) AS files
+FROM source s
+ORDER BY name;
+
+-- name: source_delete
+-- Forget a source and its ledger (its documents stay: removing a source is not a delete of what it published).
+DELETE FROM source WHERE name = %(name)s;
+
+-- name: source_pass_lock
+-- One pass per source at a time, across processes (CLI and sensor): a session advisory lock, released by
+-- source_pass_unlock or when the connection ends (a crashed pass frees it).
+SELECT pg_try_advisory_lock(hashtextextended('kbindex.source:' || %(name)s, 0)) AS locked;
+
+-- name: source_pass_unlock
+-- Release the pass lock taken by source_pass_lock on this connection.
+SELECT pg_advisory_unlock(hashtextextended('kbindex.source:' || %(name)s, 0)) AS unlocked;
+
+-- name: source_pass_start
+-- Number a new pass of the source (ledger rows written by it carry the number).
+UPDATE source SET passes = passes + 1
+WHERE name = %(name)s
+RETURNING passes;
+
+-- name: source_pass_finish
+-- Record the finished pass's report (counts, and why deletes were held back if they were).
+UPDATE source SET last_pass_at = now(), last_pass = %(report)s::jsonb
+WHERE name = %(name)s;
+
+-- name: source_file_ledger
+-- The whole ledger of a source: what each file last published (compared with a listing without reading bytes).
+SELECT path, document_id, byte_size, stamp, content_hash, pass
+FROM source_file
+WHERE source_name = %(name)s;
+
+-- name: source_file_upsert
+-- Record a file after its publish committed (or a new stamp on unchanged bytes): a crash before this row
+-- only repeats an idempotent publish.
+INSERT INTO source_file (source_name, path, document_id, byte_size, stamp, content_hash, pass)
+VALUES (%(name)s, %(path)s, %(document_id)s, %(byte_size)s, %(stamp)s, %(content_hash)s, %(pass)s)
+ON CONFLICT (source_name, path) DO UPDATE
+SET document_id = EXCLUDED.document_id, byte_size = EXCLUDED.byte_size, stamp = EXCLUDED.stamp,
+    content_hash = EXCLUDED.content_hash, pass = EXCLUDED.pass;
+
+-- name: source_file_forget
+-- Drop a vanished file's row after its document's delete committed (a crash before: the delete is repeated,
+-- and a delete is idempotent).
+DELETE FROM source_file WHERE source_name = %(name)s AND path = %(path)s;

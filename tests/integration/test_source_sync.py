@@ -1,0 +1,136 @@
+"""One sync pass over a local folder (resources/source_sync.py): new and changed files are published,
+unchanged ones are not read, vanished ones are deleted by tombstone within the safety share, and a crash
+between a publish and its ledger row repeats nothing."""
+
+from __future__ import annotations
+
+import os
+
+import psycopg
+import pytest
+
+from resources.source_sync import SourceSync
+
+
+def versions(db_url: str) -> dict[str, list[str]]:
+    """document -> kinds of its versions, in order."""
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT document_id, kind FROM document_version ORDER BY document_id, version_number").fetchall()
+    out: dict[str, list[str]] = {}
+    for doc, kind in rows:
+        out.setdefault(doc, []).append(kind)
+    return out
+
+
+@pytest.fixture
+def folder(tmp_path):
+    root = tmp_path / "share"
+    (root / "policies").mkdir(parents=True)
+    for i in range(10):
+        (root / "policies" / f"p{i}.md").write_text(f"# Policy {i}\n\nRule {i}.\n")
+    (root / ".hidden").write_text("not a document")
+    return root
+
+
+@pytest.fixture
+def sources(db, publisher) -> SourceSync:
+    return SourceSync(db, publisher)
+
+
+def test_first_pass_publishes_then_nothing_is_read(sources, folder, db_url):
+    sources.add("share", "acme", str(folder))
+    first = sources.sync("share")
+    assert (first.listed, first.read, first.published, first.deleted) == (10, 10, 10, 0), first
+    assert sorted(versions(db_url)) == [f"policies/p{i}.md" for i in range(10)]
+    second = sources.sync("share")
+    assert (second.listed, second.unchanged, second.read, second.published) == (10, 10, 0, 0), second
+    assert sources.get("share").last_pass["unchanged"] == 10 and sources.get("share").passes == 2
+
+
+def test_changed_bytes_publish_a_version_and_a_new_stamp_alone_does_not(sources, folder, db_url):
+    sources.add("share", "acme", str(folder))
+    sources.sync("share")
+    (folder / "policies" / "p1.md").write_text("# Policy 1\n\nRule 1, amended.\n")
+    st = os.stat(folder / "policies" / "p2.md")
+    os.utime(folder / "policies" / "p2.md", ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))  # touched only
+    counts = sources.sync("share")
+    assert (counts.read, counts.published, counts.same_bytes, counts.unchanged) == (2, 1, 1, 8), counts
+    assert versions(db_url)["policies/p1.md"] == ["content", "content"]
+    assert versions(db_url)["policies/p2.md"] == ["content"]
+    assert sources.sync("share").read == 0  # the new stamp is in the ledger
+
+
+def test_vanished_files_are_deleted_within_the_share_and_come_back(sources, folder, db_url):
+    sources.add("share", "acme", str(folder))
+    sources.sync("share")
+    (folder / "policies" / "p0.md").unlink()
+    (folder / "policies" / "p9.md").unlink()
+    counts = sources.sync("share")
+    assert (counts.vanished, counts.deleted, counts.deletes_blocked) == (2, 2, None), counts
+    assert versions(db_url)["policies/p0.md"] == ["content", "tombstone"]
+    assert sources.sync("share").deleted == 0  # forgotten after the delete
+    (folder / "policies" / "p0.md").write_text("back again")
+    assert sources.sync("share").published == 1
+    assert versions(db_url)["policies/p0.md"] == ["content", "tombstone", "content"]
+
+
+def test_an_empty_or_unlistable_source_deletes_nothing_until_allowed(sources, folder, db_url):
+    sources.add("share", "acme", str(folder))
+    sources.sync("share")
+    for f in (folder / "policies").iterdir():
+        f.unlink()
+    empty = sources.sync("share")
+    assert (empty.listed, empty.vanished, empty.deleted) == (0, 10, 0) and "listing is empty" in empty.deletes_blocked
+    assert "deleted nothing" in empty.summary()
+    (folder / "policies").rmdir()
+    folder.rename(folder.with_name("moved"))
+    gone = sources.sync("share")
+    assert gone.deleted == 0 and gone.list_error and "listing failed" in gone.deletes_blocked, gone
+    folder.with_name("moved").rename(folder)
+    (folder / "policies").mkdir()
+    (folder / "policies" / "p0.md").write_text("# Policy 0\n\nRule 0.\n")
+    share = sources.sync("share")  # 9 of 10 vanished: more than 20%
+    assert share.deleted == 0 and "9 of 10 files vanished (90%)" in share.deletes_blocked
+    allowed = sources.sync("share", allow_mass_delete=True)
+    assert allowed.deleted == 9
+    assert all(kinds[-1] == "tombstone" for doc, kinds in versions(db_url).items() if doc != "policies/p0.md")
+
+
+def test_a_crash_between_publish_and_ledger_row_repeats_nothing(sources, folder, db_url, db, monkeypatch):
+    sources.add("share", "acme", str(folder))
+    real = db.execute
+    written = []
+
+    def crash_on_third_ledger_row(name, params=None):
+        if name == "source_file_upsert":
+            if len(written) == 2:
+                raise RuntimeError("killed after the publish committed")
+            written.append(params["path"])
+        return real(name, params)
+
+    monkeypatch.setattr(db, "execute", crash_on_third_ledger_row)
+    with pytest.raises(RuntimeError):
+        sources.sync("share")
+    monkeypatch.setattr(db, "execute", real)
+    assert len(versions(db_url)) == 3  # two with a ledger row, one published without
+    again = sources.sync("share")
+    assert (again.read, again.published, again.same_bytes) == (8, 7, 1), again
+    assert all(kinds == ["content"] for kinds in versions(db_url).values()) and len(versions(db_url)) == 10
+    assert sources.sync("share").read == 0
+
+
+def test_one_pass_per_source_at_a_time(sources, folder, db_url):
+    sources.add("share", "acme", str(folder))
+    with psycopg.connect(db_url, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(hashtextextended('kbindex.source:' || 'share', 0))")
+        assert sources.sync("share").skipped == "another pass of this source is running"
+    assert sources.sync("share").published == 10
+
+
+def test_add_refuses_a_second_name_and_remove_keeps_the_documents(sources, folder, db_url):
+    sources.add("share", "acme", str(folder), glob="**/p1.md")
+    with pytest.raises(Exception, match="exists"):
+        sources.add("share", "acme", str(folder))
+    assert sources.sync("share").published == 1
+    assert sources.remove("share") and not sources.remove("share")
+    assert list(versions(db_url)) == ["policies/p1.md"]

@@ -1,0 +1,63 @@
+"""`kbindex source add|list|sync|remove` in process (CliRunner)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+
+
+@pytest.fixture
+def cli(db_url, tmp_path):
+    runner = CliRunner()
+    env = {"KBINDEX_DATABASE_URL": db_url, "KBINDEX_HOME": str(tmp_path / "home"),
+           "KBINDEX_BLOB_URL": str(tmp_path / "blobs"), "COLUMNS": "200"}
+
+    def run(*args: str):
+        return runner.invoke(app, list(args), env=env)
+
+    return run
+
+
+def test_add_list_sync_remove(cli, tmp_path):
+    share = tmp_path / "share"
+    share.mkdir()
+    for i in range(3):
+        (share / f"doc{i}.md").write_text(f"# Doc {i}\n")
+    (share / "skip.txt").write_text("not matched")
+
+    added = cli("source", "add", "handbook", "--tenant", "acme", "--url", str(share), "--glob", "**/*.md")
+    assert added.exit_code == 0, added.output
+    assert "added source handbook" in added.stdout
+    assert cli("source", "add", "handbook", "--tenant", "acme", "--url", str(share)).exit_code == 2
+    assert cli("source", "add", "Bad Name", "--tenant", "acme", "--url", str(share)).exit_code == 2
+
+    synced = cli("source", "sync", "handbook")
+    assert synced.exit_code == 0, synced.output
+    assert "handbook: listed 3 files" in synced.stderr  # the progress line
+    assert synced.stdout.startswith("handbook: listed 3, unchanged 0, read 3, published 3"), synced.stdout
+    again = json.loads(cli("source", "sync", "handbook", "--json").stdout)
+    assert (again["unchanged"], again["read"], again["published"]) == (3, 0, 0)
+    tasks = json.loads(cli("tasks", "--json").stdout)
+    assert sorted(t["document_id"] for t in tasks) == ["doc0.md", "doc1.md", "doc2.md"]
+
+    listed = json.loads(cli("source", "list", "--json").stdout)
+    assert [(s["name"], s["tenant_id"], s["glob"], s["files"], s["passes"]) for s in listed] == [
+        ("handbook", "acme", "**/*.md", 3, 2)]
+    table = cli("source", "list")
+    assert table.exit_code == 0 and "handbook" in table.stdout and "unchanged 3" in table.stdout, table.stdout
+
+    for f in share.glob("*.md"):
+        f.unlink()
+    held = cli("source", "sync", "handbook")
+    assert held.exit_code == 0 and "deleted nothing: the listing is empty" in held.stdout, held.stdout
+    forced = json.loads(cli("source", "sync", "handbook", "--allow-mass-delete", "--json").stdout)
+    assert forced["deleted"] == 3
+    assert cli("source", "sync", "nope").exit_code == 2
+
+    assert cli("source", "remove", "handbook").stdout.startswith("removed source handbook")
+    assert "nothing to remove" in cli("source", "remove", "handbook").stdout
+    assert json.loads(cli("source", "list", "--json").stdout) == []

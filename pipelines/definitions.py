@@ -14,6 +14,7 @@ from pipelines.lineage_job import backfill_profile_job, prune_lineage_keys_hourl
 from pipelines.quality_gate import gate_assets, gate_jobs
 from pipelines.retention_job import apply_retention_hourly, apply_retention_job
 from pipelines.sensors import claim_index_tasks, record_crashed_runs
+from pipelines.source_sensor import sync_sources
 from resources.dagster_resources import default_resources
 
 defs = dg.Definitions(
@@ -27,3 +28,5 @@ defs = dg.Definitions(
     # process: one IndexingRun holds the run's leases from parse to publish (issue #12, defect 10).
     executor=dg.in_process_executor,
 )
+# Sources (issue 29): the sync sensor joins on lines of its own, beside the claiming sensor's.
+defs = dg.Definitions.merge(defs, dg.Definitions(sensors=[sync_sources]))

@@ -77,13 +77,22 @@ def _stamp(info: dict[str, Any]) -> str:
     return "size-only"
 
 
+def _protocols(fs: Any) -> tuple[str, ...]:
+    return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+
+
 def list_location(url: str, glob: str) -> tuple[Any, str, list[Listed]]:
     """(filesystem, root, files under the root matching ``glob``, hidden ones left out). Raises if the
     location cannot be listed; a location that does not exist is a failure, not an empty listing."""
     fs, root = fsspec.core.url_to_fs(url)
     root = root.rstrip("/")
+    fs.invalidate_cache()  # object-store filesystems cache listings per instance: a pass must see today's
     if not fs.isdir(root):
-        raise FileNotFoundError(f"{url} is not a folder or bucket prefix that exists")
+        # An object store has no folders: a prefix without objects is empty, not missing, if its bucket exists.
+        bucket, _, rest = root.partition("/")
+        if "file" in _protocols(fs) or not rest or not fs.exists(bucket):
+            raise FileNotFoundError(f"{url} is not a folder or bucket prefix that exists")
+        return fs, root, []
     found = fs.find(root, detail=True, withdirs=False)
     prefix = root + "/" if root else ""
     listed: list[Listed] = []

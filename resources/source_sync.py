@@ -15,6 +15,7 @@ nothing is repeated. One pass per source runs at a time (an advisory lock; a cra
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -81,6 +82,27 @@ def _protocols(fs: Any) -> tuple[str, ...]:
     return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
 
 
+def _list_local(root: str, glob: str) -> list[Listed]:
+    """A local folder by os.scandir: fsspec's find builds an info dict per file, ~7x the cost of the stat it
+    needs (bench/source_sync: 3.3 s against 0.5 s for 100,000 files). Same stamps as fsspec's (st_mtime),
+    except that a symlink's is its target's: the bytes a pass reads are the target's."""
+    listed: list[Listed] = []
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        with os.scandir(f"{root}/{rel_dir}" if rel_dir else root) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue  # hidden files and folders, as is_hidden
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(rel)
+                elif entry.is_file(follow_symlinks=True) and glob_matches(rel, glob):
+                    st = entry.stat(follow_symlinks=True)
+                    listed.append(Listed(rel, st.st_size, "mtime:" + repr(float(st.st_mtime))))
+    return listed
+
+
 def list_location(url: str, glob: str) -> tuple[Any, str, list[Listed]]:
     """(filesystem, root, files under the root matching ``glob``, hidden ones left out). Raises if the
     location cannot be listed; a location that does not exist is a failure, not an empty listing."""
@@ -93,6 +115,8 @@ def list_location(url: str, glob: str) -> tuple[Any, str, list[Listed]]:
         if "file" in _protocols(fs) or not rest or not fs.exists(bucket):
             raise FileNotFoundError(f"{url} is not a folder or bucket prefix that exists")
         return fs, root, []
+    if "file" in _protocols(fs):
+        return fs, root, _list_local(root, glob)
     found = fs.find(root, detail=True, withdirs=False)
     prefix = root + "/" if root else ""
     listed: list[Listed] = []

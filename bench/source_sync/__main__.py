@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"pass over {report['files']:,} unchanged files: {report['pass_seconds']} s median of {args.rounds} "
           f"(read {report['read']}, file opens {report['file_opens_during_passes']}); "
           f"os.walk {report['os_walk_seconds']} s, scandir+stat {report['scandir_stat_seconds']} s, "
-          f"fsspec listing alone {report['fsspec_listing_seconds']} s")
+          f"listing alone (list_location) {report['listing_seconds']} s")
     return 0
 
 

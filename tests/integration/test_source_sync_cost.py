@@ -26,8 +26,8 @@ def test_a_pass_over_unchanged_files_opens_none_of_them(db, tmp_path):
     assert len(first_opens) >= FILES  # the spy sees reads: a zero below means none happened, not a blind spy
 
     report = measure(sources, "share", root, rounds=3)
-    print(f"\n{FILES} unchanged files: pass {report['pass_seconds']} s, fsspec listing "
-          f"{report['fsspec_listing_seconds']} s, os.walk {report['os_walk_seconds']} s, "
+    print(f"\n{FILES} unchanged files: pass {report['pass_seconds']} s, listing "
+          f"{report['listing_seconds']} s, os.walk {report['os_walk_seconds']} s, "
           f"scandir+stat {report['scandir_stat_seconds']} s")
     assert (report["unchanged"], report["read"], report["file_opens_during_passes"]) == (FILES, 0, 0), report
 

@@ -1,4 +1,7 @@
-"""`kbindex source add|list|sync|remove`: folders and buckets whose files a tenant's documents follow."""
+"""`kbindex source add|list|sync|remove`: folders and buckets whose files a tenant's documents follow.
+
+Only ``add`` may create a KBINDEX_HOME: the others need a source, so a home that does not exist is HOME_NOT_FOUND.
+"""
 
 from __future__ import annotations
 
@@ -70,7 +73,7 @@ def sync_command(
     as_json: bool = JsonOption,
 ) -> None:
     """One pass now: publish new and changed files, delete documents whose files are gone."""
-    with open_database(writes=True) as db, errors_to_exit():
+    with open_database() as db, errors_to_exit():
         sync = _sources(db)
         sync.get(name)  # unknown name: an error before any progress line
 
@@ -95,7 +98,7 @@ def sync_command(
 @source_app.command("remove")
 def remove_command(name: str = typer.Argument(..., help="The source to forget."), as_json: bool = JsonOption) -> None:
     """Forget a source and its ledger. Its documents stay searchable: delete them with `kbindex delete` if meant."""
-    with open_database(writes=True) as db, errors_to_exit():
+    with open_database() as db, errors_to_exit():
         removed = _sources(db).remove(name)
     if as_json:
         print_json({"name": name, "removed": removed})

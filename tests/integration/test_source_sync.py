@@ -134,3 +134,11 @@ def test_add_refuses_a_second_name_and_remove_keeps_the_documents(sources, folde
     assert sources.sync("share").published == 1
     assert sources.remove("share") and not sources.remove("share")
     assert list(versions(db_url)) == ["policies/p1.md"]
+
+
+def test_a_pass_out_of_time_stops_reading_and_the_next_goes_on(sources, folder, db_url):
+    sources.add("share", "acme", str(folder))
+    cut = sources.sync("share", budget_seconds=0.0)  # the sensor's tick budget, spent at once
+    assert (cut.partial, cut.read, cut.published) == (True, 0, 0) and "partial" in cut.summary(), cut
+    rest = sources.sync("share")
+    assert (rest.partial, rest.read, rest.published) == (False, 10, 10), rest

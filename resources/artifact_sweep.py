@@ -15,7 +15,6 @@ re-queued task of the same id, or a run that has not yet noticed its task was ca
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +28,11 @@ BATCH = 500
 
 
 def artifact_root(env: dict[str, str] | None = None) -> Path:
-    """Where runs keep their artifacts: KBINDEX_ARTIFACTS, else KBINDEX_HOME/artifacts (the rule of
-    IndexingRunResource in resources/dagster_resources.py)."""
-    env = dict(os.environ) if env is None else env
-    return Path(env.get("KBINDEX_ARTIFACTS") or (Settings.from_env(env).home / "artifacts"))
+    """Where runs keep their artifacts: KBINDEX_ARTIFACTS, else KBINDEX_HOME/artifacts (``Settings``, the one
+    rule IndexingRunResource and erase use too)."""
+    folder = Settings.from_env(env).artifacts_dir
+    assert folder is not None  # from_env always sets it
+    return folder
 
 
 @dataclass(frozen=True)

@@ -318,7 +318,7 @@ class IndexingRunResource(dg.ConfigurableResource):
             granted_by=claim_owner_of(tags),
             blobs=self.blobs.get_store(),
             embedder_for=_no_embedder,
-            state=RunState(ArtifactStore(self.artifacts or (Settings.from_env().home / "artifacts"))),
+            state=RunState(ArtifactStore(self.artifacts or Settings.from_env().artifacts_dir)),
             tagged=leases_of(tags),
             profile=tags.get(PROFILE_TAG),
         )

@@ -65,3 +65,20 @@ def make_queue(db, clock: PinnedClock) -> Callable[..., TaskQueue]:
 @pytest.fixture
 def queue(make_queue) -> TaskQueue:
     return make_queue()
+
+
+@pytest.fixture
+def cli(db_url, tmp_path):
+    """Run ``kbindex ARGS...`` in process on the test database (a home and blob folder under tmp_path)."""
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    runner = CliRunner()
+    env = {"KBINDEX_DATABASE_URL": db_url, "KBINDEX_HOME": str(tmp_path / "home"),
+           "KBINDEX_BLOB_URL": str(tmp_path / "blobs"), "COLUMNS": "200"}
+
+    def run(*args: str):
+        return runner.invoke(app, list(args), env=env)
+
+    return run

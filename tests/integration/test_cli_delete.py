@@ -7,23 +7,9 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from pipelines.cli import app
 from resources.index_sink import IndexSink
 from resources.task_queue import TaskQueue
-
-
-@pytest.fixture
-def cli(db_url, tmp_path):
-    runner = CliRunner()
-    env = {"KBINDEX_DATABASE_URL": db_url, "KBINDEX_HOME": str(tmp_path / "home"),
-           "KBINDEX_BLOB_URL": str(tmp_path / "blobs"), "COLUMNS": "120"}
-
-    def run(*args: str):
-        return runner.invoke(app, list(args), env=env)
-
-    return run
 
 
 def test_delete_then_again_then_nothing_to_delete_all_exit_0(cli, db, tmp_path):

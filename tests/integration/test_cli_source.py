@@ -4,23 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-from typer.testing import CliRunner
-
-from pipelines.cli import app
-
-
-@pytest.fixture
-def cli(db_url, tmp_path):
-    runner = CliRunner()
-    env = {"KBINDEX_DATABASE_URL": db_url, "KBINDEX_HOME": str(tmp_path / "home"),
-           "KBINDEX_BLOB_URL": str(tmp_path / "blobs"), "COLUMNS": "200"}
-
-    def run(*args: str):
-        return runner.invoke(app, list(args), env=env)
-
-    return run
-
 
 def test_add_list_sync_remove(cli, tmp_path):
     share = tmp_path / "share"

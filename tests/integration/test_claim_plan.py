@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from resources.task_queue import NEVER_STARTED_MESSAGE
 from sql import queries
 
 QUEUE_ROWS = 20_000
@@ -61,7 +62,8 @@ def big_queue(db, db_url) -> str:
 def claim_plan(url: str) -> dict[str, Any]:
     """The planner's own choice (enable_seqscan left on) for the real claim statement and parameters."""
     params = {"source": "queue", "task_id": None, "owner": "w1", "limit": 10, "lease_seconds": 60.0,
-              "now": datetime.now(UTC), "reserve": True, "giveback_limit": 5}
+              "now": datetime.now(UTC), "reserve": True, "giveback_limit": 5,
+              "never_started_message": NEVER_STARTED_MESSAGE}
     with psycopg.connect(url) as conn:
         (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + queries["task_claim"], params).fetchone()
     plan = plan if isinstance(plan, list) else json.loads(plan)

@@ -215,8 +215,7 @@ class SourceSync:
             except KbindexError as exc:
                 if exc.code == "INDEX_WRITE_FAILED":
                     raise
-                counts.failed += 1
-                counts.errors.append(f"{entry.path}: {exc.code}")
+                counts.fail(entry.path, exc.code)
                 continue
             self.db.execute("source_file_forget", {"name": source.name, "path": entry.path})  # after the delete
             counts.deleted += 1
@@ -226,14 +225,12 @@ class SourceSync:
     def _one_file(self, source: Source, fs: Any, root: str, item: Listed, entry: LedgerEntry | None, pass_no: int,
                   counts: PassCounts) -> None:
         if item.size > self.publisher.max_bytes:  # refused without reading it
-            counts.failed += 1
-            counts.errors.append(f"{item.path}: DOCUMENT_TOO_LARGE")
+            counts.fail(item.path, "DOCUMENT_TOO_LARGE")
             return
         try:
             data = fs.cat_file(f"{root}/{item.path}" if root else item.path)
         except (OSError, ValueError) as exc:  # vanished or unreadable since the listing: the next pass sees
-            counts.failed += 1
-            counts.errors.append(f"{item.path}: {type(exc).__name__}")
+            counts.fail(item.path, type(exc).__name__)
             return
         counts.read += 1
         digest = content_hash(data)
@@ -244,8 +241,7 @@ class SourceSync:
             except KbindexError as exc:
                 if exc.code == "INDEX_WRITE_FAILED":
                     raise
-                counts.failed += 1
-                counts.errors.append(f"{item.path}: {exc.code}")
+                counts.fail(item.path, exc.code)
                 return
             if result.created or result.requeued:
                 counts.published += 1

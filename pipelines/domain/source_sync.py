@@ -96,6 +96,11 @@ class PassCounts:
             text += f"; deleted nothing: {self.deletes_blocked}"
         return text
 
+    def fail(self, path: str, why: str) -> None:
+        """A file this pass could not publish or delete (``why``: a stable code or an exception's name)."""
+        self.failed += 1
+        self.errors.append(f"{path}: {why}")
+
     def to_dict(self) -> dict[str, object]:
         """The report as stored and printed (the first errors only: a pass over a broken source stays small)."""
         return {**self.__dict__, "errors": self.errors[:MAX_ERRORS_KEPT]}

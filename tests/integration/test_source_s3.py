@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 
-import psycopg
 import pytest
 
 pytest.importorskip("s3fs")
@@ -15,6 +14,7 @@ moto_server = pytest.importorskip("moto.server")
 from resources.blob_store import BlobStore  # noqa: E402
 from resources.publisher import Publisher  # noqa: E402
 from resources.source_sync import SourceSync  # noqa: E402
+from tests.integration.test_source_sync import versions  # noqa: E402
 
 
 def _free_port() -> int:
@@ -50,15 +50,6 @@ def s3(s3_endpoint, monkeypatch, tmp_path):
     return fs
 
 
-def kinds(db_url: str) -> dict[str, list[str]]:
-    with psycopg.connect(db_url) as conn:
-        rows = conn.execute("SELECT document_id, kind FROM document_version ORDER BY 1, version_number").fetchall()
-    out: dict[str, list[str]] = {}
-    for doc, kind in rows:
-        out.setdefault(doc, []).append(kind)
-    return out
-
-
 def test_a_bucket_prefix_syncs_like_a_folder(s3, db, db_url, tmp_path):
     s3.mkdir("share")
     for i in range(5):
@@ -69,14 +60,14 @@ def test_a_bucket_prefix_syncs_like_a_folder(s3, db, db_url, tmp_path):
 
     first = sources.sync("bucket")
     assert (first.listed, first.read, first.published) == (5, 5, 5), first
-    assert sorted(kinds(db_url)) == [f"team/p{i}.md" for i in range(5)]
+    assert sorted(versions(db_url)) == [f"team/p{i}.md" for i in range(5)]
     assert sources.sync("bucket").read == 0  # ETags unchanged: nothing read
 
     s3.pipe("share/docs/team/p0.md", b"# Policy 0\n\nAmended.\n")
     s3.rm("share/docs/team/p4.md")
     counts = sources.sync("bucket")
     assert (counts.read, counts.published, counts.deleted) == (1, 1, 1), counts  # 1 of 5 vanished: 20%
-    assert kinds(db_url)["team/p0.md"] == ["content", "content"] and kinds(db_url)["team/p4.md"][-1] == "tombstone"
+    assert versions(db_url)["team/p0.md"] == ["content", "content"] and versions(db_url)["team/p4.md"][-1] == "tombstone"
 
     for path in s3.find("share/docs"):
         s3.rm(path)

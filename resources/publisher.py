@@ -1,24 +1,30 @@
 """Publishing a document version: store the bytes, then record the version and its PENDING task(s).
 
 The version row, the task row(s) and their events commit in one transaction; the event trigger
-NOTIFYs listeners. The same bytes for the same document again create nothing and return the
-existing task, re-queued if it was CANCELLED (a cancel is never a dead end); changed bytes make
-version n+1. Concurrent publishes of one document are serialized by a row lock on the document.
+NOTIFYs listeners. The same bytes with the same metadata and allow list for the same document again
+create nothing and return the existing task, re-queued if it was CANCELLED (a cancel is never a dead
+end); changed bytes, metadata or allow list make version n+1 (DESIGN.md "metadata": part of a version's
+identity; a change of metadata alone is indexed by copying the previous version's chunks,
+resources/chunk_copy.py). Concurrent publishes of one document are serialized by a row lock on the document.
 
 A delete (``delete``) records a tombstone the same way: version n+1 without bytes, and its task(s), in
-one transaction under the same lock and through the same statements.
+one transaction under the same lock and through the same statements. It keeps the deleted version's allow
+list (and metadata), so a tombstone's task tells no more about the document than the version did.
 """
 
 from __future__ import annotations
 
+import json
 import mimetypes
 import os
+from collections.abc import Iterable, Mapping
 import posixpath
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pipelines.domain.errors import InvalidRequest, QuotaExceeded
 from pipelines.domain.identifiers import validate_document_id, validate_tenant
+from pipelines.domain.metadata import canonical_allow, canonical_metadata
 from pipelines.domain.partition_keys import version_partition_key
 from resources.blob_store import BlobStore, content_hash
 from resources.database import Database, Session
@@ -41,6 +47,11 @@ class PublishResult:
     content_hash: str
     requeued: bool = False
     """Same bytes as the latest version, whose CANCELLED task this publish put back to PENDING."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    allow: list[str] | None = None
+    """Principals that may read the version; None: the whole tenant."""
+    tasks: list[dict[str, Any]] = field(default_factory=list)
+    """Every task of the version (one per target profile): task_id, profile, status."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -109,8 +120,12 @@ class Publisher:
         max_attempts: int = 5,
         max_bytes: int = 50 * 1024 * 1024,
         quota_bytes: int | None | str = "env",
+        fast: Any | None = None,
     ) -> None:
+        """``fast``: a ``resources.chunk_copy.FastPublish`` that indexes, in this process and right after the
+        commit, the versions that need no computing (deletes, metadata-only changes); None leaves all to runs."""
         self.db = db
+        self.fast = fast
         self.blobs = blobs
         self.max_attempts = max_attempts
         self.max_bytes = max_bytes
@@ -128,10 +143,17 @@ class Publisher:
         return latest is not None and latest["content_hash"] == content_hash(data)
 
     def publish(
-        self, tenant_id: str, document_id: str, data: bytes, filename: str, media_type: str | None = None
+        self, tenant_id: str, document_id: str, data: bytes, filename: str, media_type: str | None = None, *,
+        metadata: Mapping[str, Any] | None = None, allow: Iterable[str] | None = None,
     ) -> PublishResult:
+        """Store the bytes and record version n+1 with its task(s), unless the latest version has the same bytes,
+        metadata and allow list (then its task). ``metadata``: pipelines/domain/metadata.py's rules;
+        ``allow``: principals that may read it (None: the whole tenant). InvalidMetadata, InvalidRequest,
+        QuotaExceeded."""
         validate_tenant(tenant_id)
         document_id = validate_document_id(document_id)  # NFC: one document however the id was typed
+        meta = canonical_metadata(metadata)
+        allowed = canonical_allow(allow)
         if len(data) > self.max_bytes:
             raise InvalidRequest(f"file is larger than the {self.max_bytes // (1024 * 1024)} MB limit")
         name = safe_filename(filename)
@@ -145,15 +167,18 @@ class Publisher:
         with self.db.transaction() as tx:
             tx.fetch_one("document_lock", key)
             latest = tx.fetch_one("document_version_latest", key)
-            if latest is not None and latest["content_hash"] == digest:
+            if latest is not None and (latest["content_hash"], latest["metadata"], latest["allow_principals"]) == (
+                    digest, meta, allowed):
                 version = latest["version_number"]
             else:
                 version = self._new_version(tx, key, latest, kind="content", content_hash=digest, byte_size=len(data),
-                                            filename=name, media_type=media_type or media_type_for(name))
+                                            filename=name, media_type=media_type or media_type_for(name),
+                                            metadata=meta, allow=allowed)
                 charged = tx.fetch_one("tenant_storage_charge", {"tenant_id": tenant_id, "byte_size": len(data)})
                 if self.quota_bytes is not None and charged and charged["stored_bytes"] > self.quota_bytes:
                     raise self._over_quota(tenant_id, int(charged["stored_bytes"]))  # rolls the version back
             tasks = self._ensure_tasks(tx, key, version)
+        tasks = self._fast_publish(tenant_id, document_id, version, tasks, tombstone=False)
         primary = next((t for t in tasks if t["is_active"]), tasks[0])
         return PublishResult(
             tenant_id=tenant_id,
@@ -165,6 +190,9 @@ class Publisher:
             requeued=bool(primary["requeued"]),
             profile=primary["profile"],
             content_hash=digest,
+            metadata=meta,
+            allow=allowed,
+            tasks=[{"task_id": t["task_id"], "profile": t["profile"], "status": t["status"]} for t in tasks],
         )
 
     def delete(self, tenant_id: str, document_id: str) -> DeleteResult:
@@ -179,7 +207,22 @@ class Publisher:
         validate_tenant(tenant_id)
         document_id = validate_document_id(document_id)
         with self.db.transaction() as tx:
-            return self.delete_in(tx, tenant_id, document_id)
+            result = self.delete_in(tx, tenant_id, document_id)
+        if result.outcome != "deleted" or self.fast is None:
+            return result
+        tasks = self._fast_publish(tenant_id, document_id, result.version, result.tasks, tombstone=True)
+        primary = next((t for t in tasks if t["task_id"] == result.task_id), tasks[0])
+        return replace(result, status=primary["status"], tasks=[
+            {"task_id": t["task_id"], "profile": t["profile"], "status": t["status"]} for t in tasks])
+
+    def _fast_publish(self, tenant_id: str, document_id: str, version: int, tasks: list[dict[str, Any]], *,
+                      tombstone: bool) -> list[dict[str, Any]]:
+        """Hand the committed version's tasks to the fast path (if any); the tasks with their statuses after it."""
+        if self.fast is None or not any(t["status"] == "PENDING" for t in tasks):
+            return tasks
+        done = {o.task_id for o in self.fast.after_publish(tenant_id, document_id, version, tasks, tombstone=tombstone)
+                if o.outcome in ("published", "superseded")}
+        return [{**t, "status": "SUCCEEDED"} if t["task_id"] in done else t for t in tasks]
 
     def delete_in(self, tx: Session, tenant_id: str, document_id: str) -> DeleteResult:
         """``delete`` inside the caller's transaction (erase deletes and purges in one): locks the document row,
@@ -192,7 +235,8 @@ class Publisher:
             version = latest["version_number"]
         else:
             version = self._new_version(tx, key, latest, kind=TOMBSTONE, content_hash=None, byte_size=0,
-                                        filename=latest["filename"], media_type=latest["media_type"])
+                                        filename=latest["filename"], media_type=latest["media_type"],
+                                        metadata=latest["metadata"], allow=latest["allow_principals"])
         tasks = self._ensure_tasks(tx, key, version)
         primary = next((t for t in tasks if t["is_active"]), tasks[0])
         return DeleteResult(
@@ -204,12 +248,14 @@ class Publisher:
 
     @staticmethod
     def _new_version(tx: Session, key: dict[str, str], latest: dict[str, Any] | None, *, kind: str,
-                     content_hash: str | None, byte_size: int, filename: str, media_type: str) -> int:
+                     content_hash: str | None, byte_size: int, filename: str, media_type: str,
+                     metadata: Mapping[str, Any], allow: list[str] | None) -> int:
         """Insert version n+1 of the locked document (content or tombstone); returns its number."""
         version = (latest["version_number"] if latest else 0) + 1
         tx.execute("document_version_insert", {
             **key, "version": version, "kind": kind, "content_hash": content_hash, "byte_size": byte_size,
             "filename": filename, "media_type": media_type,
+            "metadata": json.dumps(dict(metadata), ensure_ascii=False), "allow_principals": allow,
             "partition_key": version_partition_key(key["tenant_id"], key["document_id"], version),
         })
         return version

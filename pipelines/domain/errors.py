@@ -209,6 +209,24 @@ class InvalidRequest(KbindexError):
     retryable = False
 
 
+class InvalidMetadata(InvalidRequest):
+    """A version's metadata or allow list breaks the rules (key names, value types, sizes)."""
+
+    code = "INVALID_METADATA"
+
+
+class InvalidFilter(InvalidRequest):
+    """A search filter or principal cannot be understood."""
+
+    code = "INVALID_FILTER"
+
+
+class Forbidden(InvalidRequest):
+    """The caller's token does not carry the right this request needs."""
+
+    code = "FORBIDDEN"
+
+
 class QuotaExceeded(KbindexError):
     """The tenant's stored document bytes would pass its quota."""
 

@@ -6,22 +6,23 @@ ON CONFLICT (tenant_id, document_id) DO UPDATE SET latest_version = document.lat
 RETURNING latest_version;
 
 -- name: document_version_latest
--- The newest version of a document (its bytes decide whether a publish is a duplicate; a tombstone has none,
--- so a publish after a delete is always a new version).
-SELECT version_number, content_hash, kind, filename, media_type
+-- The newest version of a document (its bytes, metadata and allow list decide whether a publish is a duplicate;
+-- a tombstone has no bytes, so a publish after a delete is always a new version).
+SELECT version_number, content_hash, kind, filename, media_type, metadata, allow_principals
 FROM document_version
 WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s
 ORDER BY version_number DESC
 LIMIT 1;
 
 -- name: document_version_insert
--- Record a new immutable version (%(kind)s: content, or a tombstone without bytes) and move the document's
--- latest_version to it.
+-- Record a new immutable version (%(kind)s: content, or a tombstone without bytes) with its canonical metadata
+-- (JSON) and allow list (NULL: the whole tenant), and move the document's latest_version to it.
 WITH v AS (
     INSERT INTO document_version
-        (tenant_id, document_id, version_number, kind, content_hash, byte_size, filename, media_type, partition_key)
+        (tenant_id, document_id, version_number, kind, content_hash, byte_size, filename, media_type, partition_key,
+         metadata, allow_principals)
     VALUES (%(tenant_id)s, %(document_id)s, %(version)s, %(kind)s, %(content_hash)s, %(byte_size)s, %(filename)s,
-            %(media_type)s, %(partition_key)s)
+            %(media_type)s, %(partition_key)s, %(metadata)s::jsonb, %(allow_principals)s::text[])
     RETURNING tenant_id, document_id, version_number
 )
 UPDATE document d SET latest_version = v.version_number
@@ -93,7 +94,7 @@ WHERE t.tenant_id = %(tenant_id)s AND t.document_id = %(document_id)s
 -- name: document_version_get
 -- One version's stored facts (where its bytes are, what it is called).
 SELECT tenant_id, document_id, version_number, kind, content_hash, byte_size, filename, media_type, partition_key,
-       published_at
+       published_at, metadata, allow_principals
 FROM document_version
 WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s AND version_number = %(version)s;
 
@@ -101,7 +102,7 @@ WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s AND version_nu
 -- The versions these Dagster partition keys name (looked up, never parsed), in one statement for a run's
 -- keys; unknown keys have no row.
 SELECT tenant_id, document_id, version_number, kind, content_hash, byte_size, filename, media_type, partition_key,
-       published_at
+       published_at, metadata, allow_principals
 FROM document_version
 WHERE partition_key = ANY(%(partition_keys)s::text[]);
 

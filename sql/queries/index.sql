@@ -3,21 +3,28 @@
 
 -- name: search_pointer_advance
 -- Point search at each of these versions unless a newer one is already pointed (forward only; same version:
--- refresh). Parallel arrays, one row per version, at most one per (tenant, document, profile). Rows are
--- taken in key order, so two publishes lock pointer rows in the same order; the ON CONFLICT row lock
--- serializes concurrent publishes of one document. Returns the task ids that moved their pointer: a
--- version missing from the rows is superseded.
-INSERT INTO search_pointer AS p (tenant_id, document_id, profile, version_number, task_id, chunk_count, updated_at)
-SELECT r.tenant_id, r.document_id, r.profile, r.version_number, r.task_id, r.chunk_count, now()
+-- refresh). Parallel arrays, one row per version, at most one per (tenant, document, profile). The pointer
+-- takes the version's metadata and allow list with it, in this statement: what search may read changes at
+-- the instant of the flip (DESIGN.md invariant 8). Rows are taken in key order, so two publishes lock
+-- pointer rows in the same order; the ON CONFLICT row lock serializes concurrent publishes of one document.
+-- Returns the task ids that moved their pointer: a version missing from the rows is superseded.
+INSERT INTO search_pointer AS p (tenant_id, document_id, profile, version_number, task_id, chunk_count, metadata,
+                                 allow_principals, updated_at)
+SELECT r.tenant_id, r.document_id, r.profile, r.version_number, r.task_id, r.chunk_count, v.metadata,
+       v.allow_principals, now()
 FROM unnest(%(tenant_ids)s::text[], %(document_ids)s::text[], %(profiles)s::text[], %(version_numbers)s::integer[],
             %(task_ids)s::bigint[], %(chunk_counts)s::integer[])
      AS r (tenant_id, document_id, profile, version_number, task_id, chunk_count)
+JOIN document_version v
+  ON v.tenant_id = r.tenant_id AND v.document_id = r.document_id AND v.version_number = r.version_number
 ORDER BY r.tenant_id, r.document_id, r.profile
 ON CONFLICT (tenant_id, document_id, profile) DO UPDATE
-SET version_number = EXCLUDED.version_number,
-    task_id        = EXCLUDED.task_id,
-    chunk_count    = EXCLUDED.chunk_count,
-    updated_at     = EXCLUDED.updated_at
+SET version_number   = EXCLUDED.version_number,
+    task_id          = EXCLUDED.task_id,
+    chunk_count      = EXCLUDED.chunk_count,
+    metadata         = EXCLUDED.metadata,
+    allow_principals = EXCLUDED.allow_principals,
+    updated_at       = EXCLUDED.updated_at
 WHERE p.version_number <= EXCLUDED.version_number
 RETURNING p.task_id;
 

@@ -327,10 +327,13 @@ def _check_item(item: PublishItem, key: dict[str, Any], profile: dict[str, Any] 
 def _embed_digest_of(chunk: ChunkLike) -> str | None:
     """sha256 of the text the chunk's vector was computed from, if the chunk says (``embed_text``); else NULL.
 
-    Only a known embed text makes a stored vector reusable by a later version (resources.embedding_reuse).
+    Only a known embed text makes a stored vector reusable by a later version (resources.embedding_reuse); a
+    copied chunk carries its original's digest.
     """
     text = getattr(chunk, "embed_text", None)
-    return embed_digest(text) if isinstance(text, str) else None
+    if isinstance(text, str):
+        return embed_digest(text)
+    return getattr(chunk, "embed_digest", None)  # a chunk copied from an earlier version (resources/chunk_copy.py)
 
 
 def _check_work(work: Any, key: dict[str, Any], profile: dict[str, Any]) -> None:

@@ -13,6 +13,10 @@ is keyed by task, never by partition key alone:
 - the publish: ``IndexSink`` re-derives every chunk id from the locked task row's own identity.
 - a tombstone (a delete, DESIGN.md) goes through the same leases and steps, but reads no bytes, loads
   no model and has zero chunks: its publish moves the search pointer onto it and writes nothing else.
+- a change of metadata or allow list only (same bytes as an earlier version with chunks under the task's
+  profile: ``TaskWork.copy_from``) reads no bytes and loads no model either: its chunks and vectors are
+  copied from that version (resources/chunk_copy.py) and published like any. If they vanished meanwhile
+  (retention), the task is parsed and embedded as usual.
 
 Every step is a failure boundary per task: a lost lease stops that task without writing; any other
 error is classified to a stable code and recorded by a fenced ``fail`` from inside the run. Its
@@ -25,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -34,6 +38,7 @@ from pipelines.domain.chunking import CHUNKER_VERSION, VersionIdentity
 from pipelines.domain.errors import EmbeddingInvalidResponse, FenceRejected, InternalError, KbindexError, classify
 from pipelines.domain.task_states import Stage
 from resources.blob_store import BlobStore
+from resources.chunk_copy import CopiedVersion, copy_sources, load_copy
 from resources.database import Database
 from resources.lease_keeper import LeaseKeeper
 from resources.run_ahead import RunAhead
@@ -72,6 +77,8 @@ class TaskWork:
     tombstone: bool = False
     """The version is a delete (DESIGN.md "tombstone"): no bytes, nothing to parse, chunk or embed; its
     publish writes zero chunks and moves the search pointer onto it."""
+    copy_from: int | None = None
+    """An earlier version with the same bytes whose chunks and vectors this task copies (a metadata-only change)."""
 
     @property
     def task_id(self) -> int:
@@ -153,6 +160,7 @@ class IndexingRun:
         self._tasks: dict[int, dict[str, Any]] = {}  # task rows read in one statement per batch of leases
         self._profiles: dict[str, dict[str, Any]] = {}  # profile rows, read once per run
         self._ahead: RunAhead | None = None  # parse, chunk and embed done ahead of the steps
+        self._copies: dict[int, CopiedVersion | None] = {}  # metadata-only changes: chunks copied, per task
 
     # -- leases ---------------------------------------------------------------------------------
     def acquire(self, keys: Iterable[str]) -> dict[str, list[TaskWork]]:
@@ -169,8 +177,11 @@ class IndexingRun:
                         self.db.fetch_all("document_versions_by_partition_keys", {"partition_keys": new})}
             leases = {key: self._leases_for(key, versions.get(key)) for key in new}
             self._read_tasks([lease.task_id for ls in leases.values() for lease in ls])
+            built = {key: [self._work(key, versions[key], lease) for lease in leases[key]] for key in new}
+            sources = copy_sources(self.db, [{"task_id": w.task_id, **asdict(w.identity)}
+                                             for ws in built.values() for w in ws if not w.tombstone])
             for key in new:
-                works = [self._work(key, versions[key], lease) for lease in leases[key]]
+                works = [replace(w, copy_from=sources.get(w.task_id)) for w in built[key]]
                 if not works and key not in self._why:
                     self._why[key] = "the claiming sensor's leases for this version were lost before the run adopted them"
                 self._works[key] = works
@@ -273,15 +284,24 @@ class IndexingRun:
         )
 
     def models(self, keys: Iterable[str]) -> set[str]:
-        """The models the run's content versions need (a run of tombstones loads none)."""
-        return {w.model for w in self.works(keys) if not w.tombstone}
+        """The models the run's content versions need (a run of tombstones and copies loads none)."""
+        return {w.model for w in self.works(keys) if not w.tombstone and self._copy(w) is None}
+
+    def _copy(self, work: TaskWork) -> CopiedVersion | None:
+        """The task's chunks and vectors copied from ``work.copy_from`` (read once per run); None: none to copy."""
+        if work.copy_from is None:
+            return None
+        if work.task_id not in self._copies:
+            self._copies[work.task_id] = load_copy(self.db, asdict(work.identity), work.copy_from, work.dimension)
+        return self._copies[work.task_id]
 
     # -- the four steps -------------------------------------------------------------------------
     def start_ahead(self, keys: list[str]) -> None:
         """Start parsing, chunking and embedding the live tasks of ``keys`` ahead of the steps
         (resources/run_ahead.py); the parse step calls it first. Idempotent."""
         if self._ahead is None:
-            works = [w for w in self.works(keys) if w.task_id not in self._stopped and not w.tombstone]
+            works = [w for w in self.works(keys)
+                     if w.task_id not in self._stopped and not w.tombstone and self._copy(w) is None]
             self._ahead = RunAhead(self, works, SharedVectors()).start()
 
     def close(self) -> None:
@@ -293,6 +313,8 @@ class IndexingRun:
         def step(work: TaskWork) -> dict[str, Any]:
             if work.tombstone:  # a delete has no bytes: nothing is read
                 return {"tombstone": True, "blocks": 0}
+            if self._copy(work) is not None:  # a metadata-only change: nothing is read
+                return {"copied_from": work.copy_from, "blocks": 0}
             if self._ahead is not None and self._ahead.covers(work):
                 self._ahead.prepared(work, "parse")
                 parsed = self._parsed_of(work)
@@ -312,7 +334,8 @@ class IndexingRun:
             else:
                 chunks = self._chunk(work)
             return {"chunks": len(chunks), "tokens": sum(c.token_count for c in chunks),
-                    **({"tombstone": True} if work.tombstone else {})}
+                    **({"tombstone": True} if work.tombstone else {}),
+                    **({"copied_from": work.copy_from} if self._copy(work) is not None else {})}
 
         return self._each(keys, Stage.CHUNK, step)
 
@@ -331,12 +354,17 @@ class IndexingRun:
             while not self._ahead.wait_embedded(PASS_PROGRESS_SECONDS):  # progress while it finishes
                 live = [w for w in works if w.task_id in totals and self.alive(w)]
                 self._report_pass_progress(live, {w.task_id: self._chunks(w) for w in live}, ahead)
-        shared = self._embed_shared([w for w in works if w.task_id not in self._stopped], ahead)
+        shared = self._embed_shared([w for w in works if w.task_id not in self._stopped and self._copy(w) is None],
+                                    ahead)
         covered: list[TaskWork] = []  # tasks the shared pass embedded entirely: their "n/n" goes in one statement
 
         def step(work: TaskWork) -> dict[str, Any]:
             if work.tombstone:  # nothing to embed, no model called, nothing stored
                 return {"vectors": 0, "tombstone": True}
+            copied = self._copy(work)
+            if copied is not None:  # the earlier version's vectors: nothing embedded
+                n = int(copied.vectors.shape[0])
+                return {"vectors": n, "embedded": 0, "reused": n, "copied_from": copied.copy_from}
             chunks = self._chunks(work)
             vectors, counts = shared.vectors_of(work, chunks)
             if vectors is None:
@@ -424,6 +452,9 @@ class IndexingRun:
 
         if work.tombstone:  # zero chunks: its publish moves the pointer onto a version search finds nothing in
             return []
+        copied = self._copy(work)
+        if copied is not None:
+            return list(copied.chunks)
         chunks = chunk_document(
             self._parsed_of(work), tokenizer=self.tokenizer_for(work.model), chunk_tokens=work.chunk_tokens,
             overlap=work.chunk_overlap, identity=work.identity,
@@ -434,6 +465,9 @@ class IndexingRun:
     def _chunks(self, work: TaskWork) -> list[Any]:
         if work.tombstone:
             return []
+        copied = self._copy(work)
+        if copied is not None:
+            return list(copied.chunks)
         try:
             return self.state.get("document_chunks", work.task_id, work.fingerprint("document_chunks"))
         except KeyError:
@@ -446,6 +480,9 @@ class IndexingRun:
     def _vectors(self, work: TaskWork, chunks: list[Any]) -> np.ndarray:
         if work.tombstone:
             return np.zeros((0, work.dimension), dtype=np.float32)
+        copied = self._copy(work)
+        if copied is not None:
+            return copied.vectors
         try:
             return self.state.get("chunk_embeddings", work.task_id, work.fingerprint("chunk_embeddings"))
         except KeyError:

@@ -104,13 +104,15 @@ def lexical_search(
     tenant_id: str,
     profile: str,
     k: int,
+    read: Mapping[str, Any],
     query_vector: Any | None = None,
 ) -> list[dict[str, Any]]:
-    """The ``k`` best current chunks by BM25 (rows with chunk fields, ``bm25`` and, given a query vector, the
-    cosine ``distance``)."""
+    """The ``k`` best current chunks in the reader's scope by BM25 (rows with chunk fields, ``metadata``, ``bm25``
+    and, given a query vector, the cosine ``distance``); ``read``: ``ReadScope.params()``."""
     return tx.fetch_all(
         "lexical_hits",
         {
+            **read,
             **weights,
             "k1": params.bm25_k1,
             "b": params.bm25_b,
@@ -123,14 +125,16 @@ def lexical_search(
 
 
 def lexical_scores(
-    tx: Session, weights: Mapping[str, Any], params: LexicalParams, chunk_ids: Sequence[str], *, tenant_id: str, profile: str
+    tx: Session, weights: Mapping[str, Any], params: LexicalParams, chunk_ids: Sequence[str], *, tenant_id: str,
+    profile: str, read: Mapping[str, Any],
 ) -> dict[str, float]:
-    """BM25 of the given current chunks (absent: no query term in it)."""
+    """BM25 of the given current chunks in the reader's scope (absent: no query term in it, or out of scope)."""
     if not chunk_ids:
         return {}
     rows = tx.fetch_all(
         "lexical_scores_of",
         {
+            **read,
             **weights,
             "k1": params.bm25_k1,
             "b": params.bm25_b,

@@ -16,12 +16,13 @@ tenant's current chunks gives the exact answer, which is cheap precisely because
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipelines.domain.errors import InvalidRequest
 from pipelines.domain.identifiers import validate_tenant
 from pipelines.domain.lexical import MODES, LexicalParams, fuse
+from pipelines.domain.metadata import ReadScope
 from resources.database import Database, Session
 from resources.embedder import Embedder, ProfileEmbedders, checked_embed
 from resources.lexical import lexical_scores, lexical_search, query_weights
@@ -43,6 +44,8 @@ class SearchHit:
     score: float
     chunk_id: str
     page: int | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """The version's metadata."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -69,6 +72,7 @@ def search(
     k: int = 10,
     mode: str | None = None,
     max_scan_tuples: int = DEFAULT_MAX_SCAN_TUPLES,
+    read: ReadScope | None = None,
 ) -> list[SearchHit]:
     """The ``k`` best chunks of ``tenant_id``'s current versions for ``query``, best first.
 
@@ -78,6 +82,10 @@ def search(
     The query is embedded through ``checked_embed`` with the active profile's model and dimension, so
     an embedder that does not match the index is refused (EmbeddingInvalidResponse) rather than
     producing meaningless scores. InvalidRequest for a bad tenant, k, mode or empty query, or no active profile.
+
+    ``read``: on whose behalf, with which metadata filters (pipelines/domain/metadata.py ``ReadScope``). The
+    default sees only versions without an allow list (fail-closed); ``EVERYTHING`` is the operator override.
+    Scope and filters are applied inside each mode's SQL, before k (DESIGN.md invariant 8).
     """
     validate_tenant(tenant_id)
     if not isinstance(k, int) or not 1 <= k <= MAX_K:
@@ -101,19 +109,21 @@ def search(
             embedder, [query], expected_model=profile["model"], expected_dim=profile["dimension"], batch_size=1
         )[0]
     scope = {"tenant_id": tenant_id, "profile": profile["name"]}
+    visible = (read or ReadScope()).params()
     tokenizer = lexical_tokenizer_for(profile["model"]) if mode != "dense" else None
     with db.transaction() as tx:
+        tx.execute("search_snapshot")
         weights = query_weights(tx, tokenizer, query, **scope) if tokenizer is not None else None
         if mode == "dense":
-            rows = _dense_rows(tx, vector, scope, k, max_scan_tuples)
+            rows = _dense_rows(tx, vector, scope, visible, k, max_scan_tuples)
             scores = {r["chunk_id"]: 1.0 - float(r["distance"]) for r in rows}
         elif mode == "lexical":
             # The same per-transaction settings (a custom plan per query, so the GIN index is used).
             tx.fetch_one("search_settings", {"ef_search": ef_search_for(k), "max_scan_tuples": max(1, int(max_scan_tuples))})
-            rows = lexical_search(tx, weights, params, k=k, **scope) if weights else []
+            rows = lexical_search(tx, weights, params, k=k, read=visible, **scope) if weights else []
             scores = {r["chunk_id"]: float(r["bm25"]) for r in rows}
         else:
-            rows, scores = _hybrid_rows(tx, vector, weights, params, scope, k, max_scan_tuples)
+            rows, scores = _hybrid_rows(tx, vector, weights, params, scope, visible, k, max_scan_tuples)
     hits = [
         SearchHit(
             document_id=r["document_id"],
@@ -123,6 +133,7 @@ def search(
             score=scores[r["chunk_id"]],
             chunk_id=r["chunk_id"],
             page=r["page"],
+            metadata=dict(r["metadata"] or {}),
         )
         for r in rows
     ]
@@ -130,9 +141,10 @@ def search(
     return hits[:k]
 
 
-def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], k: int, max_scan_tuples: int) -> list[dict[str, Any]]:
-    """The k nearest current chunks (HNSW, iterative; exhaustive when the walk came back short)."""
-    params = {"query": vector, "k": k, **scope}
+def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[str, Any], k: int,
+                max_scan_tuples: int) -> list[dict[str, Any]]:
+    """The k nearest current chunks in scope (HNSW, iterative; exhaustive when the walk came back short)."""
+    params = {"query": vector, "k": k, **scope, **visible}
     tx.fetch_one("search_settings", {"ef_search": ef_search_for(k), "max_scan_tuples": max(1, int(max_scan_tuples))})
     rows = tx.fetch_all("search_hits", params)
     if len(rows) < k:
@@ -148,20 +160,20 @@ def hybrid_depth(k: int) -> int:
 
 
 def _hybrid_rows(
-    tx: Session, vector: Any, weights: dict[str, Any] | None, params: LexicalParams, scope: dict[str, Any], k: int,
-    max_scan_tuples: int,
+    tx: Session, vector: Any, weights: dict[str, Any] | None, params: LexicalParams, scope: dict[str, Any],
+    visible: dict[str, Any], k: int, max_scan_tuples: int,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Both sides' candidates, each scored by BOTH measures (the lexical rows carry their cosine, the dense
     ones get their BM25 by primary key), fused: the same scores the quality gate computes in memory."""
     depth = hybrid_depth(k)
-    dense = _dense_rows(tx, vector, scope, depth, max_scan_tuples)
-    lexical = lexical_search(tx, weights, params, k=depth, query_vector=vector, **scope) if weights else []
+    dense = _dense_rows(tx, vector, scope, visible, depth, max_scan_tuples)
+    lexical = lexical_search(tx, weights, params, k=depth, read=visible, query_vector=vector, **scope) if weights else []
     rows = {r["chunk_id"]: r for r in dense}
     rows.update({r["chunk_id"]: r for r in lexical if r["chunk_id"] not in rows})
     cosines = {cid: 1.0 - float(r["distance"]) for cid, r in rows.items()}
     bm25 = {r["chunk_id"]: float(r["bm25"]) for r in lexical}
     if weights:
         missing = [r["chunk_id"] for r in dense if r["chunk_id"] not in bm25]
-        bm25.update(lexical_scores(tx, weights, params, missing, **scope))
+        bm25.update(lexical_scores(tx, weights, params, missing, read=visible, **scope))
     fused = fuse(cosines, bm25, params.lexical_weight)[:k]
     return [rows[cid] for cid, _ in fused], dict(fused)

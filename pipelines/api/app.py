@@ -174,6 +174,7 @@ def create_app(
     embedder: Any | None = None,
     search_fn: SearchFn | None = None,
     max_upload_bytes: int | None = None,
+    fast_publish: bool | None = None,
     metrics_token: str | None = None,
     metrics_public: bool | None = None,
     metrics_cache_seconds: float | None = None,
@@ -187,6 +188,7 @@ def create_app(
     upload_total_timeout: float = 300.0,
 ) -> FastAPI:
     """The API on ``db`` or ``db_url`` (default: KBINDEX_DATABASE_URL or the embedded server)."""
+    from resources.chunk_copy import FastPublish, fast_publish_for
     from resources.settings import Settings, resolve_database_url
 
     settings = Settings.from_env()
@@ -200,7 +202,8 @@ def create_app(
     auth = TokenAuth.from_sources(db, tokens, tokens_file)
     install_log_redaction()
     queue = TaskQueue(db)
-    publisher = Publisher(db, BlobStore(blob_url or settings.blob_url), max_bytes=max_upload_bytes)
+    publisher = Publisher(db, BlobStore(blob_url or settings.blob_url), max_bytes=max_upload_bytes,
+                          fast=fast_publish_for(db) if fast_publish is None else FastPublish(db, queue) if fast_publish else None)
     eraser = Eraser(db, publisher.blobs, ArtifactStore(artifacts_dir or settings.artifacts_dir or settings.home / "artifacts"))
     if metrics_public is None:
         metrics_public = os.environ.get("KBINDEX_METRICS_PUBLIC", "").lower() in ("1", "true", "yes")

@@ -1,5 +1,5 @@
-"""`kbindex publish PATH... --tenant T [--document-id ID]`, `kbindex delete DOCUMENT_ID --tenant T` and
-`kbindex erase DOCUMENT_ID --tenant T --yes`."""
+"""`kbindex publish PATH... --tenant T [--document-id ID] [--meta K=V] [--allow PRINCIPAL]`,
+`kbindex delete DOCUMENT_ID --tenant T` and `kbindex erase DOCUMENT_ID --tenant T --yes`."""
 
 from __future__ import annotations
 
@@ -35,23 +35,35 @@ def publish_command(
     paths: list[Path] = typer.Argument(..., help="Files or directories (recursive)."),
     tenant: str = typer.Option(..., "--tenant", help="Tenant that owns the documents."),
     document_id: str | None = typer.Option(None, "--document-id", help="Document id (one file only)."),
+    meta: list[str] = typer.Option(
+        [], "--meta", help="Metadata key=value (a number, true/false, a date YYYY-MM-DD, or text; a key repeated "
+        "makes a list). Part of the version: new metadata on the same bytes is a new version, indexed without "
+        "re-embedding."),
+    allow: list[str] = typer.Option(
+        [], "--allow", help="Principal that may read the version (group:NAME, user:NAME); repeat for several. "
+        "Without --allow the whole tenant may read it."),
     as_json: bool = JsonOption,
 ) -> None:
     """Publish document versions: store bytes, create each version and its PENDING index task."""
+    from pipelines.domain.metadata import canonical_allow, metadata_from_args
     from resources.blob_store import BlobStore
+    from resources.chunk_copy import fast_publish_for
     from resources.publisher import Publisher
     from resources.settings import Settings
 
     with errors_to_exit():
         pairs = iter_files(paths, document_id)
+        metadata = metadata_from_args(meta)
+        allowed = canonical_allow(allow) if allow else None
     failures = 0
     with open_database(writes=True) as db, errors_to_exit():
-        publisher = Publisher(db, BlobStore(Settings.from_env().blob_url))
+        publisher = Publisher(db, BlobStore(Settings.from_env().blob_url), fast=fast_publish_for(db))
         with Progress(console=err_console, transient=True, disable=as_json or len(pairs) < 5) as progress:
             bar = progress.add_task("publishing", total=len(pairs))
             for path, doc_id in pairs:
                 try:
-                    result = publisher.publish(tenant, doc_id, path.read_bytes(), path.name)
+                    result = publisher.publish(tenant, doc_id, path.read_bytes(), path.name, metadata=metadata,
+                                               allow=allowed)
                 except KbindexError as exc:
                     if exc.code == "INDEX_WRITE_FAILED":
                         raise
@@ -69,6 +81,8 @@ def publish_command(
                     "status": result.status,
                     "created": result.created,
                     "requeued": result.requeued,
+                    "metadata": result.metadata,
+                    "allow": result.allow,
                 }
                 if as_json:
                     print_json(row)
@@ -88,11 +102,13 @@ def delete_command(
     """Delete a document: a tombstone version and its PENDING task(s). Search serves the previous version until
     the tombstone is published, then returns nothing of it. Deleting again, or what was never published, says so."""
     from resources.blob_store import BlobStore
+    from resources.chunk_copy import fast_publish_for
     from resources.publisher import Publisher
     from resources.settings import Settings
 
     with open_database(writes=True) as db, errors_to_exit():
-        result = Publisher(db, BlobStore(Settings.from_env().blob_url)).delete(tenant, document_id)
+        publisher = Publisher(db, BlobStore(Settings.from_env().blob_url), fast=fast_publish_for(db))
+        result = publisher.delete(tenant, document_id)
     if as_json:
         print_json(result.to_dict())
     else:

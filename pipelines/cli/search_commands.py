@@ -1,5 +1,5 @@
-"""`kbindex search QUERY --tenant T [-k N] [--mode hybrid|dense|lexical] [--json]`: the tenant's best chunks
-of current versions."""
+"""`kbindex search QUERY --tenant T [-k N] [--mode hybrid|dense|lexical] [--filter EXPR] [--as PRINCIPAL | --all]
+[--json]`: the tenant's best chunks of current versions that the principals may read and the filters keep."""
 
 from __future__ import annotations
 
@@ -29,21 +29,33 @@ def search_command(
         "--mode",
         help="hybrid (BM25 + vectors, fused), dense (vectors) or lexical (BM25). Default: the profile's, hybrid.",
     ),
+    filters: list[str] = typer.Option(
+        [], "--filter", help="Metadata condition: key=v, key=a|b, key!=v, key>=2026-01-01, key<10, key (exists), "
+        "!key (absent). Repeat to AND them."),
+    principals: list[str] = typer.Option(
+        [], "--as", help="Search on behalf of this principal (group:NAME, user:NAME); repeat for several."),
+    see_all: bool = typer.Option(
+        False, "--all", help="Operator override: every version, whatever its allow list. Without --as or --all, "
+        "only versions without an allow list are searched."),
     as_json: bool = JsonOption,
 ) -> None:
     """Search the active profile's index: only the versions the search pointers name, best first."""
+    from pipelines.domain.metadata import ReadScope
     from resources.embedder import embedder_for_profile
     from resources.search import search
     from resources.settings import Settings
 
     with open_database() as db, errors_to_exit():
+        if see_all and principals:
+            raise InvalidRequest("--all already shows every version: drop --as, or drop --all")
+        read = ReadScope.of(principals, see_all=see_all, filters=filters)
         profile = db.fetch_one("index_profile_active")
         if profile is None:
             raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
         if mode is not None and mode not in MODES:
             raise InvalidRequest(f"--mode must be one of {', '.join(MODES)}")
         embedder = embedder_for_profile(profile, home=Settings.from_env().home)  # `kbindex dev` keeps one warm
-        hits = search(db, embedder, query, tenant_id=tenant, k=k, mode=mode)
+        hits = search(db, embedder, query, tenant_id=tenant, k=k, mode=mode, read=read)
     if as_json:
         print_json([hit.to_dict() for hit in hits])
         return
@@ -64,7 +76,13 @@ def hit_heading(rank: int, hit: SearchHit) -> Text:
                             f"  v{hit.version_number}")
     if section.strip():
         heading.append(f"  {section.strip()}", style="dim")
+    if hit.metadata:
+        heading.append("  " + " ".join(f"{k}={_shown(v)}" for k, v in hit.metadata.items()), style="cyan")
     return heading
+
+
+def _shown(value: object) -> str:
+    return "|".join(value) if isinstance(value, list) else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def hits_view(hits: Sequence[SearchHit]) -> Group:

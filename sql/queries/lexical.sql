@@ -117,7 +117,8 @@ FROM lexical_term_stats
 WHERE tenant_id = %(tenant_id)s AND profile = %(profile)s AND term = ANY (%(terms)s::integer[]);
 
 -- name: lexical_hits
--- BM25 top k of the tenant's current chunks: the postings of the query's terms (covering index, one walk
+-- BM25 top k of the tenant's current chunks in the reader's scope (allow list and metadata filters on the
+-- pointer rows, as in search_hits: a posting of a version out of scope never scores): the postings of the query's terms (covering index, one walk
 -- per term), summed per chunk; the join with the tenant's pointers keeps only current versions. Terms are
 -- the query's rarest up to a postings budget (resources/lexical.py), so a very common term does not walk
 -- half the tenant. The pointers are read once (MATERIALIZED) and hash-joined: the planner cannot know how
@@ -127,9 +128,11 @@ WITH q AS (
     SELECT * FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[]) AS q (term, idf)
 ),
 pointed AS MATERIALIZED (
-    SELECT p.document_id, p.version_number
+    SELECT p.document_id, p.version_number, p.metadata
     FROM search_pointer p
     WHERE p.tenant_id = %(tenant_id)s AND p.profile = %(profile)s
+      AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+      AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
 ),
 scored AS (
     SELECT x.chunk_id,
@@ -142,15 +145,16 @@ scored AS (
     ORDER BY bm25 DESC, x.chunk_id
     LIMIT %(k)s
 )
-SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text, s.bm25,
+SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text, p.metadata, s.bm25,
        c.embedding <=> %(query)s::vector AS distance
 FROM scored s
 JOIN chunk c ON c.chunk_id = s.chunk_id
+JOIN pointed p ON p.document_id = c.document_id AND p.version_number = c.version_number
 ORDER BY s.bm25 DESC, c.chunk_id;
 
 -- name: lexical_scores_of
--- BM25 of given current chunks of the tenant (the dense side's candidates that the lexical side did not
--- return), one probe of the unique posting index per (chunk, term): a chunk with no query term is absent.
+-- BM25 of given current chunks of the tenant in the reader's scope (the dense side's candidates that the
+-- lexical side did not return), one probe of the unique posting index per (chunk, term): a chunk with no query term is absent.
 WITH q AS (
     SELECT * FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[]) AS q (term, idf)
 )
@@ -164,6 +168,8 @@ JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)
 JOIN search_pointer p
   ON p.tenant_id = x.tenant_id AND p.document_id = x.document_id
  AND p.profile = x.profile AND p.version_number = x.version_number
+WHERE (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+  AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
 GROUP BY x.chunk_id;
 
 -- name: lexical_backfill_position

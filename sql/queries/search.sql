@@ -1,5 +1,10 @@
 -- Statements of resources/search.py: filtered nearest-neighbour search over current versions only.
 
+-- name: search_snapshot
+-- First statement of a search's transaction: every statement of it (dense, lexical, the BM25 of dense
+-- candidates) reads one snapshot, so a pointer flip between them cannot mix two versions' scopes in one answer.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
 -- name: search_settings
 -- Per-transaction HNSW settings: iterative scans keep walking the graph until k rows pass the filters
 -- (tenant, active profile, current version), bounded by max_scan_tuples (pgvector >= 0.8).
@@ -13,9 +18,12 @@ SELECT set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mo
 
 -- name: search_hits
 -- The tenant's k nearest chunks of the versions its search pointers name (HNSW, iterative, relaxed order),
--- re-ordered exactly by distance outside the materialized scan.
+-- re-ordered exactly by distance outside the materialized scan. Only versions the reader may see and whose
+-- metadata passes the filters qualify (the pointer row carries both): the graph walk goes on until k rows
+-- pass, so a chunk outside the scope is never a candidate (DESIGN.md invariant 8). %(see_all)s is the
+-- explicit operator override; otherwise a version with an allow list needs one of %(principals)s.
 WITH relaxed AS MATERIALIZED (
-    SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text,
+    SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text, p.metadata,
            c.embedding <=> %(query)s::vector AS distance
     FROM chunk c
     JOIN search_pointer p
@@ -25,25 +33,35 @@ WITH relaxed AS MATERIALIZED (
      AND p.version_number = c.version_number
     WHERE c.tenant_id = %(tenant_id)s
       AND c.profile = %(profile)s
+      AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+      AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
     ORDER BY c.embedding <=> %(query)s::vector
     LIMIT %(k)s
 )
-SELECT chunk_id, document_id, version_number, heading_path, page, text, distance
+SELECT chunk_id, document_id, version_number, heading_path, page, text, metadata, distance
 FROM relaxed
 ORDER BY distance + 0, chunk_id;
 
 -- name: search_hits_exact
--- The same answer by exhaustive distance over the tenant's current chunks (no index order: "+ 0"):
--- used when the graph walk ran out of max_scan_tuples before finding k rows (a small tenant among big ones).
-SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text,
+-- The same answer by exhaustive distance over the tenant's current chunks in scope (no index order: "+ 0"):
+-- used when the graph walk ran out of max_scan_tuples before finding k rows (a small tenant among big ones,
+-- or a selective filter). The pointers in scope are found first, then only their chunks are measured, so
+-- a filter that keeps a hundredth of the tenant measures a hundredth of its chunks.
+WITH visible AS MATERIALIZED (
+    SELECT p.document_id, p.version_number, p.metadata
+    FROM search_pointer p
+    WHERE p.tenant_id = %(tenant_id)s
+      AND p.profile = %(profile)s
+      AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+      AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
+)
+SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text, v.metadata,
        c.embedding <=> %(query)s::vector AS distance
-FROM chunk c
-JOIN search_pointer p
-  ON p.tenant_id = c.tenant_id
- AND p.document_id = c.document_id
- AND p.profile = c.profile
- AND p.version_number = c.version_number
-WHERE c.tenant_id = %(tenant_id)s
-  AND c.profile = %(profile)s
+FROM visible v
+JOIN chunk c
+  ON c.tenant_id = %(tenant_id)s
+ AND c.document_id = v.document_id
+ AND c.profile = %(profile)s
+ AND c.version_number = v.version_number
 ORDER BY (c.embedding <=> %(query)s::vector) + 0, c.chunk_id
 LIMIT %(k)s;

@@ -53,6 +53,7 @@ def make_app(db_url: str, tmp_path, embedder) -> Iterator[Callable[..., FastAPI]
             "ping_seconds": 15.0,
             "metrics_public": True,  # tests of /metrics protection pass metrics_public=False
             "metrics_cache_seconds": 0.0,
+            "fast_publish": False,  # most tests drive each task's publish themselves; test_fast_publish_api turns it on
         }
         options.update(overrides)
         app = create_app(db_url, **options)

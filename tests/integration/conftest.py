@@ -76,9 +76,10 @@ def cli(db_url, tmp_path):
 
     runner = CliRunner()
     env = {"KBINDEX_DATABASE_URL": db_url, "KBINDEX_HOME": str(tmp_path / "home"),
-           "KBINDEX_BLOB_URL": str(tmp_path / "blobs"), "COLUMNS": "200"}
+           "KBINDEX_BLOB_URL": str(tmp_path / "blobs"), "COLUMNS": "200",
+           "KBINDEX_FAST_PUBLISH": "0"}  # tests drive each task's publish; test_cli_metadata turns the fast path on
 
-    def run(*args: str):
-        return runner.invoke(app, list(args), env=env)
+    def run(*args: str, **more_env: str):
+        return runner.invoke(app, list(args), env={**env, **more_env})
 
     return run

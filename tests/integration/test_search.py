@@ -16,6 +16,7 @@ from resources.database import Database, Session
 from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder, checked_embed, embedder_for_model
 from resources.index_sink import IndexSink
 from pipelines.domain.lexical import MODES
+from pipelines.domain.metadata import EVERYTHING
 from resources.search import SearchHit, search
 from resources.task_queue import TaskQueue
 from sql import queries
@@ -151,7 +152,7 @@ def test_at_scale_hnsw_is_used_and_a_small_tenant_still_gets_k_hits(db, db_url, 
         assert conn.execute("SELECT count(*) FROM chunk").fetchone()[0] == 12005
 
     query_vec = fake.embed(["alpha bravo charlie"])[0]
-    plan = _explain(db_url, {"query": query_vec, "tenant_id": "big", "profile": PROFILE, "k": 10})
+    plan = _explain(db_url, {"query": query_vec, "tenant_id": "big", "profile": PROFILE, "k": 10, **EVERYTHING.params()})
     assert "chunk_embedding_hnsw_idx" in plan, plan
 
     hits = search(db, fake, "alpha bravo charlie", tenant_id="big", k=10)
@@ -172,7 +173,8 @@ def test_at_scale_hnsw_is_used_and_a_small_tenant_still_gets_k_hits(db, db_url, 
         conn.execute(pgsql.SQL("ALTER DATABASE {} SET enable_sort = off").format(pgsql.Identifier(name)))
     forced = Database(db_url, max_size=2)
     try:
-        plan = _explain(db_url, {"query": fake.embed(["refund"])[0], "tenant_id": "small", "profile": PROFILE, "k": 5})
+        plan = _explain(db_url, {"query": fake.embed(["refund"])[0], "tenant_id": "small", "profile": PROFILE, "k": 5,
+                                 **EVERYTHING.params()})
         assert "chunk_embedding_hnsw_idx" in plan, plan
         ran: list[tuple[str, int]] = []
         real_fetch_all = Session.fetch_all
@@ -235,7 +237,8 @@ def test_cli_search_prints_hits_and_json(db_url, index, real_model):
     assert result.exit_code == 0, result.output
     (hit,) = json.loads(result.stdout)
     assert hit["document_id"] == "handbook" and hit["text"].startswith("Expense") and hit["version_number"] == 1
-    assert set(hit) == {"document_id", "version_number", "heading_path", "text", "score", "chunk_id", "page"}
+    assert set(hit) == {"document_id", "version_number", "heading_path", "text", "score", "chunk_id", "page",
+                        "metadata"}
     result = runner.invoke(app, ["search", "parking", "--tenant", "acme"], env=env)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()  # a block per hit: rank, score, document, version; then the snippet

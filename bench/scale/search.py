@@ -62,6 +62,7 @@ from bench.queue.__main__ import scratch_database
 from pipelines.domain.lexical import LexicalParams, idf
 from resources.database import Database
 from resources.lexical import N_CHUNKS, TOTAL_LENGTH, lexical_search, query_weights
+from pipelines.domain.metadata import EVERYTHING
 from resources.search import DEFAULT_MAX_SCAN_TUPLES, _hybrid_rows, ef_search_for, hybrid_depth
 from sql import queries
 
@@ -366,7 +367,7 @@ def tenant_queries(db: Database, tenant: str, count: int, rng: np.random.Generat
 
 def product_search(db: Database, vector: np.ndarray, tenant: str, setting: Setting) -> tuple[list[str], bool]:
     """The statements of resources.search.search, in its order, in one transaction; (chunk ids, fell back)."""
-    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": K}
+    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": K, **EVERYTHING.params()}
     with db.transaction() as tx:
         tx.fetch_one("search_settings", {"ef_search": setting.ef_search, "max_scan_tuples": setting.max_scan_tuples})
         if setting.iterative_scan != "relaxed_order":
@@ -402,10 +403,11 @@ def product_mode_search(db: Database, mode: str, query: Query, tenant: str, para
         weights = query_weights(tx, TERM_IDS, query_text(query), **scope)
         if mode == "lexical":
             tx.fetch_one("search_settings", {"ef_search": ef_search_for(K), "max_scan_tuples": DEFAULT_MAX_SCAN_TUPLES})
-            rows = lexical_search(tx, weights, params, k=K, **scope) if weights else []
+            rows = lexical_search(tx, weights, params, k=K, read=EVERYTHING.params(), **scope) if weights else []
             scores = {r["chunk_id"]: float(r["bm25"]) for r in rows}
         else:
-            _, scores = _hybrid_rows(tx, query.vector, weights, params, scope, K, DEFAULT_MAX_SCAN_TUPLES)
+            _, scores = _hybrid_rows(tx, query.vector, weights, params, scope, EVERYTHING.params(), K,
+                                     DEFAULT_MAX_SCAN_TUPLES)
     return sorted(scores, key=lambda cid: (-scores[cid], cid))[:K]
 
 
@@ -439,13 +441,13 @@ def fused_exact(db: Database, query: Query, tenant: str, weights: dict | None, p
 
 def exact_search(db: Database, vector: np.ndarray, tenant: str) -> list[str]:
     """Brute force with the same filters: exhaustive distance over the tenant's current chunks."""
-    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": K}
+    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": K, **EVERYTHING.params()}
     return [r["chunk_id"] for r in db.fetch_all("search_hits_exact", params)]
 
 
 def plan_uses_hnsw(db: Database, vector: np.ndarray, tenant: str, setting: Setting, k: int = K) -> bool:
     """Whether the planner walks the graph under this setting (small tenants are rightly read exhaustively)."""
-    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": k}
+    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": k, **EVERYTHING.params()}
     with db.transaction() as tx:
         tx.fetch_one("search_settings", {"ef_search": setting.ef_search, "max_scan_tuples": setting.max_scan_tuples})
         tx.fetch_one("bench_search_iterative_scan", {"mode": setting.iterative_scan})

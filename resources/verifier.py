@@ -11,6 +11,8 @@ Violations break an invariant and make ``kbindex verify`` exit 1; warnings are r
     violation  chunk_unpointed                  chunks of a version newer than the pointer, or with no pointer
     violation  search_pointer_tombstone_chunks  pointer to a tombstone (a deleted document) that has chunks or
                                                 lexical rows: search would return a deleted document
+    violation  search_pointer_scope_mismatch    pointer metadata or allow list != its version's: search would
+                                                filter or grant reading on what was never published
     violation  index_task_lease_stale           RUNNING, lease expired more than one claim interval ago
     violation  index_task_running_without_lease RUNNING with no lease owner or lease end
     violation  index_task_attempts_exhausted    attempts > max without DEAD; RETRY_WAIT with no attempt left
@@ -76,6 +78,8 @@ CHECKS: tuple[Check, ...] = (
           "chunk rows of a version newer than its pointer, or of a document with no pointer"),
     Check("search_pointer_tombstone_chunks", "verify_search_pointer_tombstone_chunks", "violation",
           "a search pointer names a tombstone (a deleted document) that has chunk or lexical rows"),
+    Check("search_pointer_scope_mismatch", "verify_search_pointer_scope_mismatch", "violation",
+          "a search pointer's metadata or allow list differs from the version it names"),
     Check("index_task_lease_stale", "verify_index_task_lease_stale", "violation",
           "RUNNING tasks whose lease expired more than one claim interval ago"),
     Check("index_task_running_without_lease", "verify_index_task_running_without_lease", "violation",

@@ -124,6 +124,21 @@ WHERE o.recorded_chunks <> 0 OR o.chunk_rows <> 0 OR o.lexical_rows <> 0
 ORDER BY o.tenant_id, o.document_id, o.profile
 LIMIT %(limit)s;
 
+-- name: verify_search_pointer_scope_mismatch
+-- A pointer whose metadata or allow list differs from its version's: search would filter on, or grant or
+-- refuse reading by, something that was never published for that version (DESIGN.md invariant 8).
+SELECT p.tenant_id, p.document_id, p.profile, p.version_number,
+       p.metadata AS pointer_metadata, v.metadata AS version_metadata,
+       p.allow_principals AS pointer_allow, v.allow_principals AS version_allow,
+       count(*) OVER ()::integer AS total
+FROM search_pointer p
+JOIN document_version v
+  ON v.tenant_id = p.tenant_id AND v.document_id = p.document_id AND v.version_number = p.version_number
+WHERE p.metadata IS DISTINCT FROM v.metadata
+   OR p.allow_principals IS DISTINCT FROM v.allow_principals
+ORDER BY p.tenant_id, p.document_id, p.profile
+LIMIT %(limit)s;
+
 -- name: verify_chunk_retained
 -- Chunk rows of versions older than the pointed one (superseded, kept for rollback; search never reads
 -- them) whose ``past_window`` is %(past_window)s: search left them (superseded_version, recorded by the

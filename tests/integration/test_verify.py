@@ -366,6 +366,15 @@ def lexical_terms_rewritten_without_stats(db_url: str, s: State) -> None:
     sql(db_url, queries["lexical_posting_write"], {"chunk_ids": ids})
 
 
+def pointer_allow_list_widened(db_url: str, s: State) -> None:
+    """A pointer that lets the whole tenant read a version published for group:hr only."""
+    sql(db_url, "UPDATE document_version SET allow_principals = '{group:hr}' WHERE version_number = 2")
+
+
+def pointer_metadata_stale(db_url: str, s: State) -> None:
+    sql(db_url, "UPDATE search_pointer SET metadata = '{\"dept\": \"hr\"}'")
+
+
 def two_active_profiles(db_url: str, s: State) -> None:
     sql(db_url, "DROP INDEX index_profile_one_active")
     sql(db_url, "INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, is_active) "
@@ -385,6 +394,8 @@ CORRUPTIONS: list[tuple[Callable[[str, State], None], str]] = [
     (pointer_to_pending_version, "search_pointer_unsucceeded"),
     (pointer_moved_by_other_task, "search_pointer_unsucceeded"),
     (pointed_version_turned_tombstone, "search_pointer_tombstone_chunks"),
+    (pointer_allow_list_widened, "search_pointer_scope_mismatch"),
+    (pointer_metadata_stale, "search_pointer_scope_mismatch"),
     (chunks_of_pending_version, "chunk_unpointed"),
     (chunks_without_pointer, "chunk_unpointed"),
     (backdate_lease, "index_task_lease_stale"),

@@ -7,6 +7,8 @@ rest is behind `--wide` (every column, never cut) and `--json` (every field, unc
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -161,6 +163,11 @@ def summary_grid(view: dict[str, Any]) -> Table:
     tombstone = " (tombstone: deletes the document)" if view.get("kind") == "delete" else ""
     grid.add_row("document", Text(f"{view['tenant_id']} / {view['document_id']} v{view['version_number']}{tombstone}"))
     grid.add_row("profile", Text(f"{_text(view.get('profile'))} ({_text(view.get('task_type')) or 'INDEX'})"))
+    if view.get("version_metadata"):
+        grid.add_row("metadata", Text(json.dumps(view["version_metadata"], ensure_ascii=False)))
+    if "version_allow" in view:
+        allow = view.get("version_allow")
+        grid.add_row("readers", Text(", ".join(allow) if allow else "the whole tenant"))
     grid.add_row("state", _state_line(view))
     grid.add_row("outcome" if view["status"] in TERMINAL else "progress", Text(progress_text(view)))
     grid.add_row("attempts", Text(f"{view['attempts']} of {view['max_attempts']}"))

@@ -233,8 +233,10 @@ logged AS (
 SELECT m.task_id, m.from_status FROM moved m;
 
 -- name: task_get
--- One task by id, with its version's kind ('tombstone': the task deletes the document) and when it was erased.
-SELECT t.*, v.kind AS version_kind, v.erased_at AS version_erased_at
+-- One task by id, with its version's kind ('tombstone': the task deletes the document), when it was erased, its
+-- metadata and its allow list (NULL: the whole tenant may read it).
+SELECT t.*, v.kind AS version_kind, v.erased_at AS version_erased_at, v.metadata AS version_metadata,
+       v.allow_principals AS version_allow
 FROM index_task t
 LEFT JOIN document_version v
   ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number

@@ -79,3 +79,31 @@ def test_a_tombstone_materializes_in_process_beside_a_content_version(setup, db_
     assert by_asset["chunk_embeddings"]["vectors"] == 0
     assert (by_asset["search_index"]["chunk_count"], by_asset["search_index"]["pointer_version"]) == (0, 2)
     assert verify(db).ok
+
+
+def test_a_metadata_only_change_materializes_in_process_by_copying(setup, db_url):
+    """Issue 30 through Dagster: the same bytes with a new allow list are version 2; the run copies version 1's
+    chunks and vectors (the assets say so, nothing is embedded), and the new allow list holds at the flip."""
+    from pipelines.domain.metadata import ReadScope
+
+    db, publisher, queue = setup
+    publisher.publish("acme", "refunds.md", REFUNDS, "refunds.md", metadata={"dept": "support"})
+    instance = dg.DagsterInstance.ephemeral()
+    assert _materialize_claimed(db, queue, instance, "claim-1")[1].success
+    changed = publisher.publish("acme", "refunds.md", REFUNDS, "refunds.md", metadata={"dept": "support"},
+                                allow=["group:support"])
+    (key,), result = _materialize_claimed(db, queue, instance, "claim-2")
+    assert result.success and queue.get(changed.task_id)["status"] == "SUCCEEDED"
+    meta = {}
+    for asset in ("parsed_document", "chunk_embeddings", "search_index"):
+        (mat,) = [m for m in instance.fetch_materializations(dg.AssetKey(asset), limit=10).records
+                  if m.partition_key == key]
+        meta[asset] = {k: v.value for k, v in mat.asset_materialization.metadata.items()}
+    assert meta["parsed_document"]["copied_from"] == 1
+    assert (meta["chunk_embeddings"]["embedded"], meta["chunk_embeddings"]["copied_from"]) == (0, 1)
+    assert meta["search_index"]["pointer_version"] == 2 and meta["search_index"]["chunk_count"] > 0
+    fake = FakeEmbedder()
+    assert search(db, fake, "refund within 30 days", tenant_id="acme", k=5) == []
+    hits = search(db, fake, "refund within 30 days", tenant_id="acme", k=5, read=ReadScope.of(["group:support"]))
+    assert hits and {h.version_number for h in hits} == {2}
+    assert verify(db).ok

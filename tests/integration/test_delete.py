@@ -226,3 +226,52 @@ def test_retention_removes_a_deleted_documents_chunks_after_the_window_like_any_
     assert rows(db_url, "SELECT version_number, chunk_count FROM search_pointer") == [(2, 0)]
     assert documents_in_every_mode(db, kb) == {m: set() for m in MODES}
     assert verify(db).ok
+
+
+def test_a_model_migration_carries_deletes_and_rollback_keeps_them_deleted(db, db_url, kb):
+    """A document deleted while a shadow profile is being built: its tombstone gets a task in both profiles; a
+    document deleted before the shadow existed is backfilled as its tombstone (its latest version); after the
+    switch and after a rollback, neither comes back in any mode."""
+    from resources.profiles import activate_profile, request_backfill, rollback_profile
+
+    kb["fake"] = FakeEmbedder(model_name=DEFAULT_MODEL_NAME)
+    gone_early = kb["publisher"].publish("acme", "handbook", HANDBOOK, "handbook.txt")
+    index(db, db_url, kb, gone_early.task_id, "handbook", 1)
+    early = kb["publisher"].delete("acme", "handbook")
+    index(db, db_url, kb, early.task_id, "handbook", 2)
+    v1 = kb["publisher"].publish("acme", "refunds", REFUNDS, "refunds.txt")
+    index(db, db_url, kb, v1.task_id, "refunds", 1)
+
+    create_profile(db, "shadow-b", model="fake-b", chunk_tokens=48, overlap=8)
+    request_backfill(db, "shadow-b")
+    backfilled = kb["queue"].claim_backfill("backfill", limit=10)
+    by_document = {t.document_id: t for t in backfilled}
+    assert by_document["handbook"].version_number == 2, "a deleted document is backfilled as its tombstone"
+    deleted = kb["publisher"].delete("acme", "refunds")
+    shadow_task = next(t["task_id"] for t in deleted.tasks if t["profile"] == "shadow-b")
+
+    fakes = {"fake-b": FakeEmbedder(model_name="fake-b"), DEFAULT_MODEL_NAME: kb["fake"]}
+
+    def run_claimed(task_id: int, attempt: int, document: str, version: int, owner: str) -> None:
+        run = IndexingRun(db=db, queue=kb["queue"], keeper=LeaseKeeper(kb["queue"]), owner=owner, blobs=kb["blobs"],
+                          embedder_for=fakes.__getitem__, tagged=[(task_id, attempt)], granted_by="backfill",
+                          batch_size=16)
+        key = key_of(db_url, document, version)
+        for step in (run.parse, run.chunk, run.embed, run.publish):
+            (result,) = step([key])[key]
+            assert result.outcome == "ok", (step.__name__, result)
+
+    for t in backfilled:
+        run_claimed(t.lease.task_id, t.lease.attempt, t.document_id, t.version_number, f"shadow-{t.document_id}")
+    claimed = kb["queue"].claim_task(shadow_task, "backfill")
+    run_claimed(shadow_task, claimed.lease.attempt, "refunds", 2, "shadow-refunds-delete")
+    index(db, db_url, kb, deleted.task_id, "refunds", 2, owner="active-delete")
+    assert rows(db_url, "SELECT profile, document_id, version_number, chunk_count FROM search_pointer "
+                        "ORDER BY 1, 2") == [("minilm-v1", "handbook", 2, 0), ("minilm-v1", "refunds", 2, 0),
+                                             ("shadow-b", "handbook", 2, 0), ("shadow-b", "refunds", 2, 0)]
+    activate_profile(db, "shadow-b", force=True)
+    for mode in MODES:
+        assert search(db, fakes["fake-b"], QUERY, tenant_id="acme", k=20, mode=mode) == []
+    rollback_profile(db)
+    assert documents_in_every_mode(db, kb) == {m: set() for m in MODES}
+    assert verify(db).ok

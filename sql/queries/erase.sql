@@ -65,7 +65,8 @@ WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s;
 
 -- name: erase_document_version_strip
 -- Strip every not yet erased version of the document (the tombstone too): no content hash, filename 'erased'
--- (a filename can be user data), erased_at set; bytes not yet released go back to the tenant's quota. Returns
+-- and no metadata (a filename or a metadata value can be user data; the allow list stays, so the erased
+-- versions' tasks stay hidden from who could not read them), erased_at set; bytes not yet released go back to the tenant's quota. Returns
 -- each stripped version with the hash it had, so the caller can delete the blobs no one else references.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
@@ -80,6 +81,7 @@ stripped AS (
     UPDATE document_version v
     SET content_hash      = NULL,
         filename          = 'erased',
+        metadata          = '{}'::jsonb,
         erased_at         = (SELECT now FROM clock),
         bytes_released_at = CASE WHEN v.kind = 'content' THEN coalesce(v.bytes_released_at, (SELECT now FROM clock)) END
     FROM old o

@@ -109,7 +109,7 @@ def test_after_an_erase_no_copy_of_the_phrase_remains_in_the_database_or_under_t
     run_steps(db, db_url, kb, v1.task_id, "secret", 1, ALL, "run-1")
     run_steps(db, db_url, kb, other.task_id, "handbook", 1, ALL, "run-2")
     # v2 is mid-run: parsed, chunked and embedded, its artifacts on disk, not yet published.
-    v2 = kb["publisher"].publish("acme", "secret", SECRET_V2, f"{PHRASE}-v2.txt")
+    v2 = kb["publisher"].publish("acme", "secret", SECRET_V2, f"{PHRASE}-v2.txt", metadata={"case": PHRASE})
     mid_run = run_steps(db, db_url, kb, v2.task_id, "secret", 2, ("parse", "chunk", "embed"), "run-3")
     needle = PHRASE.encode()
     assert needle in dump(db_url) and files_holding(kb["home"], needle)  # the test can see the phrase
@@ -127,7 +127,8 @@ def test_after_an_erase_no_copy_of_the_phrase_remains_in_the_database_or_under_t
     assert removed["blobs"] == 2 and removed["artifact_files"] >= 3
     assert removed["quota_bytes_released"] == len(SECRET_V1) + len(SECRET_V2)
     assert [n["kind"] for n in receipt.not_removed] == ["artifact_files"]  # run-3 was RUNNING: said, not hidden
-    # Nothing of the phrase anywhere kbindex stores data (the filename carried it too).
+    # Nothing of the phrase anywhere kbindex stores data (the filename and v2's metadata, which the tombstone
+    # inherited, carried it too).
     assert needle not in dump(db_url)
     assert files_holding(kb["home"], needle) == []
     # Search returns nothing of the document at once, without waiting for the tombstone's run; the rest stays.

@@ -198,8 +198,10 @@ def test_a_crash_report_leaves_a_task_another_run_took_over(db, publish_task, ma
 # -- 3. a run in its publish is not hung -------------------------------------------------------------------
 
 
-def test_a_run_whose_publish_holds_its_rows_is_not_released_even_past_its_leases(db, db_url, publish_task, make_queue,
-                                                                                instance):
+def test_a_run_whose_publish_holds_its_rows_is_not_released_even_past_its_leases(db, db_url, instance, publish_task,
+                                                                                make_queue):
+    # ``instance`` first: the pinned clock (under make_queue) is "a second ahead" of when it is made, and a Dagster
+    # test instance can take longer than that to set up on a loaded machine (the task was then not yet due).
     queue = make_queue(lease_seconds=30.0)
     publish_task()
     (claimed,) = queue.claim("batch-a", limit=1, for_run=True)

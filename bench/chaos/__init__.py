@@ -5,8 +5,11 @@ embedded PostgreSQL in a temporary folder, migrates it, switches the active prof
 starts ``dagster dev`` with short leases, and then, all at once:
 
 - a publisher publishes at least N index tasks (new documents, new versions of documents already
-  indexed or still in flight, the same bytes under another document id) plus exact re-publishes of a
-  document's latest bytes (which must return the existing task), keeping a backlog so runs stay busy;
+  indexed or still in flight, the same bytes under another document id, deletes: tombstone versions,
+  half of them racing a version still in flight, and deleted documents published again, with the bytes
+  they had or new ones) plus exact re-publishes of a document's latest bytes (which must return the
+  existing task) and repeated deletes (which must return the existing tombstone), keeping a backlog so
+  runs stay busy;
 - a fault injector SIGKILLs K run processes while they work (a run is "working" when one of its
   leased tasks has reached a stage), SIGSTOPs one run until every lease it holds has been taken over
   (past its lease) and resumes it, and stops PostgreSQL (pg_ctl, fast) for a few seconds and starts it
@@ -41,10 +44,15 @@ Figures (must-be-0 marked *): tasks; faults by kind; fencing (takeovers = RUNNIN
 transitions; rejections the runs logged; *writes from a superseded lease = task events carrying an
 attempt lower than an earlier event of the same task); retries; final states by code; *duplicates
 (duplicate chunk ordinals, pointed versions whose rows / ordinals do not match the recorded count,
-re-publishes of the same bytes that made a new version or task); *half-visible versions (reader
-violations + the verifier's pointer/chunk checks); *lost publishes (published versions whose task is
-missing or not terminal, documents whose newest SUCCEEDED version is not what the pointer names);
-time to quiescence; the verifier's result. DEAD with EMBEDDING_INVALID_RESPONSE (a wrong-dimension
+re-publishes of the same bytes that made a new version or task, repeated deletes that were not
+idempotent); *half-visible
+versions (reader violations + the verifier's pointer/chunk checks + after quiescence, any search mode
+showing a document whose pointer names a tombstone, or a hit not at its pointer); *lost publishes
+(published versions whose task is missing or not terminal or DEAD without a code, documents whose newest
+SUCCEEDED version is not what the pointer names, documents whose newest version SUCCEEDED but is not
+pointed, newest versions other than the bench last acknowledged, deletes that made no tombstone, current
+documents missing from a search mode); deletes and revivals with their counts; time to quiescence; the
+verifier's result. The end checks on documents are in bench/chaos/end_state.py. DEAD with EMBEDDING_INVALID_RESPONSE (a wrong-dimension
 answer) or with attempts exhausted by repeated kills is an expected outcome, reported by code.
 """
 
@@ -102,6 +110,13 @@ class ChaosConfig:
     run_batch_min: int = 4
     backlog: int = 40
     """Publish more only while fewer than this many tasks are unfinished (keeps runs busy, not swamped)."""
+    delete_share: float = 0.10
+    """Share of the publisher's operations that delete a live document (a tombstone version and its task); half of
+    them pick one whose newest version is still in flight when there is one."""
+    revive_share: float = 0.04
+    """... that publish a deleted document again (the bytes it had before, or revised ones): it must come back."""
+    repeat_delete_share: float = 0.02
+    """... that delete an already deleted document again: its tombstone and task come back, nothing is created."""
     pg_downtime: float = 3.0
     max_concurrent_runs: int = 3
     """dagster.yaml's run slots (the project's default: 3, at most 2 per tenant)."""
@@ -186,6 +201,8 @@ TOPICS = {
     "safety": "fire drill evacuation helmet ladder chemical spill first-aid warden exit",
 }
 FILLER = "the a of to and within each all any must should may employees staff policy days team request".split()
+LEXICAL_QUERY = " ".join(sorted({w for ws in TOPICS.values() for w in ws.split()} | set(FILLER) | set(TOPICS) | {"revision"}))
+"""Every word the generated documents are made of: a lexical search for it matches every chunk of them."""
 
 
 class Documents:
@@ -240,6 +257,9 @@ class DocState:
     version: int
     task_id: int
     revisions: int = 0
+    deleted: bool = False
+    """The latest version is a tombstone (``data`` keeps the bytes it had before)."""
+    revivals: int = 0
 
 
 @dataclass
@@ -251,6 +271,18 @@ class Counters:
     new_versions: int = 0
     new_documents: int = 0
     publish_errors: int = 0
+    deletes: int = 0
+    deletes_while_in_flight: int = 0
+    """Deletes of a document whose previous version had not finished (its task not SUCCEEDED yet)."""
+    deletes_repeated: int = 0
+    """Deletes of an already deleted document: must give back its tombstone and task, creating nothing."""
+    revivals: int = 0
+    revivals_same_bytes: int = 0
+    """Revivals publishing exactly the bytes the document had before its delete (a new version all the same)."""
+    delete_mismatch: int = 0
+    """Deletes of a live document that did not make version n+1 a tombstone."""
+    repeat_delete_mismatch: int = 0
+    """Repeated deletes that created something, or gave back another version or task."""
     kills: int = 0
     kills_by_stage: Counter = field(default_factory=Counter)
     kills_by_run_kind: Counter = field(default_factory=Counter)
@@ -320,6 +352,7 @@ class Chaos:
         self._events_seen = 0
         self._pid_runs: dict[int, str] = {}
         self._run_kinds: dict[str, str] = {}
+        self.search_tenants = list(self.tenants)
         self.migration = None
         if config.migration:
             from bench.chaos.migration import MigrationDriver
@@ -332,6 +365,7 @@ class Chaos:
         from pipelines.cli.dev_command import psycopg2_url
         from resources.migrations import migrate
 
+        self.root = root
         self.pg = Postgres(root / "pg")
         admin = self.pg.admin_url
         for name in ("kbindex", "dagster"):
@@ -480,12 +514,69 @@ class Chaos:
                 self.c.publish_errors += 1
                 time.sleep(0.5)
 
+    def _delete(self, publisher: Any, tenant: str, document_id: str) -> Any:
+        """``Publisher.delete``, retried while PostgreSQL is down (as ``_publish``)."""
+        from pipelines.domain.errors import KbindexError
+
+        deadline = time.monotonic() + 180
+        failed = False
+        while True:
+            try:
+                return publisher.delete(tenant, document_id), failed
+            except KbindexError as exc:
+                if exc.code != "INDEX_WRITE_FAILED" or time.monotonic() > deadline:
+                    raise
+                failed = True
+                self.c.publish_errors += 1
+                time.sleep(0.5)
+
+    def _delete_one(self, publisher: Any, st: DocState) -> None:
+        """Delete a live document: a new tombstone version n+1 with its own task (a retry after an outage may find
+        the tombstone its first try committed: ``already_deleted``, same version)."""
+        in_flight = st.task_id not in self._succeeded_ids()
+        result, failed = self._delete(publisher, st.tenant, st.document_id)
+        outcome_ok = result.outcome == "deleted" or (failed and result.outcome == "already_deleted")
+        if not outcome_ok or result.version != st.version + 1:
+            self.c.delete_mismatch += 1
+            self.c.errors.append(f"delete of {st.tenant}/{st.document_id} v{st.version} gave {result}")
+            return
+        self.c.deletes += 1
+        self.c.deletes_while_in_flight += in_flight
+        self.c.tasks_created += 1
+        self.published.append((st.tenant, st.document_id, result.version, result.task_id))
+        st.version, st.task_id, st.deleted = result.version, result.task_id, True
+
+    def _delete_again(self, publisher: Any, st: DocState) -> None:
+        """Delete an already deleted document: idempotent, its tombstone and task back, nothing new."""
+        result, _ = self._delete(publisher, st.tenant, st.document_id)
+        self.c.deletes_repeated += 1
+        if (result.outcome, result.version, result.task_id, result.created) != ("already_deleted", st.version, st.task_id, False):
+            self.c.repeat_delete_mismatch += 1
+            self.c.errors.append(f"repeated delete of {st.tenant}/{st.document_id} (tombstone v{st.version}) gave {result}")
+
     def _publish_one(self, publisher: Any) -> None:
-        rng = self.rng
-        r = rng.random()
+        rng, cfg = self.rng, self.cfg
         states = list(self.ledger.values())
-        if states and r < 0.10:  # exact re-publish of a document's latest bytes: same version, same task
-            st = rng.choice(states)
+        live = [s for s in states if not s.deleted]
+        gone = [s for s in states if s.deleted]
+        d = rng.random()
+        if self.c.tasks_created >= cfg.tasks // 2:  # however small the round, each kind of operation happens
+            if cfg.delete_share > 0 and not self.c.deletes:
+                d = 0.0
+            elif cfg.revive_share > 0 and not self.c.revivals and gone:
+                d = cfg.delete_share + cfg.repeat_delete_share
+        if live and d < cfg.delete_share:  # half of the deletes race a version still in flight, when there is one
+            succeeded = self._succeeded_ids()
+            flying = [s for s in live if s.task_id not in succeeded] if rng.random() < 0.5 else []
+            self._delete_one(publisher, rng.choice(flying or live))
+            return
+        if gone and d < cfg.delete_share + cfg.repeat_delete_share:
+            self._delete_again(publisher, rng.choice(gone))
+            return
+        revive = bool(gone) and d < cfg.delete_share + cfg.repeat_delete_share + cfg.revive_share
+        r = rng.random()
+        if live and not revive and r < 0.10:  # exact re-publish of a document's latest bytes: same version, same task
+            st = rng.choice(live)
             result, failed = self._publish(publisher, st.tenant, st.document_id, st.data, st.filename)
             self.c.republished_same_bytes += 1
             if (result.version, result.task_id) != (st.version, st.task_id) or (result.created and not failed):
@@ -493,13 +584,23 @@ class Chaos:
                 self.c.errors.append(f"re-publish of {st.tenant}/{st.document_id} v{st.version} gave {result}")
             return
         self.serial += 1
-        if states and r < 0.15:  # the same bytes under another document id (embedding reuse path)
-            src = rng.choice(states)
+        if revive:  # a deleted document published again: version n+1 after its tombstone, searchable again
+            st = rng.choice(gone)
+            tenant, document_id, filename = st.tenant, st.document_id, st.filename
+            if rng.random() < 0.5:
+                data = st.data
+                self.c.revivals_same_bytes += 1
+            else:
+                st.revisions += 1
+                data = self.docs.revise(st.data, st.revisions)
+            kind = "revivals"
+        elif live and r < 0.15:  # the same bytes under another document id (embedding reuse path)
+            src = rng.choice(live)
             tenant, document_id, data, filename = src.tenant, f"copy-{self.serial}-{src.document_id}", src.data, src.filename
             kind = "copies"
-        elif states and r < 0.45:  # a new version of a document: indexed already, or still in flight
-            done = [s for s in states if s.task_id in self._succeeded_ids()] if rng.random() < 0.6 else []
-            st = rng.choice(done or states)
+        elif live and r < 0.45:  # a new version of a document: indexed already, or still in flight
+            done = [s for s in live if s.task_id in self._succeeded_ids()] if rng.random() < 0.6 else []
+            st = rng.choice(done or live)
             st.revisions += 1
             tenant, document_id, filename = st.tenant, st.document_id, st.filename
             data = self.docs.revise(st.data, st.revisions)
@@ -523,6 +624,9 @@ class Chaos:
             self.ledger[(tenant, document_id)] = DocState(tenant, document_id, filename, data, result.version, result.task_id)
         else:
             prior.data, prior.version, prior.task_id = data, result.version, result.task_id
+            if prior.deleted:
+                prior.deleted = False
+                prior.revivals += 1
 
     def _succeeded_ids(self) -> set[int]:
         now = time.monotonic()
@@ -756,7 +860,7 @@ class Chaos:
         strict = True
         try:
             while not self.stop_event.is_set():
-                tenant = self.rng.choice(self.tenants)
+                tenant = self.rng.choice(self.search_tenants)
                 query = self.docs.query()
                 try:
                     if strict:
@@ -907,6 +1011,7 @@ class Chaos:
                     f"tasks {sum(counts.values())} {dict(sorted(counts.items()))} kills {self.c.kills}/{self.cfg.kills}"
                     f" stops {len(self.c.stops)} pg restarts {len(self.c.pg_restarts)}"
                     f" searches {self.c.reader['strict_searches'] + self.c.reader['bracketed_searches']}"
+                    f" deletes {self.c.deletes} revivals {self.c.revivals}"
                     + (f" backfills {self.migration.figures['backfills_launched']} ({len(self.migration.in_flight)} in flight)"
                        if self.migration is not None and self.migration.started.is_set() else "")
                 )
@@ -963,6 +1068,33 @@ class Chaos:
             " FROM index_task t WHERE t.status = 'SUCCEEDED' GROUP BY 1, 2, 3) s LEFT JOIN search_pointer p"
             " ON (p.tenant_id, p.document_id, p.profile) = (s.tenant_id, s.document_id, s.profile)"
             " WHERE p.version_number IS DISTINCT FROM s.newest")[0][0]
+        dead_without_code = q("SELECT count(*) FROM index_task WHERE status = 'DEAD' AND error_code IS NULL")[0][0]
+        # documents: pointers at the newest version, the bench's own ledger, and what each search mode shows
+        from bench.chaos import end_state
+
+        pointer_state = end_state.pointers(self.url)
+        ledger_state = end_state.ledger(end_state.newest_versions(self.url), {
+            (st.tenant, st.document_id): (st.version, st.deleted) for st in self.ledger.values()})
+        sweep = end_state.search_sweep(self.url, self.model, self.search_tenants, LEXICAL_QUERY,
+                                       lexical_complete=self.cfg.corpus is None)
+        found = sweep.pop("found")
+        succeeded = {r[0] for r in q("SELECT task_id FROM index_task WHERE status = 'SUCCEEDED' AND task_id = ANY(%s)",
+                                     [[st.task_id for st in self.ledger.values()]])}
+        revived = [st for st in self.ledger.values() if st.revivals and not st.deleted and st.task_id in succeeded]
+        tombstone_tasks = {f"{s} {c or ''}".strip(): n for s, c, n in q(
+            "SELECT t.status, t.error_code, count(*) FROM index_task t JOIN document_version v"
+            " ON (v.tenant_id, v.document_id, v.version_number) = (t.tenant_id, t.document_id, t.version_number)"
+            " WHERE v.kind = 'tombstone' GROUP BY 1, 2 ORDER BY 1, 2")}
+        deletes = {
+            "deletes": self.c.deletes, "deletes_while_previous_version_in_flight": self.c.deletes_while_in_flight,
+            "repeated_deletes_idempotent": self.c.deletes_repeated, "revivals": self.c.revivals,
+            "revivals_with_the_bytes_before_the_delete": self.c.revivals_same_bytes,
+            "documents_deleted_at_end": ledger_state["deleted_at_end"],
+            "revived_documents_indexed_at_end": len(revived),
+            "revived_documents_in_every_search_mode": sum(
+                1 for st in revived if found.get((st.tenant, st.document_id), set()) >= set(end_state.MODES)),
+            "tombstone_tasks_by_final_state": tombstone_tasks,
+        }
         # the runs' own view of fencing, and shared-window embedding fallbacks, from Dagster's event log
         run_rejections = dict(_sql(
             self.dg_url,
@@ -1004,10 +1136,14 @@ class Chaos:
         verifier_half = sum(v.count for v in result.violations
                             if v.check in ("search_pointer_chunk_count", "chunk_unpointed", "search_pointer_unsucceeded"))
         reader_violations = sum(v for k, v in self.c.reader.items() if k.startswith("violation_"))
+        sweep_figures = sweep["figures"]
         must_be_zero = {
-            "duplicates": dup_ordinals + pointed_bad + self.c.republish_mismatch,
-            "half_visible_versions": reader_violations + verifier_half,
-            "lost_publishes": lost_ledger + unfinished + no_task + pointer_wrong,
+            "duplicates": dup_ordinals + pointed_bad + self.c.republish_mismatch + self.c.repeat_delete_mismatch,
+            "half_visible_versions": reader_violations + verifier_half + sweep_figures["deleted_documents_shown"]
+            + sweep_figures["hits_not_at_pointer"],
+            "lost_publishes": lost_ledger + unfinished + no_task + pointer_wrong + dead_without_code
+            + self.c.delete_mismatch + pointer_state["pointer_not_at_newest_succeeded"]
+            + ledger_state["newest_not_acknowledged"] + sweep_figures["current_documents_missing"],
             "writes_from_superseded_lease": stale_writes,
         }
         quiet = None if quiet_at is None else round(quiet_at - started, 1)
@@ -1036,6 +1172,7 @@ class Chaos:
             "fencing": {"takeovers_after_lease_expiry": takeovers,
                         "rejections_logged_by_steps": run_rejections, "lease_lost_noticed_by_heartbeat": keeper_lost},
             "retries": {"attempts_beyond_first": retries, "transitions": transitions, "failures_by_code": codes},
+            "deletes": deletes,
             "final_states": finals,
             "dagster_runs": runs,
             **({"migration": migration} if self.migration is not None else {}),
@@ -1047,8 +1184,16 @@ class Chaos:
                 "reader_violations": reader_violations, "verifier_pointer_chunk_violations": verifier_half,
                 "acknowledged_publish_not_terminal_or_missing": lost_ledger, "tasks_not_terminal": unfinished,
                 "versions_without_task": no_task, "documents_pointer_not_newest_succeeded": pointer_wrong,
-                "events_from_superseded_lease": stale_writes,
+                "events_from_superseded_lease": stale_writes, "dead_without_code": dead_without_code,
+                "delete_not_a_new_tombstone": self.c.delete_mismatch,
+                "repeated_delete_not_idempotent": self.c.repeat_delete_mismatch,
+                "pointer_not_at_newest_version_whose_task_succeeded": pointer_state["pointer_not_at_newest_succeeded"],
+                "newest_version_not_the_acknowledged_one": ledger_state["newest_not_acknowledged"],
+                "deleted_documents_in_search": sweep_figures["deleted_documents_shown"],
+                "current_documents_missing_from_a_search_mode": sweep_figures["current_documents_missing"],
+                "search_hits_not_at_their_pointer": sweep_figures["hits_not_at_pointer"],
             },
+            "end_state": {"pointers": pointer_state, "ledger": ledger_state, "search_sweep": sweep},
             "must_be_zero": must_be_zero,
             "time_to_quiescence_seconds": quiet,
             "timed_out": timed_out,

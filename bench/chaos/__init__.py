@@ -10,6 +10,9 @@ starts ``dagster dev`` with short leases, and then, all at once:
   they had or new ones) plus exact re-publishes of a document's latest bytes (which must return the
   existing task) and repeated deletes (which must return the existing tombstone), keeping a backlog so
   runs stay busy;
+- a source driver (bench/chaos/sources.py) mutates a local folder registered as a source (files added,
+  changed, removed, re-added) and runs sync passes over it, one of them cut short by the PostgreSQL
+  stop, while the product's source sensor passes over it too;
 - a fault injector SIGKILLs K run processes while they work (a run is "working" when one of its
   leased tasks has reached a stage), SIGSTOPs one run until every lease it holds has been taken over
   (past its lease) and resumes it, and stops PostgreSQL (pg_ctl, fast) for a few seconds and starts it
@@ -45,14 +48,15 @@ transitions; rejections the runs logged; *writes from a superseded lease = task 
 attempt lower than an earlier event of the same task); retries; final states by code; *duplicates
 (duplicate chunk ordinals, pointed versions whose rows / ordinals do not match the recorded count,
 re-publishes of the same bytes that made a new version or task, repeated deletes that were not
-idempotent); *half-visible
+idempotent, source documents with more versions than their file's changes could make); *half-visible
 versions (reader violations + the verifier's pointer/chunk checks + after quiescence, any search mode
 showing a document whose pointer names a tombstone, or a hit not at its pointer); *lost publishes
 (published versions whose task is missing or not terminal or DEAD without a code, documents whose newest
 SUCCEEDED version is not what the pointer names, documents whose newest version SUCCEEDED but is not
 pointed, newest versions other than the bench last acknowledged, deletes that made no tombstone, current
-documents missing from a search mode); deletes and revivals with their counts; time to quiescence; the
-verifier's result. The end checks on documents are in bench/chaos/end_state.py. DEAD with EMBEDDING_INVALID_RESPONSE (a wrong-dimension
+documents missing from a search mode, source files whose document does not end on their bytes or a
+tombstone); deletes, revivals and source passes with their counts; time to quiescence; the verifier's
+result. The end checks on documents are in bench/chaos/end_state.py. DEAD with EMBEDDING_INVALID_RESPONSE (a wrong-dimension
 answer) or with attempts exhausted by repeated kills is an expected outcome, reported by code.
 """
 
@@ -117,6 +121,13 @@ class ChaosConfig:
     """... that publish a deleted document again (the bytes it had before, or revised ones): it must come back."""
     repeat_delete_share: float = 0.02
     """... that delete an already deleted document again: its tombstone and task come back, nothing is created."""
+    source_passes: int = 20
+    """Sync passes the bench runs over its own local source folder (bench/chaos/sources.py), spread over the
+    soak, mutating the folder (files added, changed, removed, re-added) before each; 0: no source."""
+    source_files: int = 40
+    """Files in the source folder before its first pass."""
+    source_sensor_seconds: int = 15
+    """KBINDEX_SOURCE_SYNC_SECONDS: the product's sync_sources sensor passes over the same source meanwhile."""
     pg_downtime: float = 3.0
     max_concurrent_runs: int = 3
     """dagster.yaml's run slots (the project's default: 3, at most 2 per tenant)."""
@@ -352,6 +363,7 @@ class Chaos:
         self._events_seen = 0
         self._pid_runs: dict[int, str] = {}
         self._run_kinds: dict[str, str] = {}
+        self.sources: Any = None  # a SourceDriver once ``run`` starts one (bench/chaos/sources.py)
         self.search_tenants = list(self.tenants)
         self.migration = None
         if config.migration:
@@ -407,6 +419,8 @@ class Chaos:
             TRANSFORMERS_OFFLINE="1",
             KBINDEX_PROVIDER_TIMEOUT_SECONDS=str(self.cfg.http_timeout),
         )
+        if self.sources is not None:
+            env["KBINDEX_SOURCE_SYNC_SECONDS"] = str(self.cfg.source_sensor_seconds)
         env.pop("KBINDEX_FAULT_SENSOR_AFTER_CLAIM", None)
         self.dagster = DagsterDev(root, env)
 
@@ -833,6 +847,8 @@ class Chaos:
         self.c.stops.append(record)
 
     def _restart_postgres(self) -> None:
+        if self.sources is not None:  # a source pass is publishing when PostgreSQL goes down
+            self.sources.pass_under_outage()
         self._note("stopping PostgreSQL (pg_ctl -m fast)")
         started = time.monotonic()
         self.pg_down.set()
@@ -941,6 +957,11 @@ class Chaos:
         self.t0 = time.monotonic()
         report: dict[str, Any] = {}
         threads: list[threading.Thread] = []
+        if self.cfg.source_passes > 0:
+            from bench.chaos.sources import TENANT, SourceDriver
+
+            self.sources = SourceDriver(self)
+            self.search_tenants = [*self.tenants, TENANT]
         try:
             self._prepare(root)
             self.dagster.start()
@@ -953,6 +974,8 @@ class Chaos:
             loops = [(self.publisher_loop, "publisher"), (self.injector_loop, "injector"), (self.reader_loop, "reader")]
             if self.migration is not None:
                 loops.append((self.migration.loop, "migration"))
+            if self.sources is not None:
+                loops.append((self.sources.loop, "source"))
             for target, name in loops:
                 t = threading.Thread(target=target, name=f"chaos-{name}", daemon=True)
                 t.start()
@@ -1003,7 +1026,8 @@ class Chaos:
                 continue
             unfinished = sum(v for k, v in counts.items() if k not in TERMINAL)
             migrated = self.migration is None or self.migration.done.is_set()
-            if self.publishing_done.is_set() and self.faults_done.is_set() and migrated and unfinished == 0:
+            synced = self.sources is None or self.sources.done.is_set()
+            if self.publishing_done.is_set() and self.faults_done.is_set() and migrated and synced and unfinished == 0:
                 return time.monotonic(), False
             if time.monotonic() - last_note > 15:
                 last_note = time.monotonic()
@@ -1012,6 +1036,7 @@ class Chaos:
                     f" stops {len(self.c.stops)} pg restarts {len(self.c.pg_restarts)}"
                     f" searches {self.c.reader['strict_searches'] + self.c.reader['bracketed_searches']}"
                     f" deletes {self.c.deletes} revivals {self.c.revivals}"
+                    + (f" source passes {self.sources.figures['passes']}" if self.sources is not None else "")
                     + (f" backfills {self.migration.figures['backfills_launched']} ({len(self.migration.in_flight)} in flight)"
                        if self.migration is not None and self.migration.started.is_set() else "")
                 )
@@ -1095,6 +1120,9 @@ class Chaos:
                 1 for st in revived if found.get((st.tenant, st.document_id), set()) >= set(end_state.MODES)),
             "tombstone_tasks_by_final_state": tombstone_tasks,
         }
+        sources = self.sources.report() if self.sources is not None and self.sources.done.is_set() else None
+        source_unmatched = sources["end"]["files_not_matched"] if sources is not None else 0
+        source_repeated = sources["end"]["versions_beyond_changes"] if sources is not None else 0
         # the runs' own view of fencing, and shared-window embedding fallbacks, from Dagster's event log
         run_rejections = dict(_sql(
             self.dg_url,
@@ -1138,12 +1166,13 @@ class Chaos:
         reader_violations = sum(v for k, v in self.c.reader.items() if k.startswith("violation_"))
         sweep_figures = sweep["figures"]
         must_be_zero = {
-            "duplicates": dup_ordinals + pointed_bad + self.c.republish_mismatch + self.c.repeat_delete_mismatch,
+            "duplicates": dup_ordinals + pointed_bad + self.c.republish_mismatch + self.c.repeat_delete_mismatch
+            + source_repeated,
             "half_visible_versions": reader_violations + verifier_half + sweep_figures["deleted_documents_shown"]
             + sweep_figures["hits_not_at_pointer"],
             "lost_publishes": lost_ledger + unfinished + no_task + pointer_wrong + dead_without_code
             + self.c.delete_mismatch + pointer_state["pointer_not_at_newest_succeeded"]
-            + ledger_state["newest_not_acknowledged"] + sweep_figures["current_documents_missing"],
+            + ledger_state["newest_not_acknowledged"] + sweep_figures["current_documents_missing"] + source_unmatched,
             "writes_from_superseded_lease": stale_writes,
         }
         quiet = None if quiet_at is None else round(quiet_at - started, 1)
@@ -1173,6 +1202,7 @@ class Chaos:
                         "rejections_logged_by_steps": run_rejections, "lease_lost_noticed_by_heartbeat": keeper_lost},
             "retries": {"attempts_beyond_first": retries, "transitions": transitions, "failures_by_code": codes},
             "deletes": deletes,
+            **({"sources": sources} if sources is not None else {}),
             "final_states": finals,
             "dagster_runs": runs,
             **({"migration": migration} if self.migration is not None else {}),
@@ -1192,6 +1222,7 @@ class Chaos:
                 "deleted_documents_in_search": sweep_figures["deleted_documents_shown"],
                 "current_documents_missing_from_a_search_mode": sweep_figures["current_documents_missing"],
                 "search_hits_not_at_their_pointer": sweep_figures["hits_not_at_pointer"],
+                "source_files_not_matched": source_unmatched, "source_versions_beyond_file_changes": source_repeated,
             },
             "end_state": {"pointers": pointer_state, "ledger": ledger_state, "search_sweep": sweep},
             "must_be_zero": must_be_zero,

@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="share of publisher operations that delete a live document (default %(default)s)")
     p.add_argument("--revive-share", type=float, default=d.revive_share,
                    help="share that publish a deleted document again, which must come back (default %(default)s)")
+    p.add_argument("--source-passes", type=int, default=d.source_passes,
+                   help="sync passes over the bench's own source folder, mutated before each (0: none; default %(default)s)")
+    p.add_argument("--source-files", type=int, default=d.source_files, help="files in that folder at first")
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
     a = p.parse_args(argv)
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         max_concurrent_runs=a.max_concurrent_runs, tenant_run_limit=a.tenant_run_limit, max_waiting_runs=a.max_waiting_runs,
         migration=a.migration, building_model=a.building_model, building_chunk_tokens=a.building_chunk_tokens,
         migration_at=a.migration_at, backfill_mode=a.backfill_mode, backfill_partitions=a.backfill_partitions, vector_sample=a.vector_sample,
-        delete_share=a.delete_share, revive_share=a.revive_share,
+        delete_share=a.delete_share, revive_share=a.revive_share, source_passes=a.source_passes, source_files=a.source_files,
     )
     report = run_chaos(config, out=lambda line: print(line, flush=True))
     print(format_report(report), flush=True)

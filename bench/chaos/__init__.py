@@ -1103,8 +1103,9 @@ class Chaos:
         sweep = end_state.search_sweep(self.url, self.model, self.search_tenants, LEXICAL_QUERY,
                                        lexical_complete=self.cfg.corpus is None)
         found = sweep.pop("found")
-        succeeded = {r[0] for r in q("SELECT task_id FROM index_task WHERE status = 'SUCCEEDED' AND task_id = ANY(%s)",
-                                     [[st.task_id for st in self.ledger.values()]])}
+        succeeded = {r[0] for r in q(
+            "SELECT task_id FROM index_task WHERE status = 'SUCCEEDED' AND task_id = ANY(%s::bigint[])",
+            [[st.task_id for st in self.ledger.values()]])}
         revived = [st for st in self.ledger.values() if st.revivals and not st.deleted and st.task_id in succeeded]
         tombstone_tasks = {f"{s} {c or ''}".strip(): n for s, c, n in q(
             "SELECT t.status, t.error_code, count(*) FROM index_task t JOIN document_version v"

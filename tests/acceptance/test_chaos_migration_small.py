@@ -2,10 +2,11 @@
 building profile with a really different model (fake-b-384) and another chunk size (64 against 200),
 backfilled from the UI (the backfill_profile job launched through the webserver's GraphQL, as the
 launchpad does; the claiming sensor builds the backlog) while new versions keep being published,
-runs are SIGKILLed, one is SIGSTOPped past its lease and
-PostgreSQL is restarted. At the end: verify is clean, both profiles cover every current version, every
-chunk obeys its own profile's chunk size, sampled vectors re-embedded with their profile's model match,
-and no task is DEAD that no run ever started.
+runs are SIGKILLed, one is SIGSTOPped past its lease and PostgreSQL is restarted; documents are
+deleted and published back, and a small source folder is synced (bench/chaos's defaults, the folder
+kept small so the round stays short). At the end: verify is clean, both profiles cover every current
+version, every chunk obeys its own profile's chunk size, sampled vectors re-embedded with their
+profile's model match, and no task is DEAD that no run ever started.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def test_small_migration_round_builds_the_new_profile_whole_and_its_own():
         migration=True,
         backfill_mode="job",
         vector_sample=60,
+        source_passes=4,
+        source_files=6,
     )
     lines: list[str] = []
     started = time.monotonic()

@@ -11,8 +11,8 @@ starts ``dagster dev`` with short leases, and then, all at once:
   existing task) and repeated deletes (which must return the existing tombstone), keeping a backlog so
   runs stay busy;
 - a source driver (bench/chaos/sources.py) mutates a local folder registered as a source (files added,
-  changed, removed, re-added) and runs sync passes over it, one of them cut short by the PostgreSQL
-  stop, while the product's source sensor passes over it too;
+  changed, removed, re-added) and runs sync passes over it, one of them under way when PostgreSQL
+  stops, while the product's source sensor passes over it too;
 - a fault injector SIGKILLs K run processes while they work (a run is "working" when one of its
   leased tasks has reached a stage), SIGSTOPs one run until every lease it holds has been taken over
   (past its lease) and resumes it, and stops PostgreSQL (pg_ctl, fast) for a few seconds and starts it
@@ -56,8 +56,9 @@ SUCCEEDED version is not what the pointer names, documents whose newest version 
 pointed, newest versions other than the bench last acknowledged, deletes that made no tombstone, current
 documents missing from a search mode, source files whose document does not end on their bytes or a
 tombstone); deletes, revivals and source passes with their counts; time to quiescence; the verifier's
-result. The end checks on documents are in bench/chaos/end_state.py. DEAD with EMBEDDING_INVALID_RESPONSE (a wrong-dimension
-answer) or with attempts exhausted by repeated kills is an expected outcome, reported by code.
+result. The end checks on documents are in bench/chaos/end_state.py. DEAD with EMBEDDING_INVALID_RESPONSE
+(a wrong-dimension answer) or with attempts exhausted by repeated kills is an expected outcome, reported
+by code.
 """
 
 from __future__ import annotations
@@ -284,7 +285,8 @@ class Counters:
     publish_errors: int = 0
     deletes: int = 0
     deletes_while_in_flight: int = 0
-    """Deletes of a document whose previous version had not finished (its task not SUCCEEDED yet)."""
+    """Deletes of a document whose previous version had not finished (its task not SUCCEEDED, as seen at most 2 s
+    before)."""
     deletes_repeated: int = 0
     """Deletes of an already deleted document: must give back its tombstone and task, creating nothing."""
     revivals: int = 0

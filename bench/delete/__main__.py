@@ -1,5 +1,6 @@
-"""``python -m bench.delete``: publish, then delete, N one-page documents one at a time through the real daemon;
-p50/p95 of delete -> gone from every search mode beside publish -> searchable (bench/delete/__init__.py)."""
+"""``python -m bench.delete``: per path (through runs, and the fast path), N one-page documents published, changed
+(metadata and allow list only) and deleted, one operation at a time, through the real daemon and sensor; p50/p95/max
+of each operation -> seen (or gone) in every search mode, and texts embedded (bench/delete/__init__.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     p = argparse.ArgumentParser(prog="python -m bench.delete", description=__doc__)
-    p.add_argument("--documents", type=int, default=DeleteConfig.documents)
+    p.add_argument("--documents", type=int, default=DeleteConfig.documents, help="documents per path")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
     a = p.parse_args(argv)
     report = run_delete(DeleteConfig(documents=a.documents, keep=a.keep), out=lambda line: print(line, flush=True))

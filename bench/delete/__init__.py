@@ -27,7 +27,8 @@ through it, so the texts it answered between an operation's start and the next i
 vectors of the same texts could also be reused without a provider call, so ``run_embed_step`` adds what the run
 itself recorded on the version's chunk_embeddings partition in Dagster's event log (``copied_from``: the chunks
 and vectors were copied; ``embedded``: texts it embedded), and None where no run materialized the version (the
-fast path published it).
+fast path published it). For the paths through runs, ``phases`` splits each task's time: its commit -> the
+claim that made it RUNNING (the sensor's tick) and that claim -> finished (the run's start, its work, the publish).
 """
 
 from __future__ import annotations
@@ -129,6 +130,17 @@ class DeleteBench(Chaos):
         meta = deserialize_value(rows[0][0]).dagster_event.step_materialization_data.materialization.metadata
         return {k: meta[k].value for k in ("embedded", "reused", "copied_from", "tombstone") if k in meta}
 
+    def _phases(self, task_id: int) -> dict[str, float] | None:
+        """Where a task's time went: its commit -> the claim that made it RUNNING (the sensor's tick), and that
+        claim -> finished (the run's start, its work and the fenced publish)."""
+        rows = _sql(self.url, "SELECT extract(epoch FROM min(e.created_at) - t.created_at)::float8,"
+                              " extract(epoch FROM t.finished_at - min(e.created_at))::float8"
+                              " FROM index_task t JOIN task_event e ON e.task_id = t.task_id AND e.to_status = 'RUNNING'"
+                              " WHERE t.task_id = %s GROUP BY t.created_at, t.finished_at", [task_id])
+        if not rows or rows[0][1] is None:
+            return None
+        return {"to_claim": round(rows[0][0], 3), "claim_to_done": round(rows[0][1], 3)}
+
     def _wait_idle(self) -> None:
         """Until no task is unfinished and no Dagster run is in progress (a run that published may still be ending)."""
         started = time.monotonic()
@@ -157,6 +169,8 @@ class DeleteBench(Chaos):
         self.texts[name].append(texts)
         if name != "publish":
             self.runs[name].append(self._run_account(document_id, result.version))
+        if not name.endswith("_fast"):
+            self.phases[name].append(self._phases(result.task_id))
         status = getattr(result, "status", None)
         if name.endswith("_fast"):
             self.in_process[name] += status == "SUCCEEDED"
@@ -206,6 +220,7 @@ class DeleteBench(Chaos):
         self.texts: dict[str, list[int]] = {m: [] for m in MEASURES}
         self.in_process = {"delete_fast": 0, "metadata_fast": 0}
         self.runs: dict[str, list[dict[str, Any] | None]] = {m: [] for m in MEASURES}
+        self.phases: dict[str, list[dict[str, float] | None]] = {m: [] for m in MEASURES if not m.endswith("_fast")}
         self.load: list[float] = []  # the machine's 1-minute load average as each operation started
         try:
             self._prepare(root)
@@ -224,7 +239,8 @@ class DeleteBench(Chaos):
                            if self._modes_with(phrase, doc, everything)]  # none comes back once later runs published
             report = {"ok": not still_found, "documents": self.dcfg.documents,
                       **{m: {**summary(self.seconds[m]), "texts_embedded": self.texts[m],
-                             **({"run_embed_step": self.runs[m]} if m != "publish" else {})} for m in MEASURES},
+                             **({"run_embed_step": self.runs[m]} if m != "publish" else {}),
+                             **({"phases": self.phases[m]} if m in self.phases else {})} for m in MEASURES},
                       "fast_in_process": dict(self.in_process), "found_after_delete": still_found,
                       "load_average_1m": {"cpus": os.cpu_count(), "min": round(min(self.load), 2),
                                           "p50": round(statistics.median(self.load), 2), "max": round(max(self.load), 2)}}
@@ -286,6 +302,12 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(f"runs' own account (chunk_embeddings metadata): metadata-only through runs copied {copied}/{len(runs)},"
                  f" embedded {embedded} texts; no run at all for {no_run['metadata_fast']}/{report['metadata_fast']['n']}"
                  f" fast metadata-only changes and {no_run['delete_fast']}/{report['delete_fast']['n']} fast deletes")
+    for m in ("publish", "delete_pipeline", "metadata_pipeline"):
+        phases = [p for p in report[m]["phases"] if p]
+        if phases:
+            lines.append(f"{names[m]}: commit -> sensor claim p50 {statistics.median(p['to_claim'] for p in phases):.2f} s,"
+                         f" claim -> published (run start, work, publish) p50"
+                         f" {statistics.median(p['claim_to_done'] for p in phases):.2f} s")
     met = targets(report)
     for path in ("pipeline", "fast"):
         lines.append(f"target delete p50 <= {DELETE_TARGET_S:g} s (#29), {path}: "

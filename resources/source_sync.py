@@ -25,8 +25,8 @@ from typing import Any
 
 import fsspec
 
-from pipelines.domain.errors import InvalidRequest, KbindexError
-from pipelines.domain.identifiers import validate_tenant
+from pipelines.domain.errors import InvalidRequest, KbindexError, SourceOverlap
+from pipelines.domain.identifiers import validate_document_id, validate_tenant
 from pipelines.domain.source_sync import (
     DEFAULT_MAX_DELETE_SHARE,
     LedgerEntry,
@@ -36,6 +36,7 @@ from pipelines.domain.source_sync import (
     is_hidden,
     needs_publish,
     plan_pass,
+    sources_collide,
 )
 from resources.blob_store import content_hash
 from resources.database import Database
@@ -53,6 +54,8 @@ class Source:
     glob: str
     max_delete_share: float
     created_at: datetime
+    id_prefix: str = ""
+    """Put before each file's relative path to make its document id (`source add --prefix`)."""
     passes: int = 0
     files: int = 0
     last_pass_at: datetime | None = None
@@ -138,7 +141,9 @@ class SourceSync:
         self.publisher = publisher
 
     def add(self, name: str, tenant_id: str, url: str, glob: str = "**",
-            max_delete_share: float = DEFAULT_MAX_DELETE_SHARE) -> Source:
+            max_delete_share: float = DEFAULT_MAX_DELETE_SHARE, id_prefix: str = "") -> Source:
+        """Register a source. Refused (SOURCE_OVERLAP) if another source of the tenant could make the same
+        document ids (``sources_collide``: the same id prefix and globs that could match the same paths)."""
         validate_tenant(tenant_id)
         if not 0.0 <= max_delete_share <= 1.0:
             raise InvalidRequest("--max-delete-share must be between 0 and 1")
@@ -148,8 +153,20 @@ class SourceSync:
             raise InvalidRequest(f"cannot open {url}: {exc}") from exc
         if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
             raise InvalidRequest("source name must be 1-63 characters: lower-case letters, digits, '_', '.', '-'")
-        row = self.db.fetch_one("source_insert", {"name": name, "tenant_id": tenant_id, "url": url, "glob": glob,
-                                                  "max_delete_share": max_delete_share})
+        if id_prefix:
+            id_prefix = validate_document_id(id_prefix)  # NFC, printable: the ids it starts are documents' ids
+            if len(id_prefix) > 200:
+                raise InvalidRequest("--prefix must be at most 200 characters")
+        with self.db.transaction() as tx:
+            tx.fetch_one("source_tenant_lock", {"tenant_id": tenant_id})  # two adds cannot both pass the check
+            for other in tx.fetch_all("source_list_tenant", {"tenant_id": tenant_id}):
+                if other["name"] != name and sources_collide((id_prefix, glob), (other["id_prefix"], other["glob"])):
+                    raise SourceOverlap(
+                        f"source {other['name']} of tenant {tenant_id} (prefix {other['id_prefix']!r}, glob "
+                        f"{other['glob']}) could name the same documents; give {name} a distinct --prefix "
+                        f"(e.g. --prefix {name}/)", source=other["name"])
+            row = tx.fetch_one("source_insert", {"name": name, "tenant_id": tenant_id, "url": url, "glob": glob,
+                                                 "max_delete_share": max_delete_share, "id_prefix": id_prefix})
         if row is None:
             raise InvalidRequest(f"a source named {name} exists: remove it first, or choose another name")
         return Source.from_row(row)
@@ -210,6 +227,10 @@ class SourceSync:
             if budget_seconds is not None and time.monotonic() - started > budget_seconds:
                 counts.partial = True
                 break
+            if self._owner(source, entry.document_id):  # another source still names it: ours only lets go
+                self.db.execute("source_file_forget", {"name": source.name, "path": entry.path})
+                counts.fail(entry.path, SourceOverlap.code)
+                continue
             try:
                 self.publisher.delete(source.tenant_id, entry.document_id)
             except KbindexError as exc:
@@ -221,6 +242,13 @@ class SourceSync:
             counts.deleted += 1
             progress("deleted", done, len(plan.to_delete))
         return counts
+
+    def _owner(self, source: Source, document_id: str) -> str | None:
+        """Another source of the tenant whose ledger names this document (possible only for sources added before
+        `source add` refused overlaps): a pass neither publishes over its document nor deletes it."""
+        row = self.db.fetch_one("source_file_owner", {"document_id": document_id, "tenant_id": source.tenant_id,
+                                                      "name": source.name})
+        return row["source_name"] if row else None
 
     def _one_file(self, source: Source, fs: Any, root: str, item: Listed, entry: LedgerEntry | None, pass_no: int,
                   counts: PassCounts) -> None:
@@ -234,7 +262,10 @@ class SourceSync:
             return
         counts.read += 1
         digest = content_hash(data)
-        document_id = entry.document_id if entry else item.path
+        document_id = entry.document_id if entry else source.id_prefix + item.path
+        if entry is None and self._owner(source, document_id):
+            counts.fail(item.path, SourceOverlap.code)  # another source's document: never published over
+            return
         if needs_publish(entry, digest):
             try:
                 result = self.publisher.publish(source.tenant_id, document_id, data, item.path.rsplit("/", 1)[-1])

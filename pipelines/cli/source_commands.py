@@ -32,15 +32,21 @@ def add_command(
     glob: str = typer.Option("**", "--glob", help="Which files, relative to the URL (`**/*.md`; default: all)."),
     max_delete_share: float = typer.Option(0.2, "--max-delete-share",
                                            help="A pass that would delete more than this share deletes nothing."),
+    prefix: str = typer.Option("", "--prefix",
+                               help="Put before each relative path to make the document id (`hr/`): needed when "
+                                    "another source of the tenant could have the same relative paths."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Register a source. The sensor syncs it on its interval; `kbindex source sync NAME` syncs it now."""
+    """Register a source. The sensor syncs it on its interval; `kbindex source sync NAME` syncs it now.
+
+    Refused with SOURCE_OVERLAP (exit 2) if another source of the tenant could name the same documents."""
     with open_database(writes=True) as db, errors_to_exit():
-        source = _sources(db).add(name, tenant, url, glob, max_delete_share)
+        source = _sources(db).add(name, tenant, url, glob, max_delete_share, id_prefix=prefix)
     if as_json:
         print_json(source.to_dict())
     else:
-        console.print(f"added source {source.name}: {source.url} ({source.glob}) -> tenant {source.tenant_id}; "
+        ids = f", document ids {source.id_prefix}PATH" if source.id_prefix else ""
+        console.print(f"added source {source.name}: {source.url} ({source.glob}{ids}) -> tenant {source.tenant_id}; "
                       f"next: `kbindex source sync {source.name}`", highlight=False, soft_wrap=True)
 
 
@@ -55,7 +61,8 @@ def list_command(as_json: bool = JsonOption) -> None:
     table = Table("name", "tenant", "url", "glob", "files", "passes", "last pass")
     for s in sources:
         last = "never" if s.last_pass is None else f"{s.last_pass_at:%Y-%m-%d %H:%M:%S}: " + _summary(s.last_pass)
-        table.add_row(s.name, s.tenant_id, s.url, s.glob, f"{s.files:,}", str(s.passes), last)
+        glob = f"{s.glob} (ids {s.id_prefix}PATH)" if s.id_prefix else s.glob
+        table.add_row(s.name, s.tenant_id, s.url, glob, f"{s.files:,}", str(s.passes), last)
     console.print(table)
 
 

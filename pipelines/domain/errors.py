@@ -19,6 +19,7 @@
     │   (bookkeeping codes, no class: LEASE_ATTEMPTS_EXHAUSTED, RUN_NEVER_STARTED; see BOOKKEEPING_CODES)
     ├── InternalError                 INTERNAL_ERROR (retried a bounded number of times)
     ├── InvalidRequest                INVALID_REQUEST: bad tenant, document id, profile name... (HTTP 400)
+    │   └── SourceOverlap             SOURCE_OVERLAP: two sources of a tenant could name the same document
     ├── QuotaExceeded                 QUOTA_EXCEEDED: the tenant's stored bytes would pass its quota (HTTP 507)
     └── QueueError                    refusals of the task queue, not task failures
         ├── FenceRejected             a fenced write changed nothing
@@ -225,6 +226,13 @@ class Forbidden(InvalidRequest):
     """The caller's token does not carry the right this request needs."""
 
     code = "FORBIDDEN"
+
+
+class SourceOverlap(InvalidRequest):
+    """Two sources of one tenant could name the same document (same relative path, same id prefix): one
+    source's file would overwrite the other's document, or its vanishing delete it. Give one a ``--prefix``."""
+
+    code = "SOURCE_OVERLAP"
 
 
 class QuotaExceeded(KbindexError):

@@ -185,6 +185,32 @@ def glob_matches(path: str, pattern: str) -> bool:
     return _glob_regex(pattern).match(path) is not None
 
 
+def glob_head(glob: str) -> str:
+    """The literal start of a glob, up to its first wildcard: every path it matches starts with it
+    (``policies/**`` -> ``policies/``; ``**/*.md`` -> ``""``)."""
+    return re.split(r"[*?]", glob, maxsplit=1)[0]
+
+
+def sources_collide(a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """Whether two sources of one tenant, each ``(id_prefix, glob)``, could make the same document id
+    (id = prefix + relative path). Conservative where it refuses: two globs with one literal head but disjoint
+    endings (``*.md``, ``*.txt``) collide; distinct prefixes keep them apart.
+
+    One case is left to each pass instead: a source whose glob starts with a wildcard (``**``) could hold a folder
+    named like the other's prefix (``hr/``). Refusing it would make ``--prefix`` useless beside any unprefixed
+    source; the prefix is taken as the statement that no such folder exists, and a pass refuses, per file, to
+    publish over or delete a document another source's ledger names (resources/source_sync.py).
+    """
+    (prefix_a, glob_a), (prefix_b, glob_b) = sorted((a, b), key=lambda s: len(s[0]))
+    if not prefix_b.startswith(prefix_a):
+        return False  # the prefixes differ where both have a character: no id can start with both
+    rest, head_a, head_b = prefix_b[len(prefix_a):], glob_head(glob_a), glob_head(glob_b)
+    if rest and not head_a:
+        return False
+    x, y = head_a, rest + head_b
+    return x.startswith(y) or y.startswith(x)
+
+
 def is_hidden(path: str) -> bool:
     """Hidden files and folders are skipped (``.git/``, ``.DS_Store``), as ``kbindex publish DIR`` skips them."""
     return any(part.startswith(".") for part in path.split("/"))

@@ -1,22 +1,34 @@
 -- Sources (migration 0030): a named fsspec location synced into a tenant's documents, and its file ledger.
 
+-- name: source_tenant_lock
+-- Serialize `source add` per tenant for the rest of the transaction, so two adds cannot both pass the overlap
+-- check (each reads the tenant's sources, then inserts).
+SELECT pg_advisory_xact_lock(hashtextextended('kbindex.source-tenant:' || %(tenant_id)s, 0));
+
+-- name: source_list_tenant
+-- The sources of one tenant: whose document ids a new source's must not meet (migration 0040).
+SELECT name, url, glob, id_prefix
+FROM source
+WHERE tenant_id = %(tenant_id)s
+ORDER BY name;
+
 -- name: source_insert
 -- Register a source; an existing name returns nothing (the caller says it exists rather than changing it).
-INSERT INTO source (name, tenant_id, url, glob, max_delete_share)
-VALUES (%(name)s, %(tenant_id)s, %(url)s, %(glob)s, %(max_delete_share)s)
+INSERT INTO source (name, tenant_id, url, glob, max_delete_share, id_prefix)
+VALUES (%(name)s, %(tenant_id)s, %(url)s, %(glob)s, %(max_delete_share)s, %(id_prefix)s)
 ON CONFLICT (name) DO NOTHING
-RETURNING name, tenant_id, url, glob, max_delete_share, created_at, passes, last_pass_at, last_pass;
+RETURNING name, tenant_id, url, glob, id_prefix, max_delete_share, created_at, passes, last_pass_at, last_pass;
 
 -- name: source_get
 -- One source by name.
-SELECT name, tenant_id, url, glob, max_delete_share, created_at, passes, last_pass_at, last_pass,
+SELECT name, tenant_id, url, glob, id_prefix, max_delete_share, created_at, passes, last_pass_at, last_pass,
        (SELECT count(*) FROM source_file f WHERE f.source_name = s.name) AS files
 FROM source s
 WHERE name = %(name)s;
 
 -- name: source_list
 -- Every source with the size of its ledger, by name.
-SELECT name, tenant_id, url, glob, max_delete_share, created_at, passes, last_pass_at, last_pass,
+SELECT name, tenant_id, url, glob, id_prefix, max_delete_share, created_at, passes, last_pass_at, last_pass,
        (SELECT count(*) FROM source_file f WHERE f.source_name = s.name) AS files
 FROM source s
 ORDER BY name;
@@ -64,3 +76,12 @@ SET document_id = EXCLUDED.document_id, byte_size = EXCLUDED.byte_size, stamp = 
 -- Drop a vanished file's row after its document's delete committed (a crash before: the delete is repeated,
 -- and a delete is idempotent).
 DELETE FROM source_file WHERE source_name = %(name)s AND path = %(path)s;
+
+-- name: source_file_owner
+-- Another source of the same tenant whose ledger names this document (sources added before `source add`
+-- refused overlapping ones): a pass neither publishes over it nor deletes it. Uses source_file_document_idx.
+SELECT f.source_name, f.path
+FROM source_file f
+JOIN source s ON s.name = f.source_name
+WHERE f.document_id = %(document_id)s AND s.tenant_id = %(tenant_id)s AND f.source_name <> %(name)s
+LIMIT 1;

@@ -28,7 +28,7 @@ def test_each_tick_syncs_every_source_and_says_how_much(db, db_url, tmp_path):
     sources = SourceSync(db, Publisher(db, BlobStore(str(tmp_path / "b"))))
     assert "no sources" in tick(db_url, str(tmp_path / "b")).skip_message
     sources.add("share", "acme", str(share))
-    sources.add("wiki", "acme", str(wiki))
+    sources.add("wiki", "acme", str(wiki), id_prefix="wiki/")  # two unprefixed sources of a tenant: SOURCE_OVERLAP
 
     first = tick(db_url, str(tmp_path / "b")).skip_message
     assert "share: listed 4, unchanged 0, read 4, published 4" in first, first

@@ -9,6 +9,7 @@ import os
 import psycopg
 import pytest
 
+from pipelines.domain.errors import SourceOverlap
 from resources.source_sync import SourceSync
 
 
@@ -142,3 +143,62 @@ def test_a_pass_out_of_time_stops_reading_and_the_next_goes_on(sources, folder, 
     assert (cut.partial, cut.read, cut.published) == (True, 0, 0) and "partial" in cut.summary(), cut
     rest = sources.sync("share")
     assert (rest.partial, rest.read, rest.published) == (False, 10, 10), rest
+
+
+def _latest(db_url: str, document_id: str) -> tuple[str, str | None]:
+    """(kind, content hash) of the document's latest version."""
+    with psycopg.connect(db_url) as conn:
+        return conn.execute("SELECT kind, content_hash FROM document_version WHERE document_id = %s"
+                            " ORDER BY version_number DESC LIMIT 1", [document_id]).fetchone()
+
+
+def test_two_sources_of_a_tenant_cannot_name_the_same_documents(sources, folder, tmp_path, db_url):
+    """Same relative paths in two folders: without a check, the second source's p1.md overwrote the first's
+    document and its vanishing deleted it. `source add` refuses the overlap; a prefix keeps them apart."""
+    other = tmp_path / "other"
+    (other / "policies").mkdir(parents=True)
+    for i in range(10):
+        (other / "policies" / f"p{i}.md").write_text(f"# Other policy {i}\n")
+    sources.add("share", "acme", str(folder))
+    with pytest.raises(SourceOverlap) as refused:
+        sources.add("other", "acme", str(other))
+    assert refused.value.code == "SOURCE_OVERLAP" and "--prefix" in refused.value.message
+    with pytest.raises(SourceOverlap):
+        sources.add("other", "acme", str(other), glob="policies/*.md")  # a narrower glob still meets "**"
+    assert [s.name for s in sources.list()] == ["share"]  # nothing registered by a refusal
+    sources.add("elsewhere", "globex", str(other))  # another tenant: other documents, no overlap
+    added = sources.add("other", "acme", str(other), id_prefix="other/")
+    assert added.id_prefix == "other/"
+
+    assert sources.sync("share").published == 10 and sources.sync("other").published == 10
+    assert _latest(db_url, "policies/p1.md")[0] == "content"
+    assert sorted(d for d in versions(db_url) if d.startswith("other/")) == [f"other/policies/p{i}.md" for i in range(10)]
+    (other / "policies" / "p1.md").unlink()
+    assert sources.sync("other").deleted == 1
+    assert versions(db_url)["other/policies/p1.md"] == ["content", "tombstone"]
+    assert versions(db_url)["policies/p1.md"] == ["content"]  # the first source's document is untouched
+
+
+def test_overlapping_sources_from_before_the_check_neither_overwrite_nor_delete(sources, folder, tmp_path, db_url):
+    """Sources registered before `source add` refused overlaps: a pass does not publish over a document another
+    source's ledger names, and a vanished file whose document another source still names is only let go."""
+    other = tmp_path / "other"
+    (other / "policies").mkdir(parents=True)
+    (other / "policies" / "p1.md").write_text("# Another p1\n")
+    sources.add("share", "acme", str(folder))
+    assert sources.sync("share").published == 10
+    with psycopg.connect(db_url) as conn:  # what an older kbindex let anyone register
+        conn.execute("INSERT INTO source (name, tenant_id, url) VALUES ('old', 'acme', %s)", [str(other)])
+    before = _latest(db_url, "policies/p1.md")
+    counts = sources.sync("old")
+    assert (counts.published, counts.failed) == (0, 1) and "SOURCE_OVERLAP" in counts.errors[0], counts
+    assert _latest(db_url, "policies/p1.md") == before
+
+    with psycopg.connect(db_url) as conn:  # both ledgers name p1.md, as a pass before the fix left them
+        conn.execute("INSERT INTO source_file (source_name, path, document_id, byte_size, stamp, content_hash, pass)"
+                     " VALUES ('old', 'policies/p1.md', 'policies/p1.md', 1, 'x', 'y', 1)")
+    (other / "policies" / "p1.md").unlink()
+    gone = sources.sync("old", allow_mass_delete=True)
+    assert (gone.vanished, gone.deleted) == (1, 0) and "SOURCE_OVERLAP" in gone.errors[0], gone
+    assert versions(db_url)["policies/p1.md"] == ["content"]  # still the first source's, not a tombstone
+    assert sources.sync("old").vanished == 0  # let go: the old source's ledger no longer names it

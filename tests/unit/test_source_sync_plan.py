@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.domain.source_sync import LedgerEntry, Listed, glob_matches, is_hidden, needs_publish, plan_pass
+from pipelines.domain.source_sync import (
+    LedgerEntry,
+    Listed,
+    glob_matches,
+    glob_head,
+    is_hidden,
+    needs_publish,
+    plan_pass,
+    sources_collide,
+)
 
 
 def ledger(n: int, prefix: str = "f") -> list[LedgerEntry]:
@@ -77,3 +86,26 @@ def test_glob(path, pattern, expected):
 
 def test_hidden_files_and_folders():
     assert is_hidden(".DS_Store") and is_hidden(".git/config") and not is_hidden("a/b.md")
+
+
+@pytest.mark.parametrize(("glob", "head"), [
+    ("**", ""), ("policies/**", "policies/"), ("docs/p?.md", "docs/p"), ("**/*.md", ""), ("a.md", "a.md"),
+])
+def test_glob_head_is_what_every_match_starts_with(glob, head):
+    assert glob_head(glob) == head
+
+
+@pytest.mark.parametrize(("a", "b", "collide"), [
+    (("", "**"), ("", "**"), True),  # two folders with the same layout: the collision of issue 29's follow-up
+    (("", "**"), ("", "policies/*.md"), True),  # a narrower glob inside the other's
+    (("", "**/*.md"), ("", "**/*.txt"), True),  # disjoint endings, but the check only reads literal heads
+    (("", "policies/**"), ("", "handbook/**"), False),  # disjoint folders of one layout
+    (("", "**"), ("hr/", "**"), False),  # a prefix beside a wildcard glob: left to each pass, per file
+    (("hr/", "**"), ("it/", "**"), False),
+    (("hr/", "**"), ("hr/", "**"), True),
+    (("", "hr/**"), ("hr/", "**"), True),  # the first source's files all have ids under hr/
+    (("", "it/**"), ("hr/", "**"), False),
+    (("hr", "x/**"), ("hr2/", "**"), False),  # "hr" + "x/..." never starts "hr2/"
+])
+def test_sources_collide(a, b, collide):
+    assert sources_collide(a, b) is collide and sources_collide(b, a) is collide

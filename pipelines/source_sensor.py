@@ -8,6 +8,7 @@ SkipReason carries the counts, so the Dagster UI's tick history is the pass hist
 
 A tick is bounded (KBINDEX_SOURCE_TICK_SECONDS, default 40 s, below the daemon's 60-s gRPC limit): a pass
 that reaches the budget stops reading, reports itself partial, and the next tick goes on from the ledger.
+KBINDEX_SOURCE_REHASH_PER_PASS (default 0) rehashes that many unchanged files per source per tick.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from resources.source_sync import SourceSync
 
 SYNC_INTERVAL_SECONDS = int(os.environ.get("KBINDEX_SOURCE_SYNC_SECONDS", "60"))
 TICK_BUDGET_SECONDS = float(os.environ.get("KBINDEX_SOURCE_TICK_SECONDS", "40"))
+REHASH_PER_PASS = int(os.environ.get("KBINDEX_SOURCE_REHASH_PER_PASS", "0"))
+"""Files per source per tick read although their size and stamp did not move, hashed longest ago first: finds,
+within files / N ticks, a change that kept size and mtime. 0 (default): a pass over unchanged files reads nothing."""
 
 
 @dg.sensor(
@@ -44,7 +48,7 @@ def sync_sources(context: dg.SensorEvaluationContext, database: DatabaseResource
             lines.append(f"{source.name}: not synced this tick (tick budget spent), next tick")
             continue
         try:
-            counts = sync.sync(source.name, budget_seconds=left)
+            counts = sync.sync(source.name, budget_seconds=left, rehash_slice=REHASH_PER_PASS)
         except Exception as exc:  # one broken source must not stop the others; the tick says which
             context.log.warning(f"source {source.name}: pass failed: {type(exc).__name__}")
             lines.append(f"{source.name}: pass failed ({type(exc).__name__})")

@@ -185,25 +185,31 @@ class SourceSync:
         return self.db.execute("source_delete", {"name": name}) > 0
 
     def sync(self, name: str, *, allow_mass_delete: bool = False, budget_seconds: float | None = None,
-             on_progress: Progress | None = None) -> PassCounts:
-        """One pass over the source; returns its counts (also kept in source.last_pass)."""
+             on_progress: Progress | None = None, rehash: bool = False, rehash_slice: int = 0) -> PassCounts:
+        """One pass over the source; returns its counts (also kept in source.last_pass).
+
+        ``rehash`` also reads and hashes every file whose size and stamp did not move (a change that kept both
+        is found; a changed file is published); ``rehash_slice`` does it for at most that many, those hashed
+        longest ago first. Without either a pass reads only new files and files whose size or stamp moved."""
         source = self.get(name)
         with self.db.session() as lock:  # held for the pass: one pass per source, across processes
             if not lock.fetch_one("source_pass_lock", {"name": name})["locked"]:
                 return PassCounts(skipped="another pass of this source is running")
             try:
-                counts = self._pass(source, allow_mass_delete, budget_seconds, on_progress or (lambda *a: None))
+                counts = self._pass(source, allow_mass_delete, budget_seconds, on_progress or (lambda *a: None),
+                                    rehash, rehash_slice)
                 self.db.execute("source_pass_finish", {"name": name, "report": json.dumps(counts.to_dict())})
             finally:
                 lock.fetch_one("source_pass_unlock", {"name": name})
         return counts
 
     def _pass(self, source: Source, allow_mass_delete: bool, budget_seconds: float | None,
-              progress: Progress) -> PassCounts:
+              progress: Progress, rehash: bool, rehash_slice: int) -> PassCounts:
         started = time.monotonic()
         row = self.db.fetch_one("source_pass_start", {"name": source.name})
         pass_no = int(row["passes"]) if row else 0
-        ledger = [LedgerEntry(r["path"], r["document_id"], int(r["byte_size"]), r["stamp"], r["content_hash"])
+        ledger = [LedgerEntry(r["path"], r["document_id"], int(r["byte_size"]), r["stamp"], r["content_hash"],
+                              int(r["pass"]))
                   for r in self.db.fetch_all("source_file_ledger", {"name": source.name})]
         try:
             fs, root, listing = list_location(source.url, source.glob)
@@ -211,18 +217,20 @@ class SourceSync:
         except Exception as exc:  # any listing failure: delete nothing, say why (no path or secret beyond the URL)
             fs, root, listing, list_error = None, "", None, f"{type(exc).__name__}: {str(exc)[:200]}"
         plan = plan_pass(listing, ledger, max_delete_share=source.max_delete_share,
-                         allow_mass_delete=allow_mass_delete, list_error=list_error)
+                         allow_mass_delete=allow_mass_delete, list_error=list_error, rehash_all=rehash,
+                         rehash_slice=rehash_slice)
         counts = PassCounts(listed=plan.listed, unchanged=plan.unchanged, vanished=len(plan.vanished),
                             deletes_blocked=plan.delete_blocked if plan.vanished or list_error else None,
                             list_error=plan.list_error)
         progress("listed", plan.listed, plan.listed)
         known = {e.path: e for e in ledger}
-        for done, item in enumerate(plan.to_read, 1):
+        reads = [(item, False) for item in plan.to_read] + [(item, True) for item in plan.to_rehash]
+        for done, (item, rehashing) in enumerate(reads, 1):
             if budget_seconds is not None and time.monotonic() - started > budget_seconds:
                 counts.partial = True
                 break
-            self._one_file(source, fs, root, item, known.get(item.path), pass_no, counts)
-            progress("read", done, len(plan.to_read))
+            self._one_file(source, fs, root, item, known.get(item.path), pass_no, counts, rehashing)
+            progress("read", done, len(reads))
         for done, entry in enumerate(plan.to_delete, 1):
             if budget_seconds is not None and time.monotonic() - started > budget_seconds:
                 counts.partial = True
@@ -251,7 +259,7 @@ class SourceSync:
         return row["source_name"] if row else None
 
     def _one_file(self, source: Source, fs: Any, root: str, item: Listed, entry: LedgerEntry | None, pass_no: int,
-                  counts: PassCounts) -> None:
+                  counts: PassCounts, rehashing: bool = False) -> None:
         if item.size > self.publisher.max_bytes:  # refused without reading it
             counts.fail(item.path, "DOCUMENT_TOO_LARGE")
             return
@@ -262,6 +270,9 @@ class SourceSync:
             return
         counts.read += 1
         digest = content_hash(data)
+        if rehashing:
+            counts.rehashed += 1
+            counts.rehash_changed += needs_publish(entry, digest)
         document_id = entry.document_id if entry else source.id_prefix + item.path
         if entry is None and self._owner(source, document_id):
             counts.fail(item.path, SourceOverlap.code)  # another source's document: never published over
@@ -278,7 +289,7 @@ class SourceSync:
                 counts.published += 1
             else:
                 counts.same_bytes += 1  # already the document's latest bytes (a crash before the ledger row)
-        else:
+        elif not rehashing:
             counts.same_bytes += 1
         # The ledger row only after the publish committed: a crash before it repeats an idempotent publish.
         self.db.execute("source_file_upsert", {"name": source.name, "path": item.path, "document_id": document_id,

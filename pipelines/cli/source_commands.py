@@ -77,6 +77,9 @@ def sync_command(
     name: str = typer.Argument(..., help="The source to sync now."),
     allow_mass_delete: bool = typer.Option(False, "--allow-mass-delete",
                                            help="Delete even if the listing is empty or more than the share vanished."),
+    rehash: bool = typer.Option(False, "--rehash",
+                                help="Also read and hash every file whose size and stamp did not move: finds a change "
+                                     "that kept both (costs a read of the whole source)."),
     as_json: bool = JsonOption,
 ) -> None:
     """One pass now: publish new and changed files, delete documents whose files are gone."""
@@ -93,7 +96,7 @@ def sync_command(
                 err_console.print(f"\r{name}: {stage} {done:,}/{total:,}", end="" if done < total else "\n",
                                   highlight=False)
 
-        counts = sync.sync(name, allow_mass_delete=allow_mass_delete, on_progress=progress)
+        counts = sync.sync(name, allow_mass_delete=allow_mass_delete, on_progress=progress, rehash=rehash)
     if as_json:
         print_json(counts.to_dict())
     else:

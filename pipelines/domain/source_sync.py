@@ -38,6 +38,8 @@ class LedgerEntry:
     size: int
     stamp: str
     content_hash: str
+    hashed_pass: int = 0
+    """The pass that last read and hashed the file (source_file.pass): a rehash slice takes the oldest first."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class Plan:
     """Why the vanished entries are kept this pass (None: they are deleted)."""
     listed: int = 0
     list_error: str | None = None
+    to_rehash: list[Listed] = field(default_factory=list)
+    """Files whose size and stamp did not move, read anyway to compare their bytes with the ledger's hash
+    (``--rehash``: all of them; a rehash slice: the ones hashed longest ago). Not counted in ``unchanged``."""
 
     @property
     def to_delete(self) -> list[LedgerEntry]:
@@ -73,6 +78,10 @@ class PassCounts:
     deleted: int = 0
     vanished: int = 0
     failed: int = 0
+    rehashed: int = 0
+    """Read although size and stamp had not moved (``--rehash`` or the sensor's rehash slice)."""
+    rehash_changed: int = 0
+    """Of those, the files whose bytes had changed under the same size and stamp (published)."""
     deletes_blocked: str | None = None
     list_error: str | None = None
     skipped: str | None = None
@@ -87,6 +96,8 @@ class PassCounts:
         parts = [f"listed {self.listed:,}", f"unchanged {self.unchanged:,}", f"read {self.read:,}",
                  f"published {self.published:,}", f"same bytes {self.same_bytes:,}",
                  f"deleted {self.deleted:,}/{self.vanished:,} vanished", f"failed {self.failed:,}"]
+        if self.rehashed:
+            parts.append(f"rehashed {self.rehashed:,} ({self.rehash_changed:,} changed under the same size and stamp)")
         text = ", ".join(parts)
         if self.partial:
             text += " (partial: time budget reached, the next pass goes on)"
@@ -113,15 +124,23 @@ def plan_pass(
     max_delete_share: float = DEFAULT_MAX_DELETE_SHARE,
     allow_mass_delete: bool = False,
     list_error: str | None = None,
+    rehash_all: bool = False,
+    rehash_slice: int = 0,
 ) -> Plan:
-    """Compare a listing (None: listing failed, ``list_error`` says how) with the ledger."""
+    """Compare a listing (None: listing failed, ``list_error`` says how) with the ledger.
+
+    Size and stamp miss a change that keeps both (a rewrite within the stamp's resolution, an mtime restored by a
+    copy tool). ``rehash_all`` also reads every file whose size and stamp did not move; ``rehash_slice`` reads at
+    most that many of them, those hashed longest ago first, so that a slice per pass covers the whole source in
+    turn. Without either, a pass over unchanged files reads no bytes."""
     known = {entry.path: entry for entry in ledger}
     if listing is None:
         return Plan(to_read=[], new=0, restamped=0, unchanged=0, vanished=[], listed=0,
                     list_error=list_error or "listing failed",
                     delete_blocked=f"the listing failed ({list_error or 'unknown error'})")
     to_read: list[Listed] = []
-    new = restamped = unchanged = 0
+    same: list[tuple[LedgerEntry, Listed]] = []
+    new = restamped = 0
     seen: set[str] = set()
     for item in listing:
         if item.path in seen:
@@ -135,7 +154,15 @@ def plan_pass(
             restamped += 1
             to_read.append(item)
         else:
-            unchanged += 1
+            same.append((entry, item))
+    if rehash_all:
+        to_rehash = [item for _, item in same]
+    elif rehash_slice > 0:
+        oldest = sorted(same, key=lambda pair: (pair[0].hashed_pass, pair[0].path))[:rehash_slice]
+        to_rehash = [item for _, item in oldest]
+    else:
+        to_rehash = []
+    unchanged = len(same) - len(to_rehash)
     vanished = [entry for path, entry in sorted(known.items()) if path not in seen]
     blocked = None
     if vanished and not allow_mass_delete:
@@ -148,7 +175,7 @@ def plan_pass(
         if blocked:
             blocked += "; run `kbindex source sync NAME --allow-mass-delete` if that is intended"
     return Plan(to_read=to_read, new=new, restamped=restamped, unchanged=unchanged, vanished=vanished,
-                delete_blocked=blocked, listed=len(seen))
+                delete_blocked=blocked, listed=len(seen), to_rehash=to_rehash)
 
 
 def needs_publish(entry: LedgerEntry | None, digest: str) -> bool:

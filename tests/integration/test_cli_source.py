@@ -37,6 +37,8 @@ def test_add_list_sync_remove(cli, tmp_path):
         ("handbook", "acme", "**/*.md", 3, 2)]
     table = cli("source", "list")
     assert table.exit_code == 0 and "handbook" in table.stdout and "unchanged 3" in table.stdout, table.stdout
+    rehashed = json.loads(cli("source", "sync", "handbook", "--rehash", "--json").stdout)
+    assert (rehashed["unchanged"], rehashed["read"], rehashed["rehashed"], rehashed["published"]) == (0, 3, 3, 0)
 
     for f in share.glob("*.md"):
         f.unlink()

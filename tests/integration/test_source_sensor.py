@@ -45,3 +45,20 @@ def test_each_tick_syncs_every_source_and_says_how_much(db, db_url, tmp_path):
 def test_the_sensor_is_in_the_code_location_and_runs_by_default():
     sensor = defs.get_repository_def().get_sensor_def("sync_sources")
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+
+
+def test_a_rehash_slice_per_tick_reads_that_many_unchanged_files(db, db_url, tmp_path, monkeypatch):
+    """KBINDEX_SOURCE_REHASH_PER_PASS: each tick reads and hashes that many files whose size and stamp did not
+    move; without it (the default) a tick over unchanged files reads none."""
+    import pipelines.source_sensor as sensor_module
+
+    share = tmp_path / "share"
+    share.mkdir()
+    for i in range(5):
+        (share / f"d{i}.md").write_text(f"doc {i}")
+    SourceSync(db, Publisher(db, BlobStore(str(tmp_path / "b")))).add("share", "acme", str(share))
+    tick(db_url, str(tmp_path / "b"))
+    assert "share: listed 5, unchanged 5, read 0" in tick(db_url, str(tmp_path / "b")).skip_message
+    monkeypatch.setattr(sensor_module, "REHASH_PER_PASS", 2)
+    message = tick(db_url, str(tmp_path / "b")).skip_message
+    assert "share: listed 5, unchanged 3, read 2" in message and "rehashed 2 (0 changed" in message, message

@@ -9,6 +9,7 @@ import os
 import psycopg
 import pytest
 
+from bench.source_sync import count_opens
 from pipelines.domain.errors import SourceOverlap
 from resources.source_sync import SourceSync
 
@@ -202,3 +203,46 @@ def test_overlapping_sources_from_before_the_check_neither_overwrite_nor_delete(
     assert (gone.vanished, gone.deleted) == (1, 0) and "SOURCE_OVERLAP" in gone.errors[0], gone
     assert versions(db_url)["policies/p1.md"] == ["content"]  # still the first source's, not a tombstone
     assert sources.sync("old").vanished == 0  # let go: the old source's ledger no longer names it
+
+
+def _rewrite_keeping_size_and_mtime(path, text: str) -> None:
+    """What a copy tool that restores mtimes does (or a rewrite within the stamp's resolution)."""
+    st = os.stat(path)
+    assert len(text.encode()) == st.st_size
+    path.write_text(text)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_rehash_finds_a_change_that_kept_size_and_stamp(sources, folder, db_url):
+    sources.add("share", "acme", str(folder))
+    sources.sync("share")
+    _rewrite_keeping_size_and_mtime(folder / "policies" / "p3.md", "# Policy 3\n\nRule X.\n")
+    with count_opens(folder) as opened:
+        normal = sources.sync("share")
+    assert (normal.read, normal.published, normal.unchanged, opened) == (0, 0, 10, []), normal  # still no bytes read
+    assert versions(db_url)["policies/p3.md"] == ["content"]  # the gap --rehash closes
+
+    rehashed = sources.sync("share", rehash=True)
+    assert (rehashed.read, rehashed.rehashed, rehashed.rehash_changed, rehashed.published, rehashed.unchanged) == \
+        (10, 10, 1, 1, 0), rehashed
+    assert "rehashed 10 (1 changed under the same size and stamp)" in rehashed.summary()
+    assert versions(db_url)["policies/p3.md"] == ["content", "content"]
+    with count_opens(folder) as opened:
+        after = sources.sync("share")
+    assert (after.read, after.rehashed, opened) == (0, 0, []), after
+
+
+def test_a_rehash_slice_per_pass_covers_the_source_in_turn(sources, folder, db_url):
+    sources.add("share", "acme", str(folder))
+    sources.sync("share")
+    _rewrite_keeping_size_and_mtime(folder / "policies" / "p9.md", "# Policy 9\n\nRule Z.\n")
+    read: list[str] = []
+    found = []
+    for _ in range(3):  # 10 files, 4 per pass: every file within 3 passes
+        with count_opens(folder) as opened:
+            counts = sources.sync("share", rehash_slice=4)
+        read += [os.path.basename(p) for p in opened]
+        assert (counts.rehashed, counts.unchanged, counts.read) == (4, 6, 4), counts
+        found.append(counts.rehash_changed)
+    assert sorted(set(read)) == sorted(f"p{i}.md" for i in range(10))  # the oldest-hashed first: all of them
+    assert sum(found) == 1 and versions(db_url)["policies/p9.md"] == ["content", "content"]

@@ -109,3 +109,26 @@ def test_glob_head_is_what_every_match_starts_with(glob, head):
 ])
 def test_sources_collide(a, b, collide):
     assert sources_collide(a, b) is collide and sources_collide(b, a) is collide
+
+
+def test_without_rehash_a_change_that_kept_size_and_stamp_is_not_read():
+    known = ledger(10)
+    plan = plan_pass(listing(known), known)
+    assert (plan.to_read, plan.to_rehash, plan.unchanged) == ([], [], 10)
+
+
+def test_rehash_all_reads_every_unchanged_file():
+    known = ledger(10)
+    seen = listing(known)
+    seen.append(Listed("new.md", 1, "t"))
+    plan = plan_pass(seen, known, rehash_all=True)
+    assert [x.path for x in plan.to_read] == ["new.md"]
+    assert sorted(x.path for x in plan.to_rehash) == sorted(e.path for e in known) and plan.unchanged == 0
+
+
+def test_a_rehash_slice_takes_the_files_hashed_longest_ago():
+    known = [LedgerEntry(f"f{i}.md", f"f{i}.md", 10, "t1", f"h{i}", hashed_pass=pass_no)
+             for i, pass_no in enumerate([5, 1, 3, 1, 9])]
+    plan = plan_pass(listing(known), known, rehash_slice=3)
+    assert [x.path for x in plan.to_rehash] == ["f1.md", "f3.md", "f2.md"] and plan.unchanged == 2
+    assert len(plan_pass(listing(known), known, rehash_slice=50).to_rehash) == 5

@@ -25,7 +25,13 @@ from typing import Any
 
 import fsspec
 
-from pipelines.domain.errors import InvalidRequest, KbindexError, SourceOverlap
+from pipelines.domain.errors import (
+    DocumentTooLarge,
+    InvalidRequest,
+    KbindexError,
+    SourceFileUnreadable,
+    SourceOverlap,
+)
 from pipelines.domain.identifiers import validate_document_id, validate_tenant
 from pipelines.domain.source_sync import (
     DEFAULT_MAX_DELETE_SHARE,
@@ -60,6 +66,10 @@ class Source:
     files: int = 0
     last_pass_at: datetime | None = None
     last_pass: dict[str, Any] | None = None
+    failing: int = 0
+    """Files whose last attempt failed (recorded in the ledger with their code), left alone until they change."""
+    failing_codes: dict[str, int] | None = None
+    """How many of those per stable error code."""
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Source:
@@ -185,31 +195,35 @@ class SourceSync:
         return self.db.execute("source_delete", {"name": name}) > 0
 
     def sync(self, name: str, *, allow_mass_delete: bool = False, budget_seconds: float | None = None,
-             on_progress: Progress | None = None, rehash: bool = False, rehash_slice: int = 0) -> PassCounts:
+             on_progress: Progress | None = None, rehash: bool = False, rehash_slice: int = 0,
+             retry_failed: bool = False) -> PassCounts:
         """One pass over the source; returns its counts (also kept in source.last_pass).
 
         ``rehash`` also reads and hashes every file whose size and stamp did not move (a change that kept both
         is found; a changed file is published); ``rehash_slice`` does it for at most that many, those hashed
-        longest ago first. Without either a pass reads only new files and files whose size or stamp moved."""
+        longest ago first. Without either a pass reads only new files and files whose size or stamp moved.
+
+        A file that failed (recorded in the ledger with its code) is tried again only when its size or stamp
+        moves, on ``rehash`` (or its turn in a slice), or on ``retry_failed`` (every failing file, once)."""
         source = self.get(name)
         with self.db.session() as lock:  # held for the pass: one pass per source, across processes
             if not lock.fetch_one("source_pass_lock", {"name": name})["locked"]:
                 return PassCounts(skipped="another pass of this source is running")
             try:
                 counts = self._pass(source, allow_mass_delete, budget_seconds, on_progress or (lambda *a: None),
-                                    rehash, rehash_slice)
+                                    rehash, rehash_slice, retry_failed)
                 self.db.execute("source_pass_finish", {"name": name, "report": json.dumps(counts.to_dict())})
             finally:
                 lock.fetch_one("source_pass_unlock", {"name": name})
         return counts
 
     def _pass(self, source: Source, allow_mass_delete: bool, budget_seconds: float | None,
-              progress: Progress, rehash: bool, rehash_slice: int) -> PassCounts:
+              progress: Progress, rehash: bool, rehash_slice: int, retry_failed: bool) -> PassCounts:
         started = time.monotonic()
         row = self.db.fetch_one("source_pass_start", {"name": source.name})
         pass_no = int(row["passes"]) if row else 0
         ledger = [LedgerEntry(r["path"], r["document_id"], int(r["byte_size"]), r["stamp"], r["content_hash"],
-                              int(r["pass"]))
+                              int(r["pass"]), r["error_code"])
                   for r in self.db.fetch_all("source_file_ledger", {"name": source.name})]
         try:
             fs, root, listing = list_location(source.url, source.glob)
@@ -218,8 +232,9 @@ class SourceSync:
             fs, root, listing, list_error = None, "", None, f"{type(exc).__name__}: {str(exc)[:200]}"
         plan = plan_pass(listing, ledger, max_delete_share=source.max_delete_share,
                          allow_mass_delete=allow_mass_delete, list_error=list_error, rehash_all=rehash,
-                         rehash_slice=rehash_slice)
+                         rehash_slice=rehash_slice, retry_failed=retry_failed)
         counts = PassCounts(listed=plan.listed, unchanged=plan.unchanged, vanished=len(plan.vanished),
+                            failing=plan.failing,
                             deletes_blocked=plan.delete_blocked if plan.vanished or list_error else None,
                             list_error=plan.list_error)
         progress("listed", plan.listed, plan.listed)
@@ -231,6 +246,8 @@ class SourceSync:
                 break
             self._one_file(source, fs, root, item, known.get(item.path), pass_no, counts, rehashing)
             progress("read", done, len(reads))
+        for entry in plan.forget:  # failures whose files are gone: they published nothing, so nothing is deleted
+            self.db.execute("source_file_forget", {"name": source.name, "path": entry.path})
         for done, entry in enumerate(plan.to_delete, 1):
             if budget_seconds is not None and time.monotonic() - started > budget_seconds:
                 counts.partial = True
@@ -260,30 +277,34 @@ class SourceSync:
 
     def _one_file(self, source: Source, fs: Any, root: str, item: Listed, entry: LedgerEntry | None, pass_no: int,
                   counts: PassCounts, rehashing: bool = False) -> None:
+        document_id = entry.document_id if entry else source.id_prefix + item.path
         if item.size > self.publisher.max_bytes:  # refused without reading it
-            counts.fail(item.path, "DOCUMENT_TOO_LARGE")
+            self._failed(source, item, document_id, pass_no, counts, DocumentTooLarge.code)
+            return
+        if (entry is None or entry.content_hash is None) and self._owner(source, document_id):
+            # Another source's document: never published over (checked before reading: the bytes cannot matter).
+            self._failed(source, item, document_id, pass_no, counts, SourceOverlap.code)
             return
         try:
             data = fs.cat_file(f"{root}/{item.path}" if root else item.path)
-        except (OSError, ValueError) as exc:  # vanished or unreadable since the listing: the next pass sees
-            counts.fail(item.path, type(exc).__name__)
+        except FileNotFoundError:  # vanished since the listing: the next listing says so, nothing to record
+            counts.fail(item.path, "vanished since the listing")
+            return
+        except (OSError, ValueError) as exc:  # permission denied, an I/O error
+            self._failed(source, item, document_id, pass_no, counts, SourceFileUnreadable.code, type(exc).__name__)
             return
         counts.read += 1
         digest = content_hash(data)
         if rehashing:
             counts.rehashed += 1
             counts.rehash_changed += needs_publish(entry, digest)
-        document_id = entry.document_id if entry else source.id_prefix + item.path
-        if entry is None and self._owner(source, document_id):
-            counts.fail(item.path, SourceOverlap.code)  # another source's document: never published over
-            return
         if needs_publish(entry, digest):
             try:
                 result = self.publisher.publish(source.tenant_id, document_id, data, item.path.rsplit("/", 1)[-1])
             except KbindexError as exc:
                 if exc.code == "INDEX_WRITE_FAILED":
                     raise
-                counts.fail(item.path, exc.code)
+                self._failed(source, item, document_id, pass_no, counts, exc.code)
                 return
             if result.created or result.requeued:
                 counts.published += 1
@@ -295,6 +316,16 @@ class SourceSync:
         self.db.execute("source_file_upsert", {"name": source.name, "path": item.path, "document_id": document_id,
                                                "byte_size": item.size, "stamp": item.stamp,
                                                "content_hash": digest, "pass": pass_no})
+
+    def _failed(self, source: Source, item: Listed, document_id: str, pass_no: int, counts: PassCounts, code: str,
+                detail: str | None = None) -> None:
+        """A file that could not be published: counted in this pass, and recorded in the ledger with its code at
+        the size and stamp it failed at, so the next passes leave it alone until either moves (a file that fails
+        every time must not cost a read and a parse on every pass)."""
+        counts.fail(item.path, f"{code} ({detail})" if detail else code)
+        self.db.execute("source_file_fail", {"name": source.name, "path": item.path, "document_id": document_id,
+                                             "byte_size": item.size, "stamp": item.stamp, "pass": pass_no,
+                                             "error_code": code})
 
 
 __all__ = ["Source", "SourceSync", "list_location"]

@@ -52,18 +52,26 @@ def add_command(
 
 @source_app.command("list")
 def list_command(as_json: bool = JsonOption) -> None:
-    """Sources with their tenant, location, ledger size and last pass."""
+    """Sources with their tenant, location, ledger size, failing files and last pass."""
     with open_database() as db, errors_to_exit():
         sources = _sources(db).list()
     if as_json:
         print_json([s.to_dict() for s in sources])
         return
-    table = Table("name", "tenant", "url", "glob", "files", "passes", "last pass")
+    table = Table("name", "tenant", "url", "glob", "files", "failing", "passes", "last pass")
     for s in sources:
         last = "never" if s.last_pass is None else f"{s.last_pass_at:%Y-%m-%d %H:%M:%S}: " + _summary(s.last_pass)
         glob = f"{s.glob} (ids {s.id_prefix}PATH)" if s.id_prefix else s.glob
-        table.add_row(s.name, s.tenant_id, s.url, glob, f"{s.files:,}", str(s.passes), last)
+        table.add_row(s.name, s.tenant_id, s.url, glob, f"{s.files:,}", _failing(s), str(s.passes), last)
     console.print(table)
+
+
+def _failing(source) -> str:
+    """``3 (DOCUMENT_TOO_LARGE 2, SOURCE_FILE_UNREADABLE 1)``: files left alone until they change."""
+    if not source.failing:
+        return "0"
+    codes = ", ".join(f"{code} {n:,}" for code, n in sorted((source.failing_codes or {}).items()))
+    return f"{source.failing:,} ({codes})"
 
 
 def _summary(report: dict) -> str:
@@ -80,6 +88,9 @@ def sync_command(
     rehash: bool = typer.Option(False, "--rehash",
                                 help="Also read and hash every file whose size and stamp did not move: finds a change "
                                      "that kept both (costs a read of the whole source)."),
+    retry_failed: bool = typer.Option(False, "--retry-failed",
+                                      help="Also try again every file that failed and has not changed since "
+                                           "(after fixing its permissions or the tenant's quota)."),
     as_json: bool = JsonOption,
 ) -> None:
     """One pass now: publish new and changed files, delete documents whose files are gone."""
@@ -96,7 +107,8 @@ def sync_command(
                 err_console.print(f"\r{name}: {stage} {done:,}/{total:,}", end="" if done < total else "\n",
                                   highlight=False)
 
-        counts = sync.sync(name, allow_mass_delete=allow_mass_delete, on_progress=progress, rehash=rehash)
+        counts = sync.sync(name, allow_mass_delete=allow_mass_delete, on_progress=progress, rehash=rehash,
+                           retry_failed=retry_failed)
     if as_json:
         print_json(counts.to_dict())
     else:

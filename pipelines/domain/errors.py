@@ -20,6 +20,7 @@
     ├── InternalError                 INTERNAL_ERROR (retried a bounded number of times)
     ├── InvalidRequest                INVALID_REQUEST: bad tenant, document id, profile name... (HTTP 400)
     │   └── SourceOverlap             SOURCE_OVERLAP: two sources of a tenant could name the same document
+    ├── SourceFileUnreadable          SOURCE_FILE_UNREADABLE: a source's file could not be read (permissions, I/O)
     ├── QuotaExceeded                 QUOTA_EXCEEDED: the tenant's stored bytes would pass its quota (HTTP 507)
     └── QueueError                    refusals of the task queue, not task failures
         ├── FenceRejected             a fenced write changed nothing
@@ -233,6 +234,13 @@ class SourceOverlap(InvalidRequest):
     source's file would overwrite the other's document, or its vanishing delete it. Give one a ``--prefix``."""
 
     code = "SOURCE_OVERLAP"
+
+
+class SourceFileUnreadable(KbindexError):
+    """A file a source listed could not be read (permission denied, an I/O error): the source's ledger records it,
+    and a pass tries it again when its size or stamp moves, or on ``--retry-failed``."""
+
+    code = "SOURCE_FILE_UNREADABLE"
 
 
 class QuotaExceeded(KbindexError):

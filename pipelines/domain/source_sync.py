@@ -37,9 +37,13 @@ class LedgerEntry:
     document_id: str
     size: int
     stamp: str
-    content_hash: str
+    content_hash: str | None
+    """The bytes last published from the file; None: nothing yet (its attempts so far failed)."""
     hashed_pass: int = 0
     """The pass that last read and hashed the file (source_file.pass): a rehash slice takes the oldest first."""
+    error_code: str | None = None
+    """The stable code of the last attempt's failure at this size and stamp (None: it succeeded). A failing file
+    is tried again when its size or stamp moves, on ``--rehash`` or ``--retry-failed``, never on every pass."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +54,15 @@ class Plan:
     restamped: int
     unchanged: int
     vanished: list[LedgerEntry]
-    """Ledger entries the listing no longer has."""
+    """Ledger entries the listing no longer has, whose files had published a document."""
     delete_blocked: str | None = None
     """Why the vanished entries are kept this pass (None: they are deleted)."""
     listed: int = 0
     list_error: str | None = None
+    failing: int = 0
+    """Files not read because they failed at the size and stamp they still have."""
+    forget: list[LedgerEntry] = field(default_factory=list)
+    """Vanished entries that never published anything (failures only): their rows go, no document is deleted."""
     to_rehash: list[Listed] = field(default_factory=list)
     """Files whose size and stamp did not move, read anyway to compare their bytes with the ledger's hash
     (``--rehash``: all of them; a rehash slice: the ones hashed longest ago). Not counted in ``unchanged``."""
@@ -78,6 +86,8 @@ class PassCounts:
     deleted: int = 0
     vanished: int = 0
     failed: int = 0
+    failing: int = 0
+    """Files left alone because they failed at the size and stamp they still have (in the ledger, with a code)."""
     rehashed: int = 0
     """Read although size and stamp had not moved (``--rehash`` or the sensor's rehash slice)."""
     rehash_changed: int = 0
@@ -96,6 +106,8 @@ class PassCounts:
         parts = [f"listed {self.listed:,}", f"unchanged {self.unchanged:,}", f"read {self.read:,}",
                  f"published {self.published:,}", f"same bytes {self.same_bytes:,}",
                  f"deleted {self.deleted:,}/{self.vanished:,} vanished", f"failed {self.failed:,}"]
+        if self.failing:
+            parts.append(f"still failing {self.failing:,} (not retried until they change; --retry-failed)")
         if self.rehashed:
             parts.append(f"rehashed {self.rehashed:,} ({self.rehash_changed:,} changed under the same size and stamp)")
         text = ", ".join(parts)
@@ -126,13 +138,17 @@ def plan_pass(
     list_error: str | None = None,
     rehash_all: bool = False,
     rehash_slice: int = 0,
+    retry_failed: bool = False,
 ) -> Plan:
     """Compare a listing (None: listing failed, ``list_error`` says how) with the ledger.
 
     Size and stamp miss a change that keeps both (a rewrite within the stamp's resolution, an mtime restored by a
     copy tool). ``rehash_all`` also reads every file whose size and stamp did not move; ``rehash_slice`` reads at
     most that many of them, those hashed longest ago first, so that a slice per pass covers the whole source in
-    turn. Without either, a pass over unchanged files reads no bytes."""
+    turn. Without either, a pass over unchanged files reads no bytes.
+
+    A file whose last attempt failed at the size and stamp it still has is not read again (it would fail at full
+    cost on every pass), unless ``retry_failed``, ``rehash_all`` or its turn in a rehash slice."""
     known = {entry.path: entry for entry in ledger}
     if listing is None:
         return Plan(to_read=[], new=0, restamped=0, unchanged=0, vanished=[], listed=0,
@@ -155,6 +171,9 @@ def plan_pass(
             to_read.append(item)
         else:
             same.append((entry, item))
+    if retry_failed and not rehash_all:
+        to_read += [item for entry, item in same if entry.error_code]
+        same = [(entry, item) for entry, item in same if not entry.error_code]
     if rehash_all:
         to_rehash = [item for _, item in same]
     elif rehash_slice > 0:
@@ -162,20 +181,25 @@ def plan_pass(
         to_rehash = [item for _, item in oldest]
     else:
         to_rehash = []
-    unchanged = len(same) - len(to_rehash)
-    vanished = [entry for path, entry in sorted(known.items()) if path not in seen]
+    rehashing = {item.path for item in to_rehash}
+    failing = sum(1 for entry, item in same if entry.error_code and item.path not in rehashing)
+    unchanged = len(same) - len(to_rehash) - failing
+    gone = [entry for path, entry in sorted(known.items()) if path not in seen]
+    vanished = [entry for entry in gone if entry.content_hash is not None]
+    published = sum(1 for entry in known.values() if entry.content_hash is not None)
     blocked = None
     if vanished and not allow_mass_delete:
-        share = len(vanished) / len(known)
+        share = len(vanished) / published
         if not seen:
-            blocked = f"the listing is empty and the ledger has {len(known):,} files"
+            blocked = f"the listing is empty and the ledger has {published:,} files"
         elif share > max_delete_share:
-            blocked = (f"{len(vanished):,} of {len(known):,} files vanished ({share:.0%}), "
+            blocked = (f"{len(vanished):,} of {published:,} files vanished ({share:.0%}), "
                        f"more than the safety share of {max_delete_share:.0%}")
         if blocked:
             blocked += "; run `kbindex source sync NAME --allow-mass-delete` if that is intended"
     return Plan(to_read=to_read, new=new, restamped=restamped, unchanged=unchanged, vanished=vanished,
-                delete_blocked=blocked, listed=len(seen), to_rehash=to_rehash)
+                delete_blocked=blocked, listed=len(seen), to_rehash=to_rehash, failing=failing,
+                forget=[entry for entry in gone if entry.content_hash is None])
 
 
 def needs_publish(entry: LedgerEntry | None, digest: str) -> bool:

@@ -20,16 +20,24 @@ ON CONFLICT (name) DO NOTHING
 RETURNING name, tenant_id, url, glob, id_prefix, max_delete_share, created_at, passes, last_pass_at, last_pass;
 
 -- name: source_get
--- One source by name.
+-- One source by name, with its ledger size and how many of its files fail (by code).
 SELECT name, tenant_id, url, glob, id_prefix, max_delete_share, created_at, passes, last_pass_at, last_pass,
-       (SELECT count(*) FROM source_file f WHERE f.source_name = s.name) AS files
+       (SELECT count(*) FROM source_file f WHERE f.source_name = s.name) AS files,
+       (SELECT count(*) FROM source_file f WHERE f.source_name = s.name AND f.error_code IS NOT NULL) AS failing,
+       (SELECT coalesce(jsonb_object_agg(c.error_code, c.n), '{}'::jsonb)
+        FROM (SELECT f.error_code, count(*) AS n FROM source_file f
+              WHERE f.source_name = s.name AND f.error_code IS NOT NULL GROUP BY f.error_code) c) AS failing_codes
 FROM source s
 WHERE name = %(name)s;
 
 -- name: source_list
--- Every source with the size of its ledger, by name.
+-- Every source with the size of its ledger and how many of its files fail (by code), by name.
 SELECT name, tenant_id, url, glob, id_prefix, max_delete_share, created_at, passes, last_pass_at, last_pass,
-       (SELECT count(*) FROM source_file f WHERE f.source_name = s.name) AS files
+       (SELECT count(*) FROM source_file f WHERE f.source_name = s.name) AS files,
+       (SELECT count(*) FROM source_file f WHERE f.source_name = s.name AND f.error_code IS NOT NULL) AS failing,
+       (SELECT coalesce(jsonb_object_agg(c.error_code, c.n), '{}'::jsonb)
+        FROM (SELECT f.error_code, count(*) AS n FROM source_file f
+              WHERE f.source_name = s.name AND f.error_code IS NOT NULL GROUP BY f.error_code) c) AS failing_codes
 FROM source s
 ORDER BY name;
 
@@ -59,18 +67,29 @@ WHERE name = %(name)s;
 
 -- name: source_file_ledger
 -- The whole ledger of a source: what each file last published (compared with a listing without reading bytes).
-SELECT path, document_id, byte_size, stamp, content_hash, pass
+SELECT path, document_id, byte_size, stamp, content_hash, pass, error_code
 FROM source_file
 WHERE source_name = %(name)s;
 
 -- name: source_file_upsert
 -- Record a file after its publish committed (or a new stamp on unchanged bytes): a crash before this row
 -- only repeats an idempotent publish.
+-- Clears a failure recorded by an earlier attempt.
 INSERT INTO source_file (source_name, path, document_id, byte_size, stamp, content_hash, pass)
 VALUES (%(name)s, %(path)s, %(document_id)s, %(byte_size)s, %(stamp)s, %(content_hash)s, %(pass)s)
 ON CONFLICT (source_name, path) DO UPDATE
 SET document_id = EXCLUDED.document_id, byte_size = EXCLUDED.byte_size, stamp = EXCLUDED.stamp,
-    content_hash = EXCLUDED.content_hash, pass = EXCLUDED.pass;
+    content_hash = EXCLUDED.content_hash, pass = EXCLUDED.pass, error_code = NULL, failed_at = NULL;
+
+-- name: source_file_fail
+-- Record a file that failed to publish, at the size and stamp it failed at, with the stable code: a pass leaves
+-- it alone until either moves. A file that published before keeps its document id and the hash it published
+-- (its document still serves that version); a new one gets a row without a hash (migration 0041).
+INSERT INTO source_file (source_name, path, document_id, byte_size, stamp, content_hash, pass, error_code, failed_at)
+VALUES (%(name)s, %(path)s, %(document_id)s, %(byte_size)s, %(stamp)s, NULL, %(pass)s, %(error_code)s, now())
+ON CONFLICT (source_name, path) DO UPDATE
+SET byte_size = EXCLUDED.byte_size, stamp = EXCLUDED.stamp, pass = EXCLUDED.pass,
+    error_code = EXCLUDED.error_code, failed_at = EXCLUDED.failed_at;
 
 -- name: source_file_forget
 -- Drop a vanished file's row after its document's delete committed (a crash before: the delete is repeated,
@@ -79,9 +98,11 @@ DELETE FROM source_file WHERE source_name = %(name)s AND path = %(path)s;
 
 -- name: source_file_owner
 -- Another source of the same tenant whose ledger names this document (sources added before `source add`
--- refused overlapping ones): a pass neither publishes over it nor deletes it. Uses source_file_document_idx.
+-- refused overlapping ones): a pass neither publishes over it nor deletes it. A row without a hash published
+-- nothing, so it names no document. Uses source_file_document_idx.
 SELECT f.source_name, f.path
 FROM source_file f
 JOIN source s ON s.name = f.source_name
 WHERE f.document_id = %(document_id)s AND s.tenant_id = %(tenant_id)s AND f.source_name <> %(name)s
+  AND f.content_hash IS NOT NULL
 LIMIT 1;

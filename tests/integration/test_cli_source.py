@@ -51,3 +51,22 @@ def test_add_list_sync_remove(cli, tmp_path):
     assert cli("source", "remove", "handbook").stdout.startswith("removed source handbook")
     assert "nothing to remove" in cli("source", "remove", "handbook").stdout
     assert json.loads(cli("source", "list", "--json").stdout) == []
+
+
+def test_list_shows_failing_files_and_sync_leaves_them_alone(cli, tmp_path):
+    share = tmp_path / "share"
+    share.mkdir()
+    (share / "ok.md").write_text("# Fine\n")
+    with open(share / "huge.md", "wb") as f:  # sparse: over the 50 MB limit without writing 50 MB
+        f.truncate(50 * 1024 * 1024 + 1)
+    assert cli("source", "add", "share", "--tenant", "acme", "--url", str(share)).exit_code == 0
+    first = cli("source", "sync", "share")
+    assert first.exit_code == 1 and "failed 1" in first.stdout, first.output  # failed in this pass: exit 1
+    [listed] = json.loads(cli("source", "list", "--json").stdout)
+    assert (listed["files"], listed["failing"], listed["failing_codes"]) == (2, 1, {"DOCUMENT_TOO_LARGE": 1})
+    table = cli("source", "list")
+    assert "failing" in table.stdout and "DOCUMENT_TOO_LARGE" in table.stdout, table.stdout
+    again = cli("source", "sync", "share")
+    assert again.exit_code == 0 and "failed 0, still failing 1" in again.stdout, again.output  # left alone
+    retried = json.loads(cli("source", "sync", "share", "--retry-failed", "--json").stdout)
+    assert (retried["failed"], retried["failing"], retried["errors"]) == (1, 0, ["huge.md: DOCUMENT_TOO_LARGE"])

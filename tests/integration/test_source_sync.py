@@ -11,6 +11,8 @@ import pytest
 
 from bench.source_sync import count_opens
 from pipelines.domain.errors import SourceOverlap
+from resources.blob_store import BlobStore
+from resources.publisher import Publisher
 from resources.source_sync import SourceSync
 
 
@@ -195,9 +197,9 @@ def test_overlapping_sources_from_before_the_check_neither_overwrite_nor_delete(
     assert (counts.published, counts.failed) == (0, 1) and "SOURCE_OVERLAP" in counts.errors[0], counts
     assert _latest(db_url, "policies/p1.md") == before
 
+    assert sources.sync("old").failing == 1  # recorded with its code: not tried again until it changes
     with psycopg.connect(db_url) as conn:  # both ledgers name p1.md, as a pass before the fix left them
-        conn.execute("INSERT INTO source_file (source_name, path, document_id, byte_size, stamp, content_hash, pass)"
-                     " VALUES ('old', 'policies/p1.md', 'policies/p1.md', 1, 'x', 'y', 1)")
+        conn.execute("UPDATE source_file SET content_hash = 'y', error_code = NULL WHERE source_name = 'old'")
     (other / "policies" / "p1.md").unlink()
     gone = sources.sync("old", allow_mass_delete=True)
     assert (gone.vanished, gone.deleted) == (1, 0) and "SOURCE_OVERLAP" in gone.errors[0], gone
@@ -246,3 +248,63 @@ def test_a_rehash_slice_per_pass_covers_the_source_in_turn(sources, folder, db_u
         found.append(counts.rehash_changed)
     assert sorted(set(read)) == sorted(f"p{i}.md" for i in range(10))  # the oldest-hashed first: all of them
     assert sum(found) == 1 and versions(db_url)["policies/p9.md"] == ["content", "content"]
+
+
+def test_a_failing_file_is_recorded_and_not_tried_again_until_it_changes(db, folder, tmp_path, db_url, monkeypatch):
+    """A file that fails every pass was read (and parsed, and refused) on every pass, its failure only in the
+    summary. The ledger records it with its code; passes leave it alone until its size or stamp moves."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    sources = SourceSync(db, Publisher(db, BlobStore(str(tmp_path / "blobs")), max_bytes=200))
+    (folder / "big.md").write_bytes(b"x" * 201)
+    locked = folder / "locked.md"
+    locked.write_text("# Locked\n")
+    real_cat = LocalFileSystem.cat_file
+    attempts: list[str] = []
+
+    def cat_file(self, path, *args, **kwargs):
+        if str(path).endswith("locked.md"):
+            attempts.append(str(path))
+            raise PermissionError(13, "Permission denied")
+        return real_cat(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(LocalFileSystem, "cat_file", cat_file)
+    sources.add("share", "acme", str(folder))
+    first = sources.sync("share")
+    assert (first.published, first.failed) == (10, 2), first
+    assert sorted(first.errors) == ["big.md: DOCUMENT_TOO_LARGE", "locked.md: SOURCE_FILE_UNREADABLE (PermissionError)"]
+    source = sources.get("share")
+    assert (source.files, source.failing, source.failing_codes) == (12, 2, {"DOCUMENT_TOO_LARGE": 1,
+                                                                            "SOURCE_FILE_UNREADABLE": 1})
+
+    with count_opens(folder) as opened:
+        second = sources.sync("share")
+    assert (second.read, second.failed, second.failing, second.unchanged) == (0, 0, 2, 10), second
+    assert opened == [] and len(attempts) == 1  # neither failing file was tried again
+    assert "still failing 2" in second.summary()
+
+    st = os.stat(locked)
+    os.utime(locked, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # its stamp moved: tried again
+    assert (sources.sync("share").failed, len(attempts)) == (1, 2)
+    monkeypatch.setattr(LocalFileSystem, "cat_file", real_cat)  # permissions fixed, the file untouched
+    untouched = sources.sync("share")
+    assert (untouched.failing, untouched.read) == (2, 0), untouched  # its stamp did not move: still left alone
+    retried = sources.sync("share", retry_failed=True)
+    assert (retried.read, retried.published, retried.failed, retried.failing) == (1, 1, 1, 0), retried
+    assert sources.get("share").failing_codes == {"DOCUMENT_TOO_LARGE": 1}
+
+    # A file that published, then fails: its document keeps the version it had, and the ledger the hash.
+    p0 = folder / "policies" / "p0.md"
+    original = p0.read_bytes()
+    p0.write_bytes(b"y" * 300)
+    assert sources.sync("share").errors == ["policies/p0.md: DOCUMENT_TOO_LARGE"]
+    assert versions(db_url)["policies/p0.md"] == ["content"] and sources.get("share").failing == 2
+    p0.write_bytes(original)  # back to the bytes it published: no new version, no longer failing
+    back = sources.sync("share")
+    assert (back.read, back.same_bytes, back.published) == (1, 1, 0), back
+    assert versions(db_url)["policies/p0.md"] == ["content"] and sources.get("share").failing == 1
+
+    (folder / "big.md").unlink()  # it never published anything: its row goes, no document is deleted
+    gone = sources.sync("share")
+    assert (gone.vanished, gone.deleted, gone.failed) == (0, 0, 0) and "big.md" not in versions(db_url), gone
+    assert (sources.get("share").failing, sources.get("share").files) == (0, 11)

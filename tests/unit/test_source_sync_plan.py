@@ -132,3 +132,25 @@ def test_a_rehash_slice_takes_the_files_hashed_longest_ago():
     plan = plan_pass(listing(known), known, rehash_slice=3)
     assert [x.path for x in plan.to_rehash] == ["f1.md", "f3.md", "f2.md"] and plan.unchanged == 2
     assert len(plan_pass(listing(known), known, rehash_slice=50).to_rehash) == 5
+
+
+def test_a_file_that_failed_is_left_alone_until_it_changes():
+    known = ledger(3) + [LedgerEntry("bad.md", "bad.md", 10, "t1", None, error_code="DOCUMENT_TOO_LARGE"),
+                         LedgerEntry("was-ok.md", "was-ok.md", 10, "t1", "h", error_code="QUOTA_EXCEEDED")]
+    plan = plan_pass(listing(known), known)
+    assert (plan.to_read, plan.failing, plan.unchanged) == ([], 2, 3)
+    moved = listing(known)
+    moved[3] = Listed("bad.md", 10, "t2")
+    plan = plan_pass(moved, known)
+    assert [x.path for x in plan.to_read] == ["bad.md"] and plan.failing == 1
+    retried = plan_pass(listing(known), known, retry_failed=True)
+    assert sorted(x.path for x in retried.to_read) == ["bad.md", "was-ok.md"] and retried.failing == 0
+    assert len(plan_pass(listing(known), known, rehash_all=True).to_rehash) == 5
+
+
+def test_a_vanished_file_that_never_published_is_forgotten_not_deleted():
+    known = ledger(4) + [LedgerEntry("bad.md", "bad.md", 10, "t1", None, error_code="DOCUMENT_TOO_LARGE")]
+    plan = plan_pass(listing(known[:4]), known)
+    assert (plan.vanished, [e.path for e in plan.forget], plan.delete_blocked) == ([], ["bad.md"], None)
+    plan = plan_pass(listing(known[1:4]), known)  # 1 of the 4 that published: 25%, over the share
+    assert [e.path for e in plan.vanished] == ["f0.md"] and "1 of 4 files vanished (25%)" in plan.delete_blocked

@@ -2,9 +2,10 @@
 
 A pass lists the location (one ``find``: names, sizes and stamps, no bytes), compares the listing with the
 ledger in PostgreSQL (pipelines/domain/source_sync.py), reads and hashes only the files whose size or stamp
-moved, publishes those whose bytes changed (``Publisher.publish``; document id = the path relative to the
-source root, as ``kbindex publish DIR`` names them) and deletes the documents of vanished files
-(``Publisher.delete``), unless the safety rule holds the deletes back.
+moved, publishes those whose bytes changed (``Publisher.publish``; document id = the source's id prefix, if
+any, then the path relative to the source root, as ``kbindex publish DIR`` names them) and deletes the
+documents of vanished files (``Publisher.delete``), unless the safety rule holds the deletes back. A file that
+fails is recorded in the ledger with its stable code and left alone until its size or stamp moves.
 
 Crash safety: each file's ledger row is written after its publish or delete committed. A pass that dies
 half way leaves rows behind for the files it did not finish; the next pass reads those again, and publish

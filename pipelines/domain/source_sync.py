@@ -2,8 +2,9 @@
 
 Pure: no I/O, no framework. The input is a listing (path, size, stamp) and the ledger of what the last passes
 published (resources/source_sync.py fetches both); the output says which files must be read (new ones, and
-those whose size or stamp moved: only their bytes are read and hashed), which ledger entries vanished, and
-whether the vanished ones may be deleted.
+those whose size or stamp moved: only their bytes are read and hashed; with a rehash, some or all unchanged
+ones too), which ledger entries vanished, and whether the vanished ones may be deleted. It also says whether
+two sources of a tenant could name the same document (``sources_collide``).
 
 The safety rule (issue 29; LangChain's ``scoped_full`` cleanup deleted everything on an empty input): a pass
 that failed to list, listed nothing, or would delete more than ``max_delete_share`` of the ledger deletes

@@ -3,6 +3,7 @@
 One `dagster dev` serves the module: the claiming sensor ticks, runs start as separate
 processes, and the tests hurt them: SIGKILL mid-embed, SIGSTOP past the lease, a sensor that
 dies right after its claim committed. Each ends with the document searchable exactly once.
+The source sensor (`sync_sources`, every daemon loop here) keeps a folder's files in search.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bench.dagster_dev import DagsterDev
 from resources.blob_store import BlobStore
 from resources.database import Database
 from resources.publisher import Publisher
+from resources.source_sync import SourceSync
 from resources.task_queue import TaskQueue
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +125,7 @@ def e2e(pg_server_url, template_url, tmp_path_factory):
         KBINDEX_FAKE_DELAY="0.7",
         KBINDEX_EMBED_BATCH="4",
         KBINDEX_FAULT_SENSOR_AFTER_CLAIM=str(marker),
+        KBINDEX_SOURCE_SYNC_SECONDS="1",  # the source sensor every daemon loop (~5 s), not every minute
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
     )
@@ -233,3 +236,68 @@ def test_sensor_dying_after_its_claim_loses_nothing(e2e):
     task = e2e.wait_terminal(r.task_id)
     assert task["status"] == "SUCCEEDED" and task["attempts"] >= 2, task  # >2 if a slow run start outlived a lease
     e2e.assert_searchable_once(r.task_id)
+
+
+HANDBOOK = {
+    "expenses.md": "# Expenses\n\nMeals on client visits are reimbursed against a quokka receipt form.\n",
+    "travel.md": "# Travel\n\nTrains are booked through the narwhal desk at least a week ahead.\n",
+    "leave.md": "# Leave\n\nParental leave requests go to the people team by email.\n",
+    "security.md": "# Security\n\nLaptops lock after five minutes without input.\n",
+    "onboarding.md": "# Onboarding\n\nNew joiners meet their buddy on the first morning.\n",
+}
+
+
+def test_a_folder_source_is_synced_by_the_daemons_sensor_indexed_and_a_removed_file_leaves_search(e2e, tmp_path):
+    """Nothing here publishes or syncs by hand: the daemon's `sync_sources` tick lists the folder and publishes,
+    the claiming sensor's runs index, and search finds the files; a removed file's tombstone is indexed the same
+    way and its document leaves every search mode."""
+    from resources.embedder import embedder_for_model
+    from resources.search import search
+
+    _use_fake_model(e2e)
+    embedder = embedder_for_model("fake-384")
+    folder = tmp_path / "handbook"
+    folder.mkdir()
+    for name, text in HANDBOOK.items():
+        (folder / name).write_text(text)
+    sources = SourceSync(e2e.db, e2e.publisher)
+    sources.add("e2e-handbook", "srcco", str(folder))
+
+    def tasks() -> dict[tuple[str, int], str]:
+        rows = e2e.sql("SELECT document_id, version_number, status FROM index_task WHERE tenant_id = 'srcco'")
+        return {(doc, version): status for doc, version, status in rows}
+
+    def all_succeeded(expected: int):
+        current = tasks()
+        failed = {k: v for k, v in current.items() if v in ("DEAD", "CANCELLED")}
+        if failed:
+            pytest.fail(f"source tasks ended badly: {failed}")
+        return len(current) == expected and set(current.values()) == {"SUCCEEDED"} and current
+
+    def found(query: str, mode: str) -> list[str]:
+        return [h.document_id for h in search(e2e.db, embedder, query, tenant_id="srcco", k=5, mode=mode)]
+
+    try:
+        started = time.monotonic()
+        e2e.wait_for(lambda: all_succeeded(len(HANDBOOK)), 120, "the sensor's pass to be published and indexed")
+        indexed_after = time.monotonic() - started
+        source = sources.get("e2e-handbook")
+        assert source.passes >= 1 and source.files == len(HANDBOOK), source  # the sensor's passes, none by hand
+        assert "failing" in source.last_pass  # written by this tree's code (the daemon imported the worktree)
+        for mode in ("hybrid", "lexical", "dense"):
+            assert "travel.md" in found("narwhal desk trains", mode), mode
+        assert found("narwhal desk trains", "lexical")[0] == "travel.md"
+        assert found("quokka receipt", "lexical")[0] == "expenses.md"
+
+        (folder / "travel.md").unlink()  # 1 of 5: within the 20% safety share
+        started = time.monotonic()
+        e2e.wait_for(lambda: all_succeeded(len(HANDBOOK) + 1), 120, "the tombstone of travel.md to be indexed")
+        gone_after = time.monotonic() - started
+        assert tasks()[("travel.md", 2)] == "SUCCEEDED"
+        for mode in ("hybrid", "lexical", "dense"):
+            assert "travel.md" not in found("narwhal desk trains", mode), mode
+        assert found("quokka receipt", "lexical")[0] == "expenses.md"  # the others stay
+        print(f"\nsource via the daemon: files indexed {indexed_after:.1f} s after `source add`, "
+              f"a removed file gone from search {gone_after:.1f} s after its unlink")
+    finally:
+        sources.remove("e2e-handbook")

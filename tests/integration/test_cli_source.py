@@ -18,7 +18,8 @@ def test_add_list_sync_remove(cli, tmp_path):
     assert cli("source", "add", "handbook", "--tenant", "acme", "--url", str(share)).exit_code == 2
     assert cli("source", "add", "Bad Name", "--tenant", "acme", "--url", str(share)).exit_code == 2
     overlap = cli("source", "add", "copy", "--tenant", "acme", "--url", str(share))  # same paths, same ids
-    assert overlap.exit_code == 2 and "SOURCE_OVERLAP" in overlap.stderr and "--prefix" in overlap.stderr, overlap.output
+    assert overlap.exit_code == 2 and "SOURCE_OVERLAP" in overlap.stderr, overlap.output
+    assert "--prefix" in overlap.stderr
     prefixed = cli("source", "add", "copy", "--tenant", "acme", "--url", str(share), "--prefix", "copy/", "--json")
     assert prefixed.exit_code == 0 and json.loads(prefixed.stdout)["id_prefix"] == "copy/", prefixed.output
     assert cli("source", "remove", "copy").exit_code == 0

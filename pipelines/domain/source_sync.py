@@ -156,7 +156,7 @@ def plan_pass(
                     list_error=list_error or "listing failed",
                     delete_blocked=f"the listing failed ({list_error or 'unknown error'})")
     to_read: list[Listed] = []
-    same: list[tuple[LedgerEntry, Listed]] = []
+    same: list[LedgerEntry] = []  # the ledger's own objects: nothing allocated per unchanged file
     new = restamped = 0
     seen: set[str] = set()
     for item in listing:
@@ -171,20 +171,20 @@ def plan_pass(
             restamped += 1
             to_read.append(item)
         else:
-            same.append((entry, item))
+            same.append(entry)
     if retry_failed and not rehash_all:
-        to_read += [item for entry, item in same if entry.error_code]
-        same = [(entry, item) for entry, item in same if not entry.error_code]
+        to_read += [Listed(e.path, e.size, e.stamp) for e in same if e.error_code]
+        same = [e for e in same if not e.error_code]
     if rehash_all:
-        to_rehash = [item for _, item in same]
+        chosen = same
     elif rehash_slice > 0:
-        oldest = sorted(same, key=lambda pair: (pair[0].hashed_pass, pair[0].path))[:rehash_slice]
-        to_rehash = [item for _, item in oldest]
+        chosen = sorted(same, key=lambda e: (e.hashed_pass, e.path))[:rehash_slice]
     else:
-        to_rehash = []
-    rehashing = {item.path for item in to_rehash}
-    failing = sum(1 for entry, item in same if entry.error_code and item.path not in rehashing)
-    unchanged = len(same) - len(to_rehash) - failing
+        chosen = []
+    to_rehash = [Listed(e.path, e.size, e.stamp) for e in chosen]  # size and stamp: the listing's, unmoved
+    rehashing = {e.path for e in chosen}
+    failing = sum(1 for e in same if e.error_code and e.path not in rehashing)
+    unchanged = len(same) - len(chosen) - failing
     gone = [entry for path, entry in sorted(known.items()) if path not in seen]
     vanished = [entry for entry in gone if entry.content_hash is not None]
     published = sum(1 for entry in known.values() if entry.content_hash is not None)

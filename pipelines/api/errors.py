@@ -9,6 +9,7 @@ from __future__ import annotations
 from pipelines.domain.errors import (
     DocumentTooLarge,
     EmbeddingError,
+    Forbidden,
     IllegalTransition,
     IndexWriteFailed,
     InvalidRequest,
@@ -61,6 +62,8 @@ class UploadTimeout(KbindexError):
 def status_for(exc: KbindexError) -> int:
     if isinstance(exc, Unauthorized):
         return 401
+    if isinstance(exc, Forbidden):  # a subclass of InvalidRequest: checked before it
+        return 403
     if isinstance(exc, (TaskNotFound, NotFound)):
         return 404
     if isinstance(exc, IllegalTransition):

@@ -228,6 +228,7 @@ FROM unnest(%(task_ids)s::bigint[]) AS t (task_id);
 -- name: api_token_state
 -- The api_token row of a token hash, revoked or not: a revocation here also revokes the same token in the
 -- token file.
-SELECT tenant_id, revoked_at IS NOT NULL AS revoked
+-- principals: an end-user token's fixed principals (NULL: none); search_as: a service token.
+SELECT tenant_id, revoked_at IS NOT NULL AS revoked, principals, search_as
 FROM api_token
 WHERE token_sha256 = %(token_sha256)s;

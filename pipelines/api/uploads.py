@@ -7,6 +7,8 @@ disk), refused with 413 ``DOCUMENT_TOO_LARGE`` as soon as it passes the limit an
 ``total_timeout``. Only then is it parsed, in a worker thread (never on the event loop: a body of
 many tiny parts costs CPU), the file part going to a second spool; more than ``max_parts`` parts is
 400. The caller gets the file part's bytes once: memory per upload is about one copy of the file.
+Small text parts named in ``text_fields`` (a publish's ``metadata`` and ``allow``) come back as strings,
+each at most ``MAX_FIELD_BYTES`` (INVALID_METADATA beyond); other parts are ignored.
 """
 
 from __future__ import annotations
@@ -14,20 +16,21 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO
 
 from anyio import CapacityLimiter, to_thread
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from pipelines.api.errors import UploadTimeout
-from pipelines.domain.errors import DocumentTooLarge, InvalidRequest
+from pipelines.domain.errors import DocumentTooLarge, InvalidMetadata, InvalidRequest
 
 # Room for the multipart boundaries and part headers around the file bytes.
 ENVELOPE_BYTES = 64 * 1024
 SPOOL_MEMORY_BYTES = 1024 * 1024
 READ_BLOCK = 256 * 1024
 MAX_PARTS = 16
+MAX_FIELD_BYTES = 16 * 1024
 IDLE_TIMEOUT = 30.0
 TOTAL_TIMEOUT = 300.0
 _PARSE_LIMITER = CapacityLimiter(2)
@@ -39,6 +42,8 @@ class Upload:
     filename: str
     content_type: str | None
     data: bytes
+    fields: dict[str, list[str]] = field(default_factory=dict)
+    """The ``text_fields`` parts present, by name, in the order sent (a name may repeat)."""
 
 
 def _too_large(max_bytes: int) -> DocumentTooLarge:
@@ -52,6 +57,7 @@ async def read_upload(
     stream: AsyncIterator[bytes],
     *,
     field: str = "file",
+    text_fields: tuple[str, ...] = (),
     max_bytes: int,
     max_parts: int = MAX_PARTS,
     idle_timeout: float = IDLE_TIMEOUT,
@@ -72,7 +78,7 @@ async def read_upload(
     body = await _spool_body(stream, max_body, max_bytes, idle_timeout, total_timeout, b"--" + params[b"boundary"], max_parts)
     try:
         return await to_thread.run_sync(
-            _parse, body, params[b"boundary"], field, max_bytes, max_parts, limiter=_PARSE_LIMITER
+            _parse, body, params[b"boundary"], field, max_bytes, max_parts, text_fields, limiter=_PARSE_LIMITER
         )
     finally:
         body.close()
@@ -125,10 +131,13 @@ async def _spool_body(
     return spool
 
 
-def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_parts: int) -> Upload:
+def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_parts: int,
+           text_fields: tuple[str, ...] = ()) -> Upload:
     """Parse the spooled body (in a worker thread); the ``field`` part's data go to a second spool."""
     state: dict[str, object] = {"headers": {}, "field": b"", "value": b"", "parts": 0}
     found: list[Upload] = []
+    texts: dict[str, list[str]] = {}
+    text = bytearray()
     current: dict[str, object] = {}
     data = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115 - closed below
     size = [0]
@@ -139,6 +148,7 @@ def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_par
             raise InvalidRequest(f"the form has more than {max_parts} parts")
         state["headers"] = {}
         current.clear()
+        text.clear()
 
     def on_header_field(chunk: bytes, start: int, end: int) -> None:
         state["field"] = bytes(state["field"]) + chunk[start:end]  # type: ignore[arg-type]
@@ -162,6 +172,11 @@ def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_par
         current["content_type"] = part_type.decode("latin-1") if part_type else None
 
     def on_part_data(chunk: bytes, start: int, end: int) -> None:
+        if current.get("name") in text_fields and current.get("name") != field:
+            text.extend(chunk[start:end])
+            if len(text) > MAX_FIELD_BYTES:
+                raise InvalidMetadata(f"the form field '{current.get('name')}' is larger than {MAX_FIELD_BYTES} bytes")
+            return
         if current.get("name") != field or found:
             return
         size[0] += end - start
@@ -170,6 +185,14 @@ def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_par
         data.write(chunk[start:end])
 
     def on_part_end() -> None:
+        name = current.get("name")
+        if name in text_fields and name != field:
+            try:
+                texts.setdefault(str(name), []).append(bytes(text).decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise InvalidMetadata(f"the form field '{name}' is not UTF-8 text") from exc
+            text.clear()
+            return
         if current.get("name") == field and not found:
             data.seek(0)
             found.append(
@@ -197,10 +220,11 @@ def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_par
             while block := body.read(READ_BLOCK):
                 parser.write(block)
             parser.finalize()
-        except (DocumentTooLarge, InvalidRequest):
+        except (DocumentTooLarge, InvalidRequest):  # InvalidMetadata is an InvalidRequest
             raise
         except Exception as exc:  # noqa: BLE001 - python-multipart raises its own parse errors
             raise InvalidRequest("the multipart body is malformed") from exc
     if not found:
         raise InvalidRequest(f"the form has no '{field}' file part")
+    found[0].fields = texts
     return found[0]

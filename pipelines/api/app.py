@@ -3,9 +3,10 @@
 ``create_app(db_url=None, ...)`` builds the FastAPI app (OpenAPI at ``/docs`` and ``/openapi.json``):
 
     GET    /                                  status page (overview, upload, live progress, documents, search)
-    GET    /whoami                            the tenant this token acts as
+    GET    /whoami                            the tenant this token acts as, its kind and principals
     GET    /overview                          tasks by status, work in flight (bar, rate, ETA), failures by code
-    POST   /documents/{document_id}/versions  multipart 'file' -> 202 + task (new, or CANCELLED re-queued) | 200 + same task
+    POST   /documents/{document_id}/versions  multipart 'file' (+ 'metadata' JSON, 'allow' principals) -> 202 + task
+                                              (new, or CANCELLED re-queued) | 200 + same task
     GET    /documents                         the tenant's documents with their status, a page at a time
                                               (?task_status=, ?error_code=, ?cursor= from X-Next-Cursor)
     GET    /documents/{document_id}           latest vs searchable version: INDEXING | SEARCHABLE | FAILED | STALE
@@ -19,7 +20,7 @@
     GET    /tasks/{task_id}/events            Server-Sent Events, resumable with Last-Event-ID
     DELETE /tasks/{task_id}                   cancel (409 with the reason when not allowed)
     POST   /tasks/{task_id}/retry             manual retry of a DEAD or CANCELLED task (409 otherwise)
-    GET    /search?q=&k=                      tenant-scoped search over the active profile
+    GET    /search?q=&k=&as=&filter=          search over the active profile, on behalf of principals, filtered
     GET    /metrics                           Prometheus text from the database, cached KBINDEX_METRICS_CACHE_SECONDS (15)
     GET    /healthz                           liveness + database reachability
 
@@ -27,6 +28,15 @@ Document ids may contain '/': the routes use ``{document_id:path}``. Every route
 ``/healthz`` and ``/metrics`` needs ``Authorization: Bearer <token>`` (pipelines.api.auth) and
 sees only its tenant's data: another tenant's task or document answers 404. Errors are
 ``{"error": {"code": CODE, "message": sanitized}}`` (pipelines.api.errors).
+
+Permissions (DESIGN.md invariant 8; pipelines.api.auth says what each kind of token may do): every route that
+returns document data (search, documents, tasks, events, the overview) reads on behalf of the caller's
+principals, in SQL (sql/queries/api.sql): a version whose allow list excludes them answers 404 or is left out
+of a listing, exactly as another tenant's, and so is every version of a document whose search pointer
+names such a version (a narrowed allow list hides the document from every route at the pointer flip, as from
+search). Whole-tenant and service tokens may name the principals of a read with ``as=`` (repeatable); an
+end-user token naming them gets 403 FORBIDDEN, and so do end-user and service tokens on every write.
+Allow lists are shown (``allow``) to whole-tenant tokens only: they name other users and groups.
 
 Environment: ``KBINDEX_DATABASE_URL`` (else the embedded PostgreSQL), ``KBINDEX_API_TOKENS`` (token
 file), ``KBINDEX_API_MAX_UPLOAD_BYTES`` (default 50 MiB), ``KBINDEX_METRICS_TOKEN`` (/metrics needs
@@ -39,10 +49,12 @@ process (503), spooled to disk, parsed off the event loop and timed out (408); /
 """
 
 
+import json
 import logging  # no `from __future__ import annotations`: FastAPI resolves the local Annotated aliases at runtime
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from datetime import datetime
 from dataclasses import asdict, is_dataclass
 from importlib import resources as importlib_resources
@@ -58,7 +70,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipelines.api.auth import TokenAuth, install_log_redaction
+from pipelines.api.auth import Caller, TokenAuth, install_log_redaction
 from pipelines.api.errors import NotFound, ServiceUnavailable, Unauthorized, error_body, status_for
 from pipelines.api.limits import Admission
 from pipelines.api.metrics import ScrapeCache, build_registry
@@ -72,7 +84,8 @@ from pipelines.api.views import (
     overview_json,
     task_json,
 )
-from pipelines.domain.errors import InvalidRequest, KbindexError, TaskNotFound
+from pipelines.domain.errors import InvalidMetadata, InvalidRequest, KbindexError, TaskNotFound
+from pipelines.domain.metadata import ReadScope
 from pipelines.domain.identifiers import validate_document_id
 from pipelines.domain.task_states import TERMINAL, TaskStatus
 from resources.artifact_store import ArtifactStore
@@ -108,6 +121,36 @@ def _err(description: str) -> dict[str, Any]:
 
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {401: _err("Missing or invalid bearer token (UNAUTHORIZED)")}
 TASK_ERRORS: dict[int | str, dict[str, Any]] = {**COMMON_ERRORS, 404: _err("No such task for this tenant (TASK_NOT_FOUND)")}
+READ_ERRORS: dict[int | str, dict[str, Any]] = {
+    **COMMON_ERRORS,
+    400: _err("A malformed principal in as= (INVALID_FILTER)"),
+    403: _err("An end-user token named principals with as= (FORBIDDEN)"),
+}
+WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **COMMON_ERRORS, 403: _err("End-user and service tokens are read-only (FORBIDDEN)")}
+AS_DESCRIPTION = ("Read on behalf of these principals (repeatable: as=group:finance&as=user:alice). Service "
+                  "tokens (search_as) and whole-tenant tokens only; without it a service token sees only versions "
+                  "without an allow list, a whole-tenant token everything, an end-user token its own principals.")
+
+
+class Reading:
+    """A read request's caller and scope: whose data (``tenant_id``) on whose behalf (``scope``)."""
+
+    def __init__(self, caller: Caller, scope: ReadScope) -> None:
+        self.caller, self.scope = caller, scope
+
+    @property
+    def tenant_id(self) -> str:
+        return self.caller.tenant_id
+
+    @property
+    def show_allow(self) -> bool:
+        """Allow lists name other users and groups: only a whole-tenant token sees them."""
+        return self.caller.whole_tenant
+
+    def params(self) -> dict[str, Any]:
+        """The SQL parameters of the scope (tenant, principals, see_all) for the api_* statements."""
+        return {"tenant_id": self.tenant_id, "principals": list(self.scope.principals), "see_all": self.scope.see_all}
 
 
 def _jsonable(value: Any) -> Any:
@@ -126,6 +169,37 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
+
+
+def _metadata_fields(fields: Mapping[str, list[str]]) -> tuple[dict[str, Any] | None, list[str] | None]:
+    """A publish form's ``metadata`` (one JSON object) and ``allow`` parts (each a principal, or a JSON array of
+    them) as Publisher.publish takes them; INVALID_METADATA when they cannot be read (the publisher checks the
+    rest, before anything is stored)."""
+    metadata: dict[str, Any] | None = None
+    texts = fields.get("metadata") or []
+    if len(texts) > 1:
+        raise InvalidMetadata("send metadata as one JSON object, in one 'metadata' part")
+    if texts and texts[0].strip():
+        try:
+            metadata = json.loads(texts[0])
+        except ValueError as exc:
+            raise InvalidMetadata("the 'metadata' part is not valid JSON") from exc
+        if not isinstance(metadata, dict):
+            raise InvalidMetadata("metadata must be a JSON object of key/value pairs")
+    allow: list[str] | None = None
+    for text in fields.get("allow") or []:
+        text = text.strip()
+        if text.startswith("["):
+            try:
+                items = json.loads(text)
+            except ValueError as exc:
+                raise InvalidMetadata("an 'allow' part starting with [ must be a JSON array of principals") from exc
+            if not isinstance(items, list):
+                raise InvalidMetadata("an 'allow' part is a principal or a JSON array of principals")
+        else:
+            items = [text]
+        allow = (allow or []) + items
+    return metadata, allow
 
 
 def _default_search() -> SearchFn:
@@ -274,16 +348,37 @@ def create_app(
 
     bearer = HTTPBearer(auto_error=False, description="A token from KBINDEX_API_TOKENS or the api_token table.")
 
-    def tenant(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
-        return auth.tenant_for(creds.credentials if creds else None)
+    def caller(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Caller:
+        return auth.caller_for(creds.credentials if creds else None)
+
+    CallerDep = Annotated[Caller, Depends(caller)]
+
+    def tenant(who: CallerDep) -> str:
+        """Routes that return no document data: any token of the tenant."""
+        return who.tenant_id
+
+    def writer(who: CallerDep) -> str:
+        """Routes that change documents or tasks: whole-tenant tokens only (403 before anything is read)."""
+        return who.require_write()
+
+    AsPrincipals = Annotated[list[str] | None, Query(alias="as", max_length=100, description=AS_DESCRIPTION)]
+
+    def reading(who: CallerDep, acting_as: AsPrincipals = None) -> Reading:
+        """Routes that return document data: the caller's read scope (403 for an end user's as=)."""
+        return Reading(who, who.scope(acting_as))
 
     Tenant = Annotated[str, Depends(tenant)]
+    Writer = Annotated[str, Depends(writer)]
+    Reader = Annotated[Reading, Depends(reading)]
     TaskId = Annotated[int, Path(ge=1, le=2**63 - 1, description="The task's id.")]
     DocumentId = Annotated[str, Path(description="The document id; may contain '/'.")]
 
-    def owned_task(task_id: int, tenant_id: str) -> dict[str, Any]:
-        row = queue.get(task_id)
-        if row["tenant_id"] != tenant_id:  # the same answer as a missing task: nothing leaks
+    def owned_task(task_id: int, tenant_id: str, read: Reading | None = None) -> dict[str, Any]:
+        """The task with its version's metadata and allow list, if ``read`` may see it (None: the whole tenant);
+        another tenant's task, or one whose version the caller may not read, is the same 404 as a missing one."""
+        params = read.params() if read is not None else {"tenant_id": tenant_id, "principals": [], "see_all": True}
+        row = db.fetch_one("api_task_get_visible", {**params, "task_id": task_id})
+        if row is None:  # the same answer as a missing task: nothing leaks
             raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
         return row
 
@@ -304,8 +399,11 @@ def create_app(
         summary="The tenant this token acts as (the status page shows it)",
         responses=COMMON_ERRORS,
     )
-    def whoami(tenant_id: Tenant) -> dict[str, str]:
-        return {"tenant_id": tenant_id}
+    def whoami(who: CallerDep) -> dict[str, Any]:
+        """``token``: ``tenant`` (whole tenant), ``user`` (fixed ``principals``) or ``service`` (search_as)."""
+        return {"tenant_id": who.tenant_id, "token": who.kind,
+                "principals": list(who.principals) if who.principals is not None else None,
+                "search_as": who.search_as}
 
     # -- documents ---------------------------------------------------------------------------
 
@@ -315,17 +413,24 @@ def create_app(
         tags=["documents"],
         summary="Publish a new version of a document",
         description=(
-            "Upload the document's bytes as the multipart part `file`. A new version and its index task answer "
-            "**202**; the same bytes as the latest version answer **200** with the existing task (never a duplicate), "
-            "or **202** when that task was CANCELLED and this publish re-queued it (same task, PENDING again). "
-            "Bodies over the size limit answer 413 DOCUMENT_TOO_LARGE, checked while streaming."
+            "Upload the document's bytes as the multipart part `file`. Optional text parts: `metadata`, a JSON "
+            "object (keys are identifiers; values strings, numbers, booleans, dates `YYYY-MM-DD` or lists of "
+            "strings; at most 32 keys, 8 KiB), and `allow`, a principal that may read the version (`group:finance`, "
+            "`user:alice`; repeat the part for more, or send one JSON array); without `allow` the whole tenant may "
+            "read it. Metadata and allow list are part of the version: the same bytes with new ones make a new "
+            "version, indexed without re-embedding. Bad metadata or principals answer 400 INVALID_METADATA and "
+            "store nothing. A new version and its index task answer "
+            "**202**; the same bytes, metadata and allow list as the latest version answer **200** with the existing "
+            "task (never a duplicate), or **202** when that task was CANCELLED and this publish re-queued it (same "
+            "task, PENDING again). Bodies over the size limit answer 413 DOCUMENT_TOO_LARGE, checked while "
+            "streaming. Whole-tenant tokens only (403 FORBIDDEN for end-user and service tokens)."
         ),
         responses={
             200: {"description": "Same bytes as the latest version: the existing task"},
             202: {"description": "A new version was recorded, or its CANCELLED task re-queued; the PENDING task"},
-            400: _err("Malformed form or document id (INVALID_REQUEST)"),
+            400: _err("Malformed form or document id (INVALID_REQUEST), metadata or allow list (INVALID_METADATA)"),
             413: _err("Upload over the size limit (DOCUMENT_TOO_LARGE)"),
-            **COMMON_ERRORS,
+            **WRITE_ERRORS,
         },
         openapi_extra={
             "requestBody": {
@@ -334,7 +439,12 @@ def create_app(
                     "multipart/form-data": {
                         "schema": {
                             "type": "object",
-                            "properties": {"file": {"type": "string", "format": "binary"}},
+                            "properties": {
+                                "file": {"type": "string", "format": "binary"},
+                                "metadata": {"type": "string", "description": "A JSON object of metadata"},
+                                "allow": {"type": "array", "items": {"type": "string"},
+                                          "description": "Principals that may read the version"},
+                            },
                             "required": ["file"],
                         }
                     }
@@ -342,23 +452,26 @@ def create_app(
             }
         },
     )
-    async def publish_version(document_id: DocumentId, request: Request, tenant_id: Tenant) -> JSONResponse:
+    async def publish_version(document_id: DocumentId, request: Request, tenant_id: Writer) -> JSONResponse:
         document_id = validate_document_id(document_id)
         with uploads.slot(tenant_id):  # counted before the body is read: 429 for the tenant, 503 for all
             upload = await read_upload(
                 request.headers.get("content-type"),
                 request.headers.get("content-length"),
                 request.stream(),
+                text_fields=("metadata", "allow"),
                 max_bytes=max_upload_bytes,
                 idle_timeout=upload_idle_timeout,
                 total_timeout=upload_total_timeout,
             )
             media_type = upload.content_type if upload.content_type not in (None, "application/octet-stream") else None
+            metadata, allow = _metadata_fields(upload.fields)
             result = await run_in_threadpool(
-                publisher.publish, tenant_id, document_id, upload.data, upload.filename, media_type
+                partial(publisher.publish, metadata=metadata, allow=allow),
+                tenant_id, document_id, upload.data, upload.filename, media_type,
             )
             del upload
-        task = await run_in_threadpool(queue.get, result.task_id)
+        task = await run_in_threadpool(owned_task, result.task_id, tenant_id)
         return JSONResponse(
             _jsonable(task_json(task)),
             status_code=202 if result.created or result.requeued else 200,  # a re-queue is new work
@@ -366,14 +479,14 @@ def create_app(
         )
 
     def page_keys(
-        tenant_id: str, task_status: TaskStatus | None, error_code: str | None, cursor: str | None, limit: int
+        read: Reading, task_status: TaskStatus | None, error_code: str | None, cursor: str | None, limit: int
     ) -> tuple[list[dict[str, Any]], Callable[[dict[str, Any]], dict[str, Any]]]:
         """Up to ``limit`` document keys after ``cursor``, and how to make a cursor from a key.
 
         Each listing walks its own index newest first (api_document_page_*). A cursor holds the last key seen
         and the listing it came from (``kind``), so it cannot be replayed against another filter.
         """
-        params: dict[str, Any] = {"tenant_id": tenant_id, "limit": limit}
+        params: dict[str, Any] = {**read.params(), "limit": limit}
         if task_status is None and error_code is None:
             key = decode_cursor(cursor, "recent") if cursor else {"published_at": "infinity", "document_id": "", "version": 0}
             try:
@@ -404,15 +517,16 @@ def create_app(
         return keys, lambda k: {"kind": kind, "task_id": k["task_id"]}
 
     def document_page(
-        tenant_id: str, task_status: TaskStatus | None, error_code: str | None, cursor: str | None, limit: int
+        read: Reading, task_status: TaskStatus | None, error_code: str | None, cursor: str | None, limit: int
     ) -> tuple[list[dict[str, Any]], str | None]:
-        """One page of documents with their status, and the next page's cursor (None on the last page)."""
-        keys, cursor_of = page_keys(tenant_id, task_status, error_code, cursor, limit + 1)
+        """One page of the documents the caller may see with their status, and the next page's cursor (None on
+        the last page)."""
+        keys, cursor_of = page_keys(read, task_status, error_code, cursor, limit + 1)
         more, keys = len(keys) > limit, keys[:limit]
         ids = [k["document_id"] for k in keys]
-        rows = db.fetch_all("api_document_status", {"tenant_id": tenant_id, "document_ids": ids}) if ids else []
+        rows = db.fetch_all("api_document_status", {**read.params(), "document_ids": ids}) if ids else []
         by_id = {r["document_id"]: r for r in rows}
-        items = [_jsonable(document_json(by_id[i])) for i in ids if i in by_id]
+        items = [_jsonable(document_json(by_id[i], show_allow=read.show_allow)) for i in ids if i in by_id]
         return items, encode_cursor(cursor_of(keys[-1])) if more else None
 
     @app.get(
@@ -424,12 +538,13 @@ def create_app(
             "the active profile; newest task first) and/or `error_code` (latest versions DEAD or RETRY_WAIT with "
             "that code, as listed under `failures` by GET /overview). When there is a next page, the response "
             "carries its cursor in `X-Next-Cursor` and a `Link: <...>; rel=\"next\"` header: pass it back as "
-            "`cursor` with the same filters."
+            "`cursor` with the same filters. Only documents the caller may read are listed, each at its newest "
+            "version the caller may read."
         ),
-        responses={**COMMON_ERRORS, 400: _err("Bad filter or cursor (INVALID_REQUEST)")},
+        responses={**READ_ERRORS, 400: _err("Bad filter or cursor (INVALID_REQUEST), bad as= (INVALID_FILTER)")},
     )
     def list_documents(
-        tenant_id: Tenant,
+        read: Reader,
         request: Request,
         response: Response,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -439,7 +554,7 @@ def create_app(
         ] = None,
         cursor: Annotated[str | None, Query(max_length=4096, description="X-Next-Cursor of the previous page")] = None,
     ) -> list[dict[str, Any]]:
-        items, next_cursor = document_page(tenant_id, task_status, error_code, cursor, limit)
+        items, next_cursor = document_page(read, task_status, error_code, cursor, limit)
         if next_cursor is not None:
             next_url = request.url.include_query_params(cursor=next_cursor)
             response.headers["X-Next-Cursor"] = next_cursor
@@ -455,17 +570,17 @@ def create_app(
             "was queued, as one percentage. `rate.succeeded_per_minute` is measured over the last ten minutes (or "
             "since the oldest open task was queued, at least one minute); `eta_seconds` = open / rate (null while "
             "nothing succeeds). `failures`: documents whose latest version is DEAD or RETRY_WAIT, by error code; "
-            "list them with GET /documents?error_code=CODE."
+            "list them with GET /documents?error_code=CODE. A caller who may not read every version (an end-user "
+            "token, `as=`) gets the same figures over the versions it may read."
         ),
-        responses=COMMON_ERRORS,
+        responses=READ_ERRORS,
     )
-    def overview(tenant_id: Tenant) -> dict[str, Any]:
-        row = db.fetch_one(
-            "api_tenant_overview", {"tenant_id": tenant_id, "now": None, "window_seconds": RATE_WINDOW_SECONDS}
-        )
+    def overview(read: Reader) -> dict[str, Any]:
+        statement = "api_tenant_overview" if read.scope.see_all else "api_tenant_overview_scoped"
+        row = db.fetch_one(statement, {**read.params(), "now": None, "window_seconds": RATE_WINDOW_SECONDS})
         assert row is not None  # an aggregate answers one row
-        failures = db.fetch_all("api_tenant_failures_by_code", {"tenant_id": tenant_id})
-        return _jsonable(overview_json(tenant_id, row, failures))
+        failures = db.fetch_all("api_tenant_failures_by_code", read.params())
+        return _jsonable(overview_json(read.tenant_id, row, failures))
 
     @app.get(
         "/documents/{document_id:path}",
@@ -474,16 +589,19 @@ def create_app(
         description=(
             "`status`: SEARCHABLE (search serves the latest version), INDEXING (its task is on the way; an older "
             "version may be served meanwhile), FAILED (the latest version failed and nothing is served; see "
-            "`failure.code`/`failure.message`), STALE (the latest version failed; an older one is still served)."
+            "`failure.code`/`failure.message`), STALE (the latest version failed; an older one is still served). "
+            "`metadata` is the latest version's; `allow` its allow list (null: the whole tenant), shown to "
+            "whole-tenant tokens only. The latest version is the newest the caller may read; a document whose "
+            "served version the caller may not read answers 404 like a missing one."
         ),
-        responses={**COMMON_ERRORS, 404: _err("No such document for this tenant (NOT_FOUND)")},
+        responses={**READ_ERRORS, 404: _err("No such document for this tenant and caller (NOT_FOUND)")},
     )
-    def get_document(document_id: DocumentId, tenant_id: Tenant) -> dict[str, Any]:
+    def get_document(document_id: DocumentId, read: Reader) -> dict[str, Any]:
         document_id = validate_document_id(document_id)
-        row = db.fetch_one("api_document_status", {"tenant_id": tenant_id, "document_ids": [document_id]})
+        row = db.fetch_one("api_document_status", {**read.params(), "document_ids": [document_id]})
         if row is None:
             raise NotFound("no such document")
-        return _jsonable(document_json(row))
+        return _jsonable(document_json(row, show_allow=read.show_allow))
 
     @app.delete(
         "/documents/{document_id:path}",
@@ -505,12 +623,12 @@ def create_app(
         responses={
             200: {"description": "Already deleted (the existing task) or never published (nothing to delete)"},
             202: {"description": "A tombstone was recorded; its PENDING task"},
-            **COMMON_ERRORS,
+            **WRITE_ERRORS,
         },
     )
     def delete_document(
         document_id: DocumentId,
-        tenant_id: Tenant,
+        tenant_id: Writer,
         erase: Annotated[bool, Query(description="Also purge every stored copy of every version (a receipt answers)")] = False,
     ) -> JSONResponse:
         document_id = validate_document_id(document_id)
@@ -521,7 +639,7 @@ def create_app(
                                 "tenant_id": tenant_id, "document_id": document_id}
         if result.task_id is None:
             return JSONResponse(body, status_code=200)
-        tasks = [task_json(queue.get(t["task_id"])) for t in result.tasks]
+        tasks = [task_json(owned_task(t["task_id"], tenant_id)) for t in result.tasks]
         primary = next(t for t in tasks if t["task_id"] == result.task_id)
         return JSONResponse(
             _jsonable({**primary, **body, "tasks": tasks}),
@@ -531,47 +649,61 @@ def create_app(
 
     # -- tasks -------------------------------------------------------------------------------
 
-    @app.get("/tasks", tags=["tasks"], summary="The tenant's tasks, newest first", responses=COMMON_ERRORS)
+    @app.get(
+        "/tasks",
+        tags=["tasks"],
+        summary="The tenant's tasks the caller may see, newest first",
+        description="Tasks of versions the caller may not read are left out (see GET /tasks/{task_id}).",
+        responses=READ_ERRORS,
+    )
     def list_tasks(
-        tenant_id: Tenant,
+        read: Reader,
         status: Annotated[TaskStatus | None, Query()] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> list[dict[str, Any]]:
-        rows = queue.list(status=status.value if status else None, tenant=tenant_id, limit=limit)
-        return [_jsonable(task_json(r)) for r in rows]
+        rows = db.fetch_all("api_task_list_visible",
+                            {**read.params(), "status": status.value if status else None, "limit": limit})
+        return [_jsonable(task_json(r, show_allow=read.show_allow)) for r in rows]
 
     @app.get(
         "/tasks/{task_id}",
         tags=["tasks"],
         summary="One task: status, stage, completed/total, percent, attempts, error, can_cancel, can_retry",
-        responses=TASK_ERRORS,
+        description=(
+            "With its version's `metadata`, and `allow` (its allow list, null: the whole tenant) for whole-tenant "
+            "tokens. A task whose version the caller may not read, or of a document whose served version the "
+            "caller may not read, answers 404 like a missing task."
+        ),
+        responses={**READ_ERRORS, **TASK_ERRORS},
     )
-    def get_task(task_id: TaskId, tenant_id: Tenant) -> dict[str, Any]:
-        return _jsonable(task_json(owned_task(task_id, tenant_id)))
+    def get_task(task_id: TaskId, read: Reader) -> dict[str, Any]:
+        return _jsonable(task_json(owned_task(task_id, read.tenant_id, read), show_allow=read.show_allow))
 
     @app.delete(
         "/tasks/{task_id}",
         tags=["tasks"],
         summary="Cancel a PENDING, RETRY_WAIT or RUNNING task",
-        responses={**TASK_ERRORS, 409: _err("The task's state does not allow it (ILLEGAL_TRANSITION), with the reason")},
+        responses={**TASK_ERRORS, **WRITE_ERRORS,
+                   409: _err("The task's state does not allow it (ILLEGAL_TRANSITION), with the reason")},
     )
-    def cancel_task(task_id: TaskId, tenant_id: Tenant) -> dict[str, Any]:
+    def cancel_task(task_id: TaskId, tenant_id: Writer) -> dict[str, Any]:
         owned_task(task_id, tenant_id)
         queue.cancel(task_id)
-        return _jsonable(task_json(queue.get(task_id)))
+        return _jsonable(task_json(owned_task(task_id, tenant_id)))
 
     @app.post(
         "/tasks/{task_id}/retry",
         tags=["tasks"],
         summary="Send a DEAD or CANCELLED task back to PENDING (same row, attempts kept, more granted)",
-        responses={**TASK_ERRORS, 409: _err("Only DEAD or CANCELLED tasks can be retried (ILLEGAL_TRANSITION), with the reason")},
+        responses={**TASK_ERRORS, **WRITE_ERRORS,
+                   409: _err("Only DEAD or CANCELLED tasks can be retried (ILLEGAL_TRANSITION), with the reason")},
     )
     def retry_task(
-        task_id: TaskId, tenant_id: Tenant, attempts: Annotated[int, Query(ge=1, le=100)] = 3
+        task_id: TaskId, tenant_id: Writer, attempts: Annotated[int, Query(ge=1, le=100)] = 3
     ) -> dict[str, Any]:
         owned_task(task_id, tenant_id)
         queue.retry(task_id, extra_attempts=attempts)
-        return _jsonable(task_json(queue.get(task_id)))
+        return _jsonable(task_json(owned_task(task_id, tenant_id)))
 
     @app.get(
         "/tasks/{task_id}/events",
@@ -581,17 +713,20 @@ def create_app(
             "Each event carries `id: <event_id>` and JSON data (status, stage, completed/total, percent, error). "
             "Reconnect with `Last-Event-ID` (or `?after=`) to receive exactly the events after it. Keep-alive "
             "comments are sent while idle; the stream ends after a terminal transition. A task that is already "
-            "terminal with nothing newer to send answers 204 (EventSource stops reconnecting)."
+            "terminal with nothing newer to send answers 204 (EventSource stops reconnecting). The caller must "
+            "be allowed to read the task (as GET /tasks/{task_id}); if a pointer flip narrows the document's allow "
+            "list past the caller while the stream is open, the stream ends and reconnecting answers 404."
         ),
         responses={
             200: {"description": "text/event-stream", "content": {"text/event-stream": {}}},
             204: {"description": "Terminal, nothing after Last-Event-ID"},
+            **READ_ERRORS,
             **TASK_ERRORS,
         },
     )
     async def task_events(
         task_id: TaskId,
-        tenant_id: Tenant,
+        read: Reader,
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
         after: Annotated[int | None, Query(ge=0, description="Resume after this event id")] = None,
     ) -> Response:
@@ -599,9 +734,11 @@ def create_app(
             last = int(last_event_id) if last_event_id not in (None, "") else (after or 0)
         except ValueError as exc:
             raise InvalidRequest("Last-Event-ID must be an event id") from exc
-        stream = hub.admit(tenant_id, task_id, last)  # counted before any await: a burst cannot all pass
+        tenant_id = read.tenant_id
+        visible = None if read.scope.see_all else read.params()
+        stream = hub.admit(tenant_id, task_id, last, visible)  # counted before any await: a burst cannot all pass
         try:
-            row = await run_in_threadpool(owned_task, task_id, tenant_id)
+            row = await run_in_threadpool(owned_task, task_id, tenant_id, read)
             if TaskStatus(row["status"]) in TERMINAL and not await run_in_threadpool(queue.events, task_id, last):
                 stream.close()
                 return Response(status_code=204)
@@ -620,11 +757,24 @@ def create_app(
     @app.get(
         "/search",
         tags=["search"],
-        summary="Search the tenant's searchable versions (active profile)",
-        responses={**COMMON_ERRORS, 400: _err("Empty query or bad k (INVALID_REQUEST)")},
+        summary="Search the tenant's searchable versions (active profile) on behalf of principals",
+        description=(
+            "Returns the `k` best chunks of the versions the caller may read whose metadata passes every "
+            "`filter`, each hit with its version's `metadata`. Permissions and filters apply inside the SQL of "
+            "every mode, before k. On whose behalf: an end-user token, its own principals (`as=` is 403 "
+            "FORBIDDEN); a service token (search_as), the principals named with `as=` (repeatable), or without "
+            "`as=` only versions without an allow list; a whole-tenant token, everything, or the `as=` "
+            "principals. `filter` (repeatable, combined with AND): `key=value`, `key=a|b`, `key!=value`, "
+            "`key>=2026-01-01`, `key<10` (numbers or dates), `key` (exists), `!key` (absent); on a list-valued "
+            "key `=` means contains."
+        ),
+        responses={
+            **READ_ERRORS,
+            400: _err("Empty query or bad k (INVALID_REQUEST); bad filter or principal (INVALID_FILTER)"),
+        },
     )
     def search(
-        tenant_id: Tenant,
+        who: CallerDep,
         q: Annotated[str, Query(min_length=1, max_length=2000, description="The question or keywords")],
         k: Annotated[int, Query(ge=1, le=100)] = 10,
         mode: Annotated[
@@ -634,13 +784,19 @@ def create_app(
                 description="hybrid (BM25 + vectors, fused), dense or lexical; default: the profile's (hybrid)",
             ),
         ] = None,
+        acting_as: AsPrincipals = None,
+        filters: Annotated[
+            list[str] | None,
+            Query(alias="filter", max_length=20, description="A metadata filter, e.g. dept=hr or effective>=2026-01-01"),
+        ] = None,
     ) -> dict[str, Any]:
+        scope = who.scope(acting_as, filters)  # 403 / INVALID_FILTER before anything is embedded or read
         if not q.strip():
             raise InvalidRequest("the query must not be blank")
         fn = search_fn or _default_search()
         if state["embedder"] is None:
             state["embedder"] = _default_embedder()
-        hits = fn(db, state["embedder"], q, tenant_id=tenant_id, k=k, mode=mode)
+        hits = fn(db, state["embedder"], q, tenant_id=who.tenant_id, k=k, mode=mode, read=scope)
         return {"query": q, "k": k, "mode": mode, "hits": _jsonable(list(hits))}
 
     # -- model migration ---------------------------------------------------------------------

@@ -15,6 +15,11 @@ Each stream (``TaskStream.messages``) sends every event with ``event_id > last``
 (a resumed stream has no gaps and no duplicates), reading through the API's connection pool; it
 waits for a wake-up, or ``poll_seconds`` at most (a safety net if a notification is lost), and ends
 after a terminal transition once nothing newer exists.
+
+A stream opened by a principal-scoped token (``visible``: the caller's read scope as SQL parameters) reads
+its events in one statement with the check that the caller may still read the task's version
+(``api_task_events_visible``): when a pointer flip narrows the document's allow list past the caller, the
+stream ends without another event, and reconnecting answers 404.
 """
 
 from __future__ import annotations
@@ -44,8 +49,10 @@ RECONNECT_SECONDS = 1.0
 class TaskStream:
     """One admitted stream: its task, what it has sent, and the event that wakes it."""
 
-    def __init__(self, hub: EventHub, tenant_id: str, task_id: int, last: int) -> None:
+    def __init__(self, hub: EventHub, tenant_id: str, task_id: int, last: int,
+                 visible: dict[str, Any] | None = None) -> None:
         self.hub, self.tenant_id, self.task_id, self.last = hub, tenant_id, task_id, last
+        self.visible = visible
         self.wake = asyncio.Event()
         self.closed = False
 
@@ -61,7 +68,9 @@ class TaskStream:
             await self.hub._listening()  # LISTEN before the first read: nothing committed later is missed
             while True:
                 self.wake.clear()
-                rows = await self.hub._read(self.task_id, self.last)
+                rows = await self.hub._read(self.task_id, self.last, self.tenant_id, self.visible)
+                if rows is None:  # the caller may no longer read the task's version: nothing more of it
+                    return
                 for row in rows:
                     self.last = row["event_id"]
                     yield {
@@ -104,15 +113,16 @@ class EventHub:
 
     # -- admission --------------------------------------------------------------------------
 
-    def admit(self, tenant_id: str, task_id: int, last: int) -> TaskStream:
-        """Count the stream now (no await between check and count) or refuse it: 429 for the tenant, 503 for all."""
+    def admit(self, tenant_id: str, task_id: int, last: int, visible: dict[str, Any] | None = None) -> TaskStream:
+        """Count the stream now (no await between check and count) or refuse it: 429 for the tenant, 503 for all.
+        ``visible``: the read scope's SQL parameters of a principal-scoped caller (None: the whole tenant)."""
         if self.per_tenant[tenant_id] >= self.max_streams_per_tenant:
             raise TooManyRequests(
                 f"this tenant already has {self.max_streams_per_tenant} open event streams; close one or try again shortly"
             )
         if len(self.streams) >= self.max_streams:
             raise ServiceUnavailable("too many open event streams; try again shortly")
-        stream = TaskStream(self, tenant_id, task_id, last)
+        stream = TaskStream(self, tenant_id, task_id, last, visible)
         self.streams.add(stream)
         self.per_tenant[tenant_id] += 1
         return stream
@@ -128,11 +138,20 @@ class EventHub:
 
     # -- reads and wake-ups -----------------------------------------------------------------
 
-    async def _read(self, task_id: int, after: int) -> list[dict[str, Any]]:
-        return await to_thread.run_sync(self._read_sync, task_id, after, limiter=self._reads)
+    async def _read(self, task_id: int, after: int, tenant_id: str = "",
+                    visible: dict[str, Any] | None = None) -> list[dict[str, Any]] | None:
+        return await to_thread.run_sync(self._read_sync, task_id, after, tenant_id, visible, limiter=self._reads)
 
-    def _read_sync(self, task_id: int, after: int) -> list[dict[str, Any]]:
-        return self.db.fetch_all("task_events", {"task_id": task_id, "after_event_id": after})
+    def _read_sync(self, task_id: int, after: int, tenant_id: str = "",
+                   visible: dict[str, Any] | None = None) -> list[dict[str, Any]] | None:
+        """The events after ``after``; None when a scoped caller (``visible``) may no longer read the task."""
+        if visible is None:
+            return self.db.fetch_all("task_events", {"task_id": task_id, "after_event_id": after})
+        rows = self.db.fetch_all("api_task_events_visible", {
+            **visible, "task_id": task_id, "after_event_id": after, "tenant_id": tenant_id})
+        if not rows or not rows[0]["visible"]:
+            return None
+        return [r for r in rows if r["event_id"] is not None]
 
     async def _listening(self) -> None:
         """Start the shared listener if none runs, and wait until it has LISTENed (or failed once)."""

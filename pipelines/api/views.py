@@ -36,13 +36,18 @@ def task_kind(row: dict[str, Any]) -> str:
     return "delete" if row.get("version_kind") == "tombstone" else "index"
 
 
-def task_json(row: dict[str, Any]) -> dict[str, Any]:
-    """One index task for people and scripts; ``kind`` says whether it indexes a version or deletes the document."""
+def task_json(row: dict[str, Any], *, show_allow: bool = True) -> dict[str, Any]:
+    """One index task for people and scripts; ``kind`` says whether it indexes a version or deletes the document.
+
+    A row read with its version's metadata and allow list (``version_metadata``, ``version_allow``: the API's
+    api_task_* statements) shows them as ``metadata`` and ``allow`` (None: the whole tenant may read it);
+    ``show_allow`` False leaves ``allow`` out (principal-scoped callers: an allow list names other people).
+    """
     status = TaskStatus(row["status"])
     cancel_reason = why_cannot_cancel(status)
     retry_reason = why_cannot_retry(status)
     code = row.get("error_code")
-    return {
+    out = {
         "task_id": row["task_id"],
         "tenant_id": row["tenant_id"],
         "document_id": row["document_id"],
@@ -72,6 +77,11 @@ def task_json(row: dict[str, Any]) -> dict[str, Any]:
         "can_retry": retry_reason is None,
         "cannot_retry_reason": retry_reason,
     }
+    if "version_metadata" in row:
+        out["metadata"] = dict(row["version_metadata"] or {})
+        if show_allow:
+            out["allow"] = row.get("version_allow")
+    return out
 
 
 def event_json(row: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +117,7 @@ class DocumentStatus:
     STALE = "STALE"
 
 
-def document_json(row: dict[str, Any]) -> dict[str, Any]:
+def document_json(row: dict[str, Any], *, show_allow: bool = True) -> dict[str, Any]:
     """Latest business version versus the version search serves, and one status word.
 
     SEARCHABLE: search serves the latest version. INDEXING: the latest version's task is still on its way
@@ -116,6 +126,8 @@ def document_json(row: dict[str, Any]) -> dict[str, Any]:
     For a deleted document (its latest version is a tombstone): DELETED once the tombstone's publish took it out
     of search, DELETING while that task is on its way (the previous version is still served), and STALE /
     FAILED as for any version when the delete's task failed.
+    ``metadata`` and ``allow`` are the latest version's (the newest the caller may read); ``show_allow`` False
+    leaves ``allow`` out.
     """
     latest = row["latest_version"]
     served = row.get("searchable_version")
@@ -163,6 +175,8 @@ def document_json(row: dict[str, Any]) -> dict[str, Any]:
         "published_at": _iso(row.get("published_at")),
         "searchable_since": _iso(row.get("searchable_since")),
         "searchable_chunks": row.get("searchable_chunks"),
+        "metadata": dict(row.get("metadata") or {}),
+        **({"allow": row.get("allow_principals")} if show_allow else {}),
         "failure": failure,
         "task": task,
     }

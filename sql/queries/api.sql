@@ -1,23 +1,39 @@
 -- Reads of the HTTP API (pipelines/api). Every statement that touches tenant data takes %(tenant_id)s.
+--
+-- Statements that return document data also take the caller's read scope (pipelines/domain/metadata.py
+-- ReadScope.params): %(see_all)s (a whole-tenant token: every version) or %(principals)s. The rule is the one
+-- search applies (DESIGN.md invariant 8), on two rows:
+-- - the version's own row: a version whose allow list names none of the principals does not exist for them;
+-- - the document's search pointer (active profile): while it names a version the principals may not read, no
+--   version of the document exists for them. The pointer takes its allow list in the statement that flips it,
+--   so a narrowed (or widened) allow list takes effect for these routes at the same instant as for search.
+-- A document's "latest version" is the newest one the caller may read.
 
 -- name: api_document_status
--- The listed documents of one tenant (%(document_ids)s): each one's latest version, that version's INDEX
--- task under the active profile, and the version search serves (search_pointer). Every part is a
--- primary-key or unique-key probe per listed document (LATERAL), never a join over the tenant's tasks.
-SELECT d.tenant_id, d.document_id, d.latest_version,
-       v.kind AS latest_kind, v.filename, v.media_type, v.byte_size, v.published_at,
+-- The listed documents of one tenant (%(document_ids)s) as the caller may see them: each one's newest version
+-- the caller may read, that version's INDEX task under the active profile, and the version search serves
+-- (search_pointer); a document whose pointer names a version the caller may not read has no row. Every part
+-- is a primary-key or unique-key probe per listed document (LATERAL), never a join over the tenant's tasks.
+SELECT d.tenant_id, d.document_id, v.version_number AS latest_version,
+       v.kind AS latest_kind, v.filename, v.media_type, v.byte_size, v.published_at, v.metadata,
+       v.allow_principals,
        p.name AS profile,
        t.task_id, t.status AS task_status, t.stage, t.completed, t.total, t.attempts, t.max_attempts,
        t.error_code, t.error_message, t.created_at AS task_created_at, t.finished_at AS task_finished_at,
        sp.version_number AS searchable_version, sp.chunk_count AS searchable_chunks,
        sp.updated_at AS searchable_since
 FROM document d
-JOIN document_version v
-  ON v.tenant_id = d.tenant_id AND v.document_id = d.document_id AND v.version_number = d.latest_version
+JOIN LATERAL (
+    SELECT v.* FROM document_version v
+    WHERE v.tenant_id = d.tenant_id AND v.document_id = d.document_id
+      AND (%(see_all)s OR v.allow_principals IS NULL OR v.allow_principals && %(principals)s::text[])
+    ORDER BY v.version_number DESC
+    LIMIT 1  -- the newest readable version (with see_all: d.latest_version), one backward primary-key step
+) v ON true
 LEFT JOIN index_profile p ON p.is_active
 LEFT JOIN LATERAL (
     SELECT t.* FROM index_task t
-    WHERE t.tenant_id = d.tenant_id AND t.document_id = d.document_id AND t.version_number = d.latest_version
+    WHERE t.tenant_id = d.tenant_id AND t.document_id = d.document_id AND t.version_number = v.version_number
       AND t.task_type = 'INDEX' AND t.profile = p.name
     LIMIT 1  -- one row by the unique business key; LIMIT keeps the planner from flattening it into a join
 ) t ON true
@@ -27,12 +43,15 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) sp ON true
 WHERE d.tenant_id = %(tenant_id)s
-  AND d.document_id = ANY(%(document_ids)s::text[]);
+  AND d.document_id = ANY(%(document_ids)s::text[])
+  AND (%(see_all)s OR sp.allow_principals IS NULL OR sp.allow_principals && %(principals)s::text[]);
 
 -- name: api_document_page_recent
--- One page of the tenant's documents, newest publish first, strictly after the keyset
+-- One page of the tenant's documents the caller may see (see the top of this file), newest publish first,
+-- strictly after the keyset
 -- (%(before_published_at)s, %(before_document_id)s, %(before_version)s) ('infinity', '', 0 for the first
--- page), walking document_version_tenant_published_idx backwards.
+-- page), walking document_version_tenant_published_idx backwards. A document is listed at its newest version
+-- the caller may read (with %(see_all)s: its latest), unless its search pointer excludes the caller.
 -- The three page walks share one shape, a "loose index scan": the recursive CTE takes the next index entry
 -- after the previous one (one index descent each, in index order) and the outer query keeps the entries of
 -- documents' latest versions until it has %(limit)s. The recursion is pulled lazily, so it stops with the
@@ -60,14 +79,23 @@ WITH RECURSIVE walk AS (
 )
 SELECT w.document_id, w.published_at, w.version_number
 FROM walk w
-WHERE w.version_number = (SELECT d.latest_version FROM document d
-                          WHERE d.tenant_id = %(tenant_id)s AND d.document_id = w.document_id)
+WHERE w.version_number = (SELECT max(v.version_number) FROM document_version v
+                          WHERE v.tenant_id = %(tenant_id)s AND v.document_id = w.document_id
+                            AND (%(see_all)s OR v.allow_principals IS NULL
+                                 OR v.allow_principals && %(principals)s::text[]))
+  AND (%(see_all)s OR NOT EXISTS (
+      SELECT 1 FROM search_pointer sp
+      WHERE sp.tenant_id = %(tenant_id)s AND sp.document_id = w.document_id
+        AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+        AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[]))
 LIMIT %(limit)s;
 
 -- name: api_document_page_by_task_status
 -- One page of the tenant's documents whose latest version's INDEX task (active profile) is in
 -- %(task_status)s, newest task first, task_id below %(before_task_id)s: walks
--- index_task_tenant_status_task_idx backwards, skipping superseded versions and other profiles.
+-- index_task_tenant_status_task_idx backwards, skipping superseded versions and other profiles. As in
+-- api_document_page_recent, a document's latest version is its newest the caller may read, and its search
+-- pointer must not exclude the caller.
 WITH RECURSIVE walk AS (
     (SELECT t.task_id
      FROM index_task t
@@ -90,8 +118,15 @@ FROM walk w
 JOIN index_task t ON t.task_id = w.task_id
 WHERE t.task_type = 'INDEX'
   AND t.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
-  AND t.version_number = (SELECT d.latest_version FROM document d
-                          WHERE d.tenant_id = t.tenant_id AND d.document_id = t.document_id)
+  AND t.version_number = (SELECT max(v.version_number) FROM document_version v
+                          WHERE v.tenant_id = %(tenant_id)s AND v.document_id = t.document_id
+                            AND (%(see_all)s OR v.allow_principals IS NULL
+                                 OR v.allow_principals && %(principals)s::text[]))
+  AND (%(see_all)s OR NOT EXISTS (
+      SELECT 1 FROM search_pointer sp
+      WHERE sp.tenant_id = %(tenant_id)s AND sp.document_id = t.document_id
+        AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+        AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[]))
 LIMIT %(limit)s;
 
 -- name: api_document_page_by_error_code
@@ -123,8 +158,15 @@ JOIN index_task t ON t.task_id = w.task_id
 WHERE (%(task_status)s::text IS NULL OR t.status = %(task_status)s::text)
   AND t.task_type = 'INDEX'
   AND t.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
-  AND t.version_number = (SELECT d.latest_version FROM document d
-                          WHERE d.tenant_id = t.tenant_id AND d.document_id = t.document_id)
+  AND t.version_number = (SELECT max(v.version_number) FROM document_version v
+                          WHERE v.tenant_id = %(tenant_id)s AND v.document_id = t.document_id
+                            AND (%(see_all)s OR v.allow_principals IS NULL
+                                 OR v.allow_principals && %(principals)s::text[]))
+  AND (%(see_all)s OR NOT EXISTS (
+      SELECT 1 FROM search_pointer sp
+      WHERE sp.tenant_id = %(tenant_id)s AND sp.document_id = t.document_id
+        AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+        AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[]))
 LIMIT %(limit)s;
 
 -- name: api_tenant_overview
@@ -176,20 +218,75 @@ SELECT (SELECT coalesce(jsonb_object_agg(b.status, b.n), '{}'::jsonb) FROM by_st
            AND t.finished_at <= (SELECT now FROM clock))::bigint AS succeeded_in_window,
        (SELECT now FROM clock) AS as_of;
 
+-- name: api_tenant_overview_scoped
+-- api_tenant_overview for a caller who may not see every version (an end-user or service token): the same
+-- figures over the tasks whose version the caller may read (the rule of api_task_get_visible), so the counts
+-- say nothing of restricted documents. It reads the tenant's tasks with their versions once (the whole-tenant
+-- statement above counts index entries instead): a cost paid only by principal-scoped status pages.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+seen AS MATERIALIZED (
+    SELECT t.document_id, t.status, t.created_at, t.finished_at
+    FROM index_task t
+    JOIN document_version v
+      ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number
+    WHERE t.tenant_id = %(tenant_id)s
+      AND (v.allow_principals IS NULL OR v.allow_principals && %(principals)s::text[])
+      AND NOT EXISTS (
+          SELECT 1 FROM search_pointer sp
+          WHERE sp.tenant_id = t.tenant_id AND sp.document_id = t.document_id
+            AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+            AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[])
+),
+by_status AS (
+    SELECT s.status, count(*)::bigint AS n FROM seen s GROUP BY s.status
+),
+oldest_open AS (
+    SELECT min(s.created_at) AS created_at FROM seen s WHERE s.status IN ('PENDING', 'RUNNING', 'RETRY_WAIT')
+),
+rate_window AS (
+    SELECT greatest(
+               least(extract(epoch FROM (SELECT now FROM clock) - (SELECT created_at FROM oldest_open)),
+                     %(window_seconds)s::float8),
+               60.0)::float8 AS seconds
+)
+SELECT (SELECT coalesce(jsonb_object_agg(b.status, b.n), '{}'::jsonb) FROM by_status b) AS tasks_by_status,
+       (SELECT count(DISTINCT s.document_id) FROM seen s)::bigint AS documents,
+       (SELECT created_at FROM oldest_open) AS open_since,
+       (SELECT count(*) FROM seen s
+         WHERE s.status IN ('SUCCEEDED', 'DEAD', 'CANCELLED')
+           AND s.finished_at >= (SELECT created_at FROM oldest_open))::bigint AS finished_since_open,
+       (SELECT coalesce(w.seconds, %(window_seconds)s::float8) FROM rate_window w) AS window_seconds,
+       (SELECT count(*) FROM seen s
+         WHERE s.status = 'SUCCEEDED'
+           AND s.finished_at > (SELECT now FROM clock)
+                               - make_interval(secs => (SELECT coalesce(w.seconds, %(window_seconds)s::float8) FROM rate_window w))
+           AND s.finished_at <= (SELECT now FROM clock))::bigint AS succeeded_in_window,
+       (SELECT now FROM clock) AS as_of;
+
 -- name: api_tenant_failures_by_code
--- The tenant's documents whose latest version failed (DEAD) or waits for a retry after an error
--- (RETRY_WAIT), by error code, most first: what api_document_page_by_error_code lists for each code.
+-- The tenant's documents whose latest version (the newest the caller may read, and not hidden by a search
+-- pointer that excludes the caller) failed (DEAD) or waits for a retry after an error (RETRY_WAIT), by error
+-- code, most first: what api_document_page_by_error_code lists for each code.
 SELECT t.error_code AS code,
        count(*) FILTER (WHERE t.status = 'DEAD')::bigint AS dead,
        count(*) FILTER (WHERE t.status = 'RETRY_WAIT')::bigint AS retry_wait
 FROM index_task t
 JOIN index_profile p ON p.is_active AND p.name = t.profile
-JOIN document d
-  ON d.tenant_id = t.tenant_id AND d.document_id = t.document_id AND d.latest_version = t.version_number
 WHERE t.tenant_id = %(tenant_id)s
   AND t.status IN ('DEAD', 'RETRY_WAIT')
   AND t.error_code IS NOT NULL
   AND t.task_type = 'INDEX'
+  AND t.version_number = (SELECT max(v.version_number) FROM document_version v
+                          WHERE v.tenant_id = %(tenant_id)s AND v.document_id = t.document_id
+                            AND (%(see_all)s OR v.allow_principals IS NULL
+                                 OR v.allow_principals && %(principals)s::text[]))
+  AND (%(see_all)s OR NOT EXISTS (
+      SELECT 1 FROM search_pointer sp
+      WHERE sp.tenant_id = %(tenant_id)s AND sp.document_id = t.document_id
+        AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+        AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[]))
 GROUP BY t.error_code
 ORDER BY count(*) DESC, t.error_code;
 
@@ -232,3 +329,68 @@ FROM unnest(%(task_ids)s::bigint[]) AS t (task_id);
 SELECT tenant_id, revoked_at IS NOT NULL AS revoked, principals, search_as
 FROM api_token
 WHERE token_sha256 = %(token_sha256)s;
+
+-- name: api_task_get_visible
+-- One task of %(tenant_id)s by id, with its version's kind, erase time, metadata and allow list, if the caller
+-- may read its version (see the top of this file): no row answers 404 exactly as a missing task does.
+SELECT t.*, v.kind AS version_kind, v.erased_at AS version_erased_at, v.metadata AS version_metadata,
+       v.allow_principals AS version_allow
+FROM index_task t
+JOIN document_version v
+  ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number
+WHERE t.task_id = %(task_id)s
+  AND t.tenant_id = %(tenant_id)s
+  AND (%(see_all)s OR (
+      (v.allow_principals IS NULL OR v.allow_principals && %(principals)s::text[])
+      AND NOT EXISTS (
+          SELECT 1 FROM search_pointer sp
+          WHERE sp.tenant_id = t.tenant_id AND sp.document_id = t.document_id
+            AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+            AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[])));
+
+-- name: api_task_list_visible
+-- The newest tasks of %(tenant_id)s (of status %(status)s when given) whose version the caller may read (the
+-- rule of api_task_get_visible), with their version's kind, metadata and allow list.
+SELECT t.*, v.kind AS version_kind, v.metadata AS version_metadata, v.allow_principals AS version_allow
+FROM index_task t
+JOIN document_version v
+  ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number
+WHERE t.tenant_id = %(tenant_id)s
+  AND (%(status)s::text IS NULL OR t.status = %(status)s::text)
+  AND (%(see_all)s OR (
+      (v.allow_principals IS NULL OR v.allow_principals && %(principals)s::text[])
+      AND NOT EXISTS (
+          SELECT 1 FROM search_pointer sp
+          WHERE sp.tenant_id = t.tenant_id AND sp.document_id = t.document_id
+            AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+            AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[])))
+ORDER BY t.task_id DESC
+LIMIT %(limit)s;
+
+-- name: api_task_events_visible
+-- A task's events after %(after_event_id)s, oldest first, in one snapshot with the check that the caller may
+-- still read the task's version (the rule of api_task_get_visible; a pointer flip may have narrowed it while
+-- the stream was open). Always at least one row: visible = false (and no event) when the caller may not;
+-- visible = true with a NULL event_id when there is nothing newer.
+WITH visible AS (
+    SELECT EXISTS (
+        SELECT 1
+        FROM index_task t
+        JOIN document_version v
+          ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number
+        WHERE t.task_id = %(task_id)s
+          AND t.tenant_id = %(tenant_id)s
+          AND (%(see_all)s OR (
+              (v.allow_principals IS NULL OR v.allow_principals && %(principals)s::text[])
+              AND NOT EXISTS (
+                  SELECT 1 FROM search_pointer sp
+                  WHERE sp.tenant_id = t.tenant_id AND sp.document_id = t.document_id
+                    AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+                    AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[])))
+    ) AS ok
+)
+SELECT visible.ok AS visible, e.*
+FROM visible
+LEFT JOIN task_event e
+  ON visible.ok AND e.task_id = %(task_id)s AND e.event_id > %(after_event_id)s
+ORDER BY e.event_id;

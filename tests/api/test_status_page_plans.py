@@ -67,18 +67,23 @@ def rows_read(node: dict[str, Any]) -> int:
 
 
 LIMIT = 51  # a page of 50 and one more to know whether there is a next page
-PAGE = {"tenant_id": "acme", "limit": LIMIT}
+SEE_ALL = {"see_all": True, "principals": []}  # a whole-tenant token's read scope
+PAGE = {"tenant_id": "acme", "limit": LIMIT, **SEE_ALL}
 PAGES = [
     ("api_document_page_recent", {**PAGE, "before_published_at": "infinity", "before_document_id": "", "before_version": 0}),
     ("api_document_page_by_task_status", {**PAGE, "task_status": "PENDING", "before_task_id": 2**63 - 1}),
     ("api_document_page_by_task_status", {**PAGE, "task_status": "SUCCEEDED", "before_task_id": 4_000}),
     ("api_document_page_by_error_code", {**PAGE, "error_code": "PARSE_ERROR", "task_status": None,
                                          "before_task_id": 2**63 - 1}),
-    ("api_document_status", {"tenant_id": "acme", "document_ids": [f"doc-{i}" for i in range(1, 51)]}),
+    ("api_document_status", {"tenant_id": "acme", "document_ids": [f"doc-{i}" for i in range(1, 51)], **SEE_ALL}),
 ]
+# An end user's pages over documents without allow lists walk the same indexes, a page at a time (each entry
+# also probes its document's newest readable version and its search pointer).
+AS_BOB = {"see_all": False, "principals": ["user:bob"]}
+PAGES += [(name, {**params, **AS_BOB}) for name, params in PAGES]
 COUNTS = [
     ("api_tenant_overview", {"tenant_id": "acme", "now": None, "window_seconds": 600.0}),
-    ("api_tenant_failures_by_code", {"tenant_id": "acme"}),
+    ("api_tenant_failures_by_code", {"tenant_id": "acme", **SEE_ALL}),
 ]
 
 

@@ -83,9 +83,9 @@ def test_an_event_wakes_only_the_streams_of_its_task(make_app, queue):
     reads: dict[int, int] = {}
     real = hub._read_sync
 
-    def counted(task_id, after):
+    def counted(task_id, after, *scope):
         reads[task_id] = reads.get(task_id, 0) + 1
-        return real(task_id, after)
+        return real(task_id, after, *scope)
 
     hub._read_sync = counted
     for base in serve(app):
@@ -110,7 +110,8 @@ def test_the_page_never_takes_a_token_from_the_url_and_shows_the_tenant(client):
     html = client.get("/").text
     assert 'localStorage.setItem("kbindex.token", fromUrl)' not in html
     assert 'params.has("token")' in html and 'id="tenant"' in html
-    assert client.get("/whoami", headers=ACME).json() == {"tenant_id": "acme"}
+    assert client.get("/whoami", headers=ACME).json() == {"tenant_id": "acme", "token": "tenant", "principals": None,
+                                                          "search_as": False}
     assert_error(client.get("/whoami"), 401, "UNAUTHORIZED")
 
 

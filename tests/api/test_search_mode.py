@@ -8,9 +8,12 @@ from tests.api.conftest import ACME
 def test_search_mode_is_passed_through_and_validated(make_app):
     from starlette.testclient import TestClient
 
+    from pipelines.domain.metadata import EVERYTHING
+
     seen: list[str | None] = []
 
-    def recording(db, embedder, q, *, tenant_id, k, mode=None):
+    def recording(db, embedder, q, *, tenant_id, k, mode=None, read=None):
+        assert read == EVERYTHING  # a whole-tenant token without as= reads every version
         seen.append(mode)
         return []
 

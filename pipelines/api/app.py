@@ -361,7 +361,8 @@ def create_app(
         """Routes that change documents or tasks: whole-tenant tokens only (403 before anything is read)."""
         return who.require_write()
 
-    AsPrincipals = Annotated[list[str] | None, Query(alias="as", max_length=100, description=AS_DESCRIPTION)]
+    # No list bounds here: ReadScope.of refuses more than 100 principals or 20 filters as INVALID_FILTER.
+    AsPrincipals = Annotated[list[str] | None, Query(alias="as", description=AS_DESCRIPTION)]
 
     def reading(who: CallerDep, acting_as: AsPrincipals = None) -> Reading:
         """Routes that return document data: the caller's read scope (403 for an end user's as=)."""
@@ -787,7 +788,7 @@ def create_app(
         acting_as: AsPrincipals = None,
         filters: Annotated[
             list[str] | None,
-            Query(alias="filter", max_length=20, description="A metadata filter, e.g. dept=hr or effective>=2026-01-01"),
+            Query(alias="filter", description="A metadata filter, e.g. dept=hr or effective>=2026-01-01"),
         ] = None,
     ) -> dict[str, Any]:
         scope = who.scope(acting_as, filters)  # 403 / INVALID_FILTER before anything is embedded or read

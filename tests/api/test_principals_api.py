@@ -138,6 +138,10 @@ def test_search_hits_carry_metadata_and_filters_apply_in_the_query(client, world
         assert status(client.get("/search", params={"q": QUERY, "filter": bad}, headers=FIN)) == (400, "INVALID_FILTER")
     bad_principal = client.get("/search", params={"q": QUERY, "as": "finance"}, headers=SVC)
     assert status(bad_principal) == (400, "INVALID_FILTER")
+    too_many = client.get("/search", params={"q": QUERY, "filter": [f"k{i}=1" for i in range(21)]}, headers=FIN)
+    assert status(too_many) == (400, "INVALID_FILTER")
+    crowd = [f"user:u{i}" for i in range(101)]
+    assert status(client.get("/documents", params={"as": crowd}, headers=SVC)) == (400, "INVALID_FILTER")
 
 
 # -- documents, tasks, events, overview --------------------------------------------------------------

@@ -305,7 +305,11 @@ def create_app(
         summary="Publish document versions, follow their index tasks live, search what is searchable.",
         description=(
             "Authenticate with `Authorization: Bearer <token>`; each token belongs to one tenant and sees only "
-            "that tenant's documents and tasks. Errors are `{\"error\": {\"code\", \"message\"}}` with stable codes."
+            "that tenant's documents and tasks. A whole-tenant token reads everything and may write; an end-user "
+            "token reads as its fixed principals; a service token reads as the principals it names with `as=` "
+            "(without them, only versions without an allow list). End-user and service tokens are read-only "
+            "(403 FORBIDDEN). A version the caller may not read answers 404 like a missing one. "
+            "Errors are `{\"error\": {\"code\", \"message\"}}` with stable codes."
         ),
         lifespan=lifespan,
     )

@@ -210,16 +210,18 @@ class SourceSync:
         with self.db.session() as lock:  # held for the pass: one pass per source, across processes
             if not lock.fetch_one("source_pass_lock", {"name": name})["locked"]:
                 return PassCounts(skipped="another pass of this source is running")
+            held = _PassLock(lock)
             try:
                 counts = self._pass(source, allow_mass_delete, budget_seconds, on_progress or (lambda *a: None),
-                                    rehash, rehash_slice, retry_failed)
+                                    rehash, rehash_slice, retry_failed, held)
                 self.db.execute("source_pass_finish", {"name": name, "report": json.dumps(counts.to_dict())})
             finally:
-                lock.fetch_one("source_pass_unlock", {"name": name})
+                held.release(name)
         return counts
 
     def _pass(self, source: Source, allow_mass_delete: bool, budget_seconds: float | None,
-              progress: Progress, rehash: bool, rehash_slice: int, retry_failed: bool) -> PassCounts:
+              progress: Progress, rehash: bool, rehash_slice: int, retry_failed: bool,
+              held: _PassLock | None = None) -> PassCounts:
         started = time.monotonic()
         row = self.db.fetch_one("source_pass_start", {"name": source.name})
         pass_no = int(row["passes"]) if row else 0
@@ -245,6 +247,8 @@ class SourceSync:
             if budget_seconds is not None and time.monotonic() - started > budget_seconds:
                 counts.partial = True
                 break
+            if held is not None and not held.alive(counts):
+                break
             self._one_file(source, fs, root, item, known.get(item.path), pass_no, counts, rehashing)
             progress("read", done, len(reads))
         for entry in plan.forget:  # failures whose files are gone: they published nothing, so nothing is deleted
@@ -252,6 +256,8 @@ class SourceSync:
         for done, entry in enumerate(plan.to_delete, 1):
             if budget_seconds is not None and time.monotonic() - started > budget_seconds:
                 counts.partial = True
+                break
+            if held is not None and not held.alive(counts):
                 break
             if self._owner(source, entry.document_id):  # another source still names it: ours only lets go
                 self.db.execute("source_file_forget", {"name": source.name, "path": entry.path})
@@ -330,3 +336,40 @@ class SourceSync:
 
 
 __all__ = ["Source", "SourceSync", "list_location"]
+
+
+class _PassLock:
+    """The pass lock's session, asked about once a second whether it is still there.
+
+    The lock is a session advisory lock: if its connection ends mid-pass (a PostgreSQL restart, a terminated
+    backend), the lock goes with it and another pass may start. The pass then stops at its next file (counted
+    partial, with the reason) instead of carrying on beside the other one; a release on a dead connection is
+    not an error (the lock is gone already), so a pass whose work all committed is not reported failed.
+    """
+
+    CHECK_SECONDS = 1.0
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.checked = time.monotonic()
+        self.lost = False
+
+    def alive(self, counts: PassCounts) -> bool:
+        if not self.lost and time.monotonic() - self.checked >= self.CHECK_SECONDS:
+            self.checked = time.monotonic()
+            try:
+                self.session.fetch_one("source_pass_lock_alive")
+            except KbindexError:
+                self.lost = True
+                counts.partial = True
+                counts.fail("(pass)", "the database connection holding the pass lock ended: the pass stopped, "
+                                      "the next one goes on")
+        return not self.lost
+
+    def release(self, name: str) -> None:
+        if self.lost:
+            return
+        try:
+            self.session.fetch_one("source_pass_unlock", {"name": name})
+        except KbindexError:
+            pass  # the connection ended: its lock went with it

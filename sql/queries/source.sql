@@ -50,6 +50,11 @@ DELETE FROM source WHERE name = %(name)s;
 -- source_pass_unlock or when the connection ends (a crashed pass frees it).
 SELECT pg_try_advisory_lock(hashtextextended('kbindex.source:' || %(name)s, 0)) AS locked;
 
+-- name: source_pass_lock_alive
+-- Asked on the connection holding the pass lock, about once a second during a pass: an answer means the
+-- session, and so its lock, is still there; an error means the connection ended and the lock went with it.
+SELECT true AS alive;
+
 -- name: source_pass_unlock
 -- Release the pass lock taken by source_pass_lock on this connection.
 SELECT pg_advisory_unlock(hashtextextended('kbindex.source:' || %(name)s, 0)) AS unlocked;

@@ -309,3 +309,31 @@ def test_a_failing_file_is_recorded_and_not_tried_again_until_it_changes(db, fol
     gone = sources.sync("share")
     assert (gone.vanished, gone.deleted, gone.failed) == (0, 0, 0) and "big.md" not in versions(db_url), gone
     assert (sources.get("share").failing, sources.get("share").files) == (0, 11)
+
+
+def test_a_pass_whose_lock_connection_dies_stops_and_another_pass_can_run(sources, folder, db_url, monkeypatch):
+    """The pass lock is a session lock: when its connection ends mid-pass (a restart, a terminated backend) the
+    lock is gone, so the pass stops at its next file (partial, with the reason) instead of running beside a new
+    one, and its release on the dead connection is not an error (found by bench/chaos's PostgreSQL restart)."""
+    import resources.source_sync as source_sync
+
+    monkeypatch.setattr(source_sync._PassLock, "CHECK_SECONDS", 0.0)
+    sources.add("share", "acme", str(folder))
+    real_one_file = SourceSync._one_file
+    seen = []
+
+    def one_file(self, *args, **kwargs):
+        if not seen:  # the first file: end the session that holds the pass lock
+            with psycopg.connect(db_url, autocommit=True) as conn:
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+        seen.append(args[3].path)
+        return real_one_file(self, *args, **kwargs)
+
+    monkeypatch.setattr(SourceSync, "_one_file", one_file)
+    stopped = sources.sync("share")
+    assert stopped.partial and len(seen) == 1, stopped
+    assert any("pass lock" in e for e in stopped.errors), stopped.errors
+    monkeypatch.undo()
+    following = sources.sync("share")  # the lock is free: the next pass finishes the job
+    assert following.skipped is None and not following.partial
+    assert len(versions(db_url)) == 10

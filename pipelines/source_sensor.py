@@ -19,6 +19,7 @@ import time
 import dagster as dg
 
 from resources.dagster_resources import BlobStoreResource, DatabaseResource
+from resources.chunk_copy import fast_publish_for
 from resources.publisher import Publisher
 from resources.source_sync import SourceSync
 
@@ -39,7 +40,7 @@ within files / N ticks, a change that kept size and mtime. 0 (default): a pass o
 def sync_sources(context: dg.SensorEvaluationContext, database: DatabaseResource,
                  blobs: BlobStoreResource) -> dg.SkipReason:
     db = database.db
-    sync = SourceSync(db, Publisher(db, blobs.get_store()))
+    sync = SourceSync(db, Publisher(db, blobs.get_store(), fast=fast_publish_for(db)))  # deletes: no run needed
     started = time.monotonic()
     lines: list[str] = []
     for source in sync.list():

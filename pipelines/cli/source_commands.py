@@ -17,11 +17,12 @@ app.add_typer(source_app, name="source")
 
 def _sources(db):
     from resources.blob_store import BlobStore
+    from resources.chunk_copy import fast_publish_for
     from resources.publisher import Publisher
     from resources.settings import Settings
     from resources.source_sync import SourceSync
 
-    return SourceSync(db, Publisher(db, BlobStore(Settings.from_env().blob_url)))
+    return SourceSync(db, Publisher(db, BlobStore(Settings.from_env().blob_url), fast=fast_publish_for(db)))
 
 
 @source_app.command("add")

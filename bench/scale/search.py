@@ -50,8 +50,8 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,10 +59,12 @@ import psycopg
 
 from bench import server_url
 from bench.queue.__main__ import scratch_database
+from resources.local_postgres import with_database
+from resources.migrations import migrate
 from pipelines.domain.lexical import LexicalParams, idf
 from resources.database import Database
 from resources.lexical import N_CHUNKS, TOTAL_LENGTH, lexical_search, query_weights
-from pipelines.domain.metadata import EVERYTHING
+from pipelines.domain.metadata import EVERYTHING, ReadScope
 from resources.search import DEFAULT_MAX_SCAN_TUPLES, _hybrid_rows, ef_search_for, hybrid_depth
 from sql import queries
 
@@ -84,6 +86,19 @@ P_TOPIC_TOKEN = 0.5
 QUERY_TERMS = (3, 8)
 LEXICAL_SEED = 1414
 LEXICAL_BLOCK = 16_384  # chunks per generation step (bounds the token matrices' memory)
+QUERY_SEED = 15  # the query vectors' noise
+META_SEED = 3030  # metadata and allow lists: their own generator, so vectors and terms do not depend on them
+DEPTS = {"legal": 0.01, "hr": 0.10}  # share of documents per dept value; the rest are "eng"
+EFFECTIVE_FROM, EFFECTIVE_DAYS = np.datetime64("2020-01-01"), 2557  # effective dates: uniform over 2020-2026
+RANGE_FROM = str(EFFECTIVE_FROM + int(EFFECTIVE_DAYS * 0.9))  # effective>= this keeps the last ~10%
+RESTRICTED_SHARE, RESTRICTED_TO = 0.2, "group:finance"  # the rest have no allow list (the whole tenant)
+FILTERS = {  # label -> --filter expressions; the product's dense (and hybrid) search under each, as an operator
+    "dept=legal (1%)": ("dept=legal",),
+    "dept=hr (10%)": ("dept=hr",),
+    f"effective>={RANGE_FROM} (10%)": (f"effective>={RANGE_FROM}",),
+}
+HYBRID_FILTERS = ("dept=legal (1%)", "dept=hr (10%)")
+PERMISSIONS = ReadScope.of([RESTRICTED_TO])  # may read every document: the same answers as EVERYTHING, checked
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,17 @@ def doc_layout(chunks: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         "shadow": rng.random(docs) < P_SHADOW,
         "cluster": rng.integers(0, CLUSTERS, size=docs),
     }
+
+
+def doc_metadata(docs: int, rng: np.random.Generator) -> dict[str, list]:
+    """Per document, independent of tenant and topic: dept (legal 1%, hr 10%, else eng), an effective date
+    uniform over EFFECTIVE_DAYS, and whether it is restricted to RESTRICTED_TO (RESTRICTED_SHARE of them)."""
+    u = rng.random(docs)
+    legal, hr = DEPTS["legal"], DEPTS["legal"] + DEPTS["hr"]
+    depts = np.where(u < legal, "legal", np.where(u < hr, "hr", "eng"))
+    effective = (EFFECTIVE_FROM + rng.integers(0, EFFECTIVE_DAYS, size=docs)).astype(str)
+    return {"docs": list(range(docs)), "depts": depts.tolist(), "effectives": effective.tolist(),
+            "restricted": (rng.random(docs) < RESTRICTED_SHARE).tolist(), "restricted_to": [RESTRICTED_TO]}
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -274,6 +300,9 @@ def seed(url: str, chunks: int, m: int, ef_construction: int, workers: int, out:
         conn.execute(queries["bench_search_shadow_profile"])
         conn.execute(queries["bench_search_drop_hnsw"])
         conn.execute(queries["bench_search_stage_create"])
+        conn.execute(queries["bench_search_meta_stage_create"])
+        conn.execute(queries["bench_search_meta_stage_fill"],
+                     doc_metadata(len(layout["tenant"]), np.random.default_rng(META_SEED)))
         if terms is not None:
             conn.execute(queries["bench_search_lexical_stage_create"])
         copy = stack.enter_context(stack.enter_context(conn.cursor()).copy(queries["bench_search_stage_copy"]))
@@ -311,6 +340,7 @@ def seed(url: str, chunks: int, m: int, ef_construction: int, workers: int, out:
                 conn.execute(queries[name], names)
             out(f"  {name.rpartition('_')[2]} filled ({time.perf_counter() - phase:6.1f} s)")
         conn.execute(queries["bench_search_stage_drop"])
+        conn.execute(queries["bench_search_meta_stage_drop"])
         timings["rows from staging"] = time.perf_counter() - phase
         conn.execute(queries["bench_search_build_settings"], {"maintenance_work_mem": "4GB", "workers": workers})
         if terms is not None:
@@ -365,9 +395,10 @@ def tenant_queries(db: Database, tenant: str, count: int, rng: np.random.Generat
     return out
 
 
-def product_search(db: Database, vector: np.ndarray, tenant: str, setting: Setting) -> tuple[list[str], bool]:
+def product_search(db: Database, vector: np.ndarray, tenant: str, setting: Setting,
+                   read: ReadScope = EVERYTHING) -> tuple[list[str], bool]:
     """The statements of resources.search.search, in its order, in one transaction; (chunk ids, fell back)."""
-    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": K, **EVERYTHING.params()}
+    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": K, **read.params()}
     with db.transaction() as tx:
         tx.fetch_one("search_settings", {"ef_search": setting.ef_search, "max_scan_tuples": setting.max_scan_tuples})
         if setting.iterative_scan != "relaxed_order":
@@ -394,7 +425,8 @@ def query_text(query: Query) -> str:
     return " ".join(map(str, query.terms))
 
 
-def product_mode_search(db: Database, mode: str, query: Query, tenant: str, params: LexicalParams) -> list[str]:
+def product_mode_search(db: Database, mode: str, query: Query, tenant: str, params: LexicalParams,
+                        read: ReadScope = EVERYTHING) -> list[str]:
     """resources.search.search past embedding and tokenizing, in its order, in one transaction:
     ``query_weights``, then the hybrid fusion (``_hybrid_rows``) or ``search_settings`` + ``lexical_search``;
     chunk ids, best first."""
@@ -403,10 +435,10 @@ def product_mode_search(db: Database, mode: str, query: Query, tenant: str, para
         weights = query_weights(tx, TERM_IDS, query_text(query), **scope)
         if mode == "lexical":
             tx.fetch_one("search_settings", {"ef_search": ef_search_for(K), "max_scan_tuples": DEFAULT_MAX_SCAN_TUPLES})
-            rows = lexical_search(tx, weights, params, k=K, read=EVERYTHING.params(), **scope) if weights else []
+            rows = lexical_search(tx, weights, params, k=K, read=read.params(), **scope) if weights else []
             scores = {r["chunk_id"]: float(r["bm25"]) for r in rows}
         else:
-            _, scores = _hybrid_rows(tx, query.vector, weights, params, scope, EVERYTHING.params(), K,
+            _, scores = _hybrid_rows(tx, query.vector, weights, params, scope, read.params(), K,
                                      DEFAULT_MAX_SCAN_TUPLES)
     return sorted(scores, key=lambda cid: (-scores[cid], cid))[:K]
 
@@ -425,8 +457,8 @@ def all_term_weights(db: Database, query: Query, tenant: str) -> dict | None:
 
 
 def fused_exact(db: Database, query: Query, tenant: str, weights: dict | None, params: LexicalParams,
-                lexical_weight: float) -> list[str]:
-    """The exact top k of the fusion over every current chunk of the tenant (``bench_search_fused_exact``)."""
+                lexical_weight: float, read: ReadScope = EVERYTHING) -> list[str]:
+    """The exact top k of the fusion over every current chunk of the tenant in scope (``bench_search_fused_exact``)."""
     if weights is None and lexical_weight >= 1:
         return []  # nothing can score: the product's lexical search returns nothing either
     weights = weights or {"candidates": [], "candidate_idfs": [], "avg_length": 1.0}
@@ -434,20 +466,21 @@ def fused_exact(db: Database, query: Query, tenant: str, weights: dict | None, p
         tx.fetch_one("bench_search_custom_plan")
         rows = tx.fetch_all("bench_search_fused_exact", {
             **weights, "k1": params.bm25_k1, "b": params.bm25_b, "tenant_id": tenant, "profile": PROFILES[0],
-            "query": query.vector, "lexical_weight": lexical_weight, "k": K,
+            "query": query.vector, "lexical_weight": lexical_weight, "k": K, **read.params(),
         })
     return [r["chunk_id"] for r in rows if r["score"] > 0]  # score 0: no query term and no similarity
 
 
-def exact_search(db: Database, vector: np.ndarray, tenant: str) -> list[str]:
-    """Brute force with the same filters: exhaustive distance over the tenant's current chunks."""
-    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": K, **EVERYTHING.params()}
+def exact_search(db: Database, vector: np.ndarray, tenant: str, read: ReadScope = EVERYTHING) -> list[str]:
+    """Brute force with the same filters: exhaustive distance over the tenant's current chunks in scope."""
+    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": K, **read.params()}
     return [r["chunk_id"] for r in db.fetch_all("search_hits_exact", params)]
 
 
-def plan_uses_hnsw(db: Database, vector: np.ndarray, tenant: str, setting: Setting, k: int = K) -> bool:
+def plan_uses_hnsw(db: Database, vector: np.ndarray, tenant: str, setting: Setting, k: int = K,
+                   read: ReadScope = EVERYTHING) -> bool:
     """Whether the planner walks the graph under this setting (small tenants are rightly read exhaustively)."""
-    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": k, **EVERYTHING.params()}
+    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": k, **read.params()}
     with db.transaction() as tx:
         tx.fetch_one("search_settings", {"ef_search": setting.ef_search, "max_scan_tuples": setting.max_scan_tuples})
         tx.fetch_one("bench_search_iterative_scan", {"mode": setting.iterative_scan})
@@ -477,6 +510,9 @@ class Runner:
     truth_all_terms: list[list[str]] | None
     exact_ms: float
     plan: str
+    scope: str = "all"
+    """The read scope: "all" (EVERYTHING), a FILTERS label, or "as PRINCIPAL" (permissions on)."""
+    read: ReadScope = EVERYTHING
 
 
 def timed(fn: Callable[[int], list[str]], count: int) -> tuple[list[list[str]], float]:
@@ -487,8 +523,11 @@ def timed(fn: Callable[[int], list[str]], count: int) -> tuple[list[list[str]], 
 
 
 def tenant_runners(db: Database, tenant: str, questions: list[Query]) -> list[Runner]:
-    """The dense settings grid, then (with lexical rows) product hybrid and lexical, with their exact answers."""
+    """The dense settings grid, then (with lexical rows) product hybrid and lexical, with their exact answers;
+    then the product's dense search under each of FILTERS (and hybrid under HYBRID_FILTERS) against the exact
+    filtered answers, and dense and hybrid with permissions on (PERMISSIONS) against the unfiltered ones."""
     n = len(questions)
+    product = settings_grid()[0]
     dense_truth, dense_ms = timed(lambda i: exact_search(db, questions[i].vector, tenant), n)
     runners = []
     for setting in settings_grid():
@@ -496,20 +535,45 @@ def tenant_runners(db: Database, tenant: str, questions: list[Query]) -> list[Ru
         runners.append(Runner("dense", setting.label,
                               lambda i, s=setting: product_search(db, questions[i].vector, tenant, s),
                               dense_truth, None, dense_ms, plan))
+    scopes = {label: ReadScope.of(see_all=True, filters=exprs) for label, exprs in FILTERS.items()}
+    for label, read in scopes.items():
+        truth, ms = timed(lambda i, r=read: exact_search(db, questions[i].vector, tenant, r), n)
+        plan = "hnsw" if plan_uses_hnsw(db, questions[0].vector, tenant, product, read=read) else "exact"
+        runners.append(Runner("dense", product.label,
+                              lambda i, r=read: product_search(db, questions[i].vector, tenant, product, r),
+                              truth, None, ms, plan, label, read))
+    # Permissions on: the principal may read every document (restricted ones name it), so the answers and the
+    # exact references are the unfiltered ones and both sides do the same work but for the allow-list check.
+    as_label = "as " + ", ".join(PERMISSIONS.principals)
+    plan = "hnsw" if plan_uses_hnsw(db, questions[0].vector, tenant, product, read=PERMISSIONS) else "exact"
+    runners.append(Runner("dense", product.label,
+                          lambda i: product_search(db, questions[i].vector, tenant, product, PERMISSIONS),
+                          dense_truth, None, dense_ms, plan, as_label, PERMISSIONS))
     if not all(q.terms for q in questions):
         return runners
     params = LexicalParams.of(db.fetch_one("index_profile_active") or {})
     scoped = [query_weights(db, TERM_IDS, query_text(q), tenant_id=tenant, profile=PROFILES[0]) for q in questions]
     every = [all_term_weights(db, q, tenant) for q in questions]
-    product_setting = settings_grid()[0]
-    depth_plan = plan_uses_hnsw(db, questions[0].vector, tenant, product_setting, hybrid_depth(K))
-    for mode, weight, plan in (("hybrid", params.lexical_weight, "hnsw" if depth_plan else "exact"),
-                               ("lexical", 1.0, "post")):
-        truth, ms = timed(lambda i, w=weight: fused_exact(db, questions[i], tenant, scoped[i], params, w), n)
-        truth_all, _ = timed(lambda i, w=weight: fused_exact(db, questions[i], tenant, every[i], params, w), n)
+    depth_plan = plan_uses_hnsw(db, questions[0].vector, tenant, product, hybrid_depth(K))
+    cases = [("hybrid", params.lexical_weight, "hnsw" if depth_plan else "exact", "all", EVERYTHING),
+             ("lexical", 1.0, "post", "all", EVERYTHING)]
+    for label in HYBRID_FILTERS:
+        filtered_plan = plan_uses_hnsw(db, questions[0].vector, tenant, product, hybrid_depth(K), scopes[label])
+        cases.append(("hybrid", params.lexical_weight, "hnsw" if filtered_plan else "exact", label, scopes[label]))
+    hybrid_all = None
+    for mode, weight, plan, label, read in cases:
+        truth, ms = timed(lambda i, w=weight, r=read: fused_exact(db, questions[i], tenant, scoped[i], params, w, r), n)
+        truth_all, _ = timed(lambda i, w=weight, r=read: fused_exact(db, questions[i], tenant, every[i], params, w, r), n)
         runners.append(Runner(mode, "product",
-                              lambda i, m=mode: (product_mode_search(db, m, questions[i], tenant, params), None),
-                              truth, truth_all, ms, plan))
+                              lambda i, m=mode, r=read: (product_mode_search(db, m, questions[i], tenant, params, r), None),
+                              truth, truth_all, ms, plan, label, read))
+        if mode == "hybrid" and label == "all":
+            hybrid_all = runners[-1]
+    assert hybrid_all is not None
+    runners.append(Runner("hybrid", "product",
+                          lambda i: (product_mode_search(db, "hybrid", questions[i], tenant, params, PERMISSIONS), None),
+                          hybrid_all.truth, hybrid_all.truth_all_terms, hybrid_all.exact_ms, hybrid_all.plan,
+                          as_label, PERMISSIONS))
     return runners
 
 
@@ -525,6 +589,8 @@ def measure(url: str, queries_per_tenant: int, out: Callable[[str], None], rng: 
             if not questions:
                 continue
             runners = tenant_runners(db, tenant, questions)
+            in_scope = {r.scope: db.fetch_one("bench_search_scope_chunks", {
+                "tenant_id": tenant, "profile": PROFILES[0], **r.read.params()})["chunks"] for r in runners}
             for runner in runners:  # warm the cache for every configuration
                 for i in range(min(10, len(questions))):
                     runner.run(i)
@@ -547,7 +613,8 @@ def measure(url: str, queries_per_tenant: int, out: Callable[[str], None], rng: 
                 fallbacks = [f for *_, f in samples[j] if f is not None]
                 row = {
                     "tenant": tenant, "current_chunks": current["current_chunks"], "mode": runner.mode,
-                    "plan": runner.plan, "setting": runner.setting, "p50_ms": statistics.median(latencies),
+                    "plan": runner.plan, "setting": runner.setting, "scope": runner.scope,
+                    "in_scope": in_scope[runner.scope] / max(1, current["current_chunks"]), "p50_ms": statistics.median(latencies),
                     "p95_ms": percentile(latencies, 95), "recall_at_10": float(np.mean(recalls)),
                     "min_recall": float(np.min(recalls)),
                     "recall_all_terms": float(np.mean(all_terms)) if all_terms else None,
@@ -559,7 +626,8 @@ def measure(url: str, queries_per_tenant: int, out: Callable[[str], None], rng: 
     return results
 
 
-HEADER = (f"{'tenant':<8} {'current':>9} {'mode':<7} {'plan':>5}  {'setting':<18} {'p50 ms':>7} {'p95 ms':>7} "
+HEADER = (f"{'tenant':<8} {'current':>9} {'mode':<7} {'plan':>5}  {'setting':<18} {'scope':<29} {'kept':>6} "
+          f"{'p50 ms':>7} {'p95 ms':>7} "
           f"{'recall@10':>9} {'min':>5} {'all terms':>9} {'fallback':>8} {'exact ms':>8}")
 
 
@@ -567,8 +635,28 @@ def format_row(r: dict) -> str:
     all_terms = "-" if r["recall_all_terms"] is None else f"{r['recall_all_terms']:.3f}"
     fallback = "-" if r["fallback_share"] is None else f"{r['fallback_share']:.0%}"
     return (f"{r['tenant']:<8} {r['current_chunks']:>9,} {r['mode']:<7} {r['plan']:>5}  {r['setting']:<18} "
-            f"{r['p50_ms']:>7.2f} {r['p95_ms']:>7.2f} {r['recall_at_10']:>9.3f} {r['min_recall']:>5.2f} "
+            f"{r['scope']:<29} {r['in_scope']:>6.1%} {r['p50_ms']:>7.2f} {r['p95_ms']:>7.2f} {r['recall_at_10']:>9.3f} {r['min_recall']:>5.2f} "
             f"{all_terms:>9} {fallback:>8} {r['exact_ms']:>8.1f}")
+
+
+SCRATCH = "kbindex_bench_search"
+
+
+@contextmanager
+def bench_database(admin_url: str, keep: bool, seeded: bool) -> Iterator[str]:
+    """The scratch database: fresh and dropped afterwards; kept (``--keep``); or the one a kept run seeded
+    (``--seeded``: migrated to the checkout's migrations, not re-seeded)."""
+    if not (keep or seeded):
+        with scratch_database(admin_url, SCRATCH) as url:
+            yield url
+        return
+    url = with_database(admin_url, SCRATCH)
+    if not seeded:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {SCRATCH} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {SCRATCH}")
+    migrate(url)
+    yield url
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -583,17 +671,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lexical", action=argparse.BooleanOptionalAction, default=True,
                         help="also seed the lexical index and measure hybrid and lexical search (default: on)")
     parser.add_argument("--json", dest="json_path", help="also write the results here")
+    parser.add_argument("--keep", action="store_true",
+                        help=f"keep the seeded {SCRATCH} database (with KBINDEX_DATABASE_URL: a server that outlives the run)")
+    parser.add_argument("--seeded", action="store_true",
+                        help=f"measure the {SCRATCH} database a --keep run seeded, without seeding (--chunks etc. ignored)")
     args = parser.parse_args(argv)
 
     def out(line: str) -> None:
         print(line, flush=True)
 
     rng = np.random.default_rng(14)
-    with server_url() as admin_url, scratch_database(admin_url, "kbindex_bench_search") as url:
-        out(f"seeding {args.chunks:,} chunks ({args.structure} topics, m={args.m}, "
-            f"ef_construction={args.ef_construction}, lexical {'on' if args.lexical else 'off'})")
-        timings = seed(url, args.chunks, args.m, args.ef_construction, args.workers, out, rng, args.structure,
-                       lexical=args.lexical)
+    with server_url() as admin_url, bench_database(admin_url, args.keep, args.seeded) as url:
+        if args.seeded:
+            out(f"measuring the {SCRATCH} database seeded by an earlier --keep run")
+            timings = {}
+        else:
+            out(f"seeding {args.chunks:,} chunks ({args.structure} topics, m={args.m}, "
+                f"ef_construction={args.ef_construction}, lexical {'on' if args.lexical else 'off'})")
+            timings = seed(url, args.chunks, args.m, args.ef_construction, args.workers, out, rng, args.structure,
+                           lexical=args.lexical)
         with Database(url, max_size=1) as db:
             sizes = db.fetch_one("bench_search_sizes")
         out("seeding: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
@@ -603,7 +699,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{sizes['lexical_chunks']:,} lexical rows, {sizes['postings']:,} postings, "
             f"{sizes['lexical_bytes'] / 2**30:.2f} GiB")
         out(HEADER)
-        results = measure(url, args.queries, out, rng)
+        # Queries from their own generator: a --seeded run asks the same questions as the run that seeded.
+        results = measure(url, args.queries, out, np.random.default_rng(QUERY_SEED))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:
             json.dump({"chunks": args.chunks, "structure": args.structure, "m": args.m, "ef_construction": args.ef_construction,
@@ -614,10 +711,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summary(results: list[dict]) -> list[str]:
-    """Per mode, the product setting's worst p95 and recall over the tenants (the issue's targets are dense's)."""
+    """Per mode, the product setting's worst p95 and recall over the tenants (the issue's targets are dense's);
+    per filter, the same for filtered dense (and hybrid); permissions on vs off, p95 per tenant."""
     lines = []
     for mode in ("dense", "hybrid", "lexical"):
-        product = [r for r in results if r["mode"] == mode and r["setting"] == "product"]
+        product = [r for r in results if r["mode"] == mode and r["setting"] == "product" and r["scope"] == "all"]
         if not product:
             continue
         line = (f"product {mode}: worst p95 {max(r['p95_ms'] for r in product):.1f} ms, "
@@ -627,6 +725,29 @@ def summary(results: list[dict]) -> list[str]:
         else:
             line += " (targets: p95 <= 30 ms, recall@10 >= 0.95)"
         lines.append(line)
+    for mode in ("dense", "hybrid"):
+        for label in FILTERS:
+            rows = [r for r in results if r["mode"] == mode and r["setting"] == "product" and r["scope"] == label]
+            if not rows:
+                continue
+            worst = max(rows, key=lambda r: r["p95_ms"])
+            line = (f"filtered {mode} {label}: worst p95 {worst['p95_ms']:.1f} ms ({worst['tenant']}), worst recall@10 "
+                    f"{min(r['recall_at_10'] for r in rows):.3f} vs exact filtered, fallback up to "
+                    f"{max(r['fallback_share'] or 0 for r in rows):.0%}")
+            if mode == "dense" and label.endswith("(1%)"):
+                line += " (targets: p95 <= 50 ms, recall@10 >= 0.95)"
+            lines.append(line)
+    for mode in ("dense", "hybrid"):
+        off = {r["tenant"]: r for r in results if r["mode"] == mode and r["setting"] == "product" and r["scope"] == "all"}
+        on = {r["tenant"]: r for r in results
+              if r["mode"] == mode and r["setting"] == "product" and r["scope"].startswith("as ")}
+        pairs = [(t, on[t], off[t]) for t in off if t in on]
+        if not pairs:
+            continue
+        ratios = ", ".join(f"{t} {a['p95_ms']:.1f}/{b['p95_ms']:.1f} ms" for t, a, b in pairs)
+        worst = max(a["p95_ms"] / b["p95_ms"] for _, a, b in pairs)
+        target = " (target: within 10%)" if mode == "dense" else ""
+        lines.append(f"permissions {mode} on/off p95: {ratios}; worst ratio {worst:.2f}{target}")
     return lines
 
 

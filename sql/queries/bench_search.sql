@@ -16,6 +16,37 @@ CREATE UNLOGGED TABLE IF NOT EXISTS bench_search_stage (
 -- Benchmark only: the generator streams preformatted binary COPY data (see bench/scale/search.py).
 COPY bench_search_stage (tenant, doc, version, profile, ordinal, embedding) FROM STDIN (FORMAT BINARY);
 
+-- name: bench_search_meta_stage_create
+-- Benchmark only: each synthetic document's metadata and allow list (drawn by the generator), read by
+-- bench_search_fill_versions.
+CREATE UNLOGGED TABLE IF NOT EXISTS bench_search_meta_stage (
+    doc              integer PRIMARY KEY,
+    metadata         jsonb NOT NULL,
+    allow_principals text[]
+);
+
+-- name: bench_search_meta_stage_fill
+-- Benchmark only: parallel arrays, one entry per document: dept, effective date (YYYY-MM-DD), restricted or not
+-- (a restricted document's allow list is %(restricted_to)s).
+INSERT INTO bench_search_meta_stage (doc, metadata, allow_principals)
+SELECT m.doc, jsonb_build_object('dept', m.dept, 'effective', m.effective),
+       CASE WHEN m.restricted THEN %(restricted_to)s::text[] END
+FROM unnest(%(docs)s::integer[], %(depts)s::text[], %(effectives)s::text[], %(restricted)s::boolean[])
+     AS m (doc, dept, effective, restricted);
+
+-- name: bench_search_meta_stage_drop
+-- Benchmark only: the staged metadata is no longer needed once the versions carry it.
+DROP TABLE IF EXISTS bench_search_meta_stage;
+
+-- name: bench_search_scope_chunks
+-- Benchmark only: how many current chunks of a tenant a read scope keeps (the pointers' chunk counts), to
+-- report each filter's real selectivity beside its figures.
+SELECT coalesce(sum(p.chunk_count), 0)::bigint AS chunks
+FROM search_pointer p
+WHERE p.tenant_id = %(tenant_id)s AND p.profile = %(profile)s
+  AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+  AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb);
+
 -- name: bench_search_shadow_profile
 -- Benchmark only: the second profile (a migration under way), beside the active minilm-v1.
 INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, building)
@@ -34,12 +65,16 @@ SELECT (%(tenants)s::text[])[tenant + 1], 'doc-' || doc, max(version)
 FROM bench_search_stage GROUP BY tenant, doc;
 
 -- name: bench_search_fill_versions
--- Benchmark only: one document_version per staged (tenant, doc, version).
+-- Benchmark only: one document_version per staged (tenant, doc, version), with its document's staged metadata
+-- and allow list (every version of a document alike).
 INSERT INTO document_version (tenant_id, document_id, version_number, content_hash, byte_size, filename,
-                              media_type, partition_key)
-SELECT DISTINCT (%(tenants)s::text[])[tenant + 1], 'doc-' || doc, version, md5(tenant || '/' || doc || '/' || version),
-       0, 'doc-' || doc || '.txt', 'text/plain', (%(tenants)s::text[])[tenant + 1] || '/doc-' || doc || '/v' || version
-FROM bench_search_stage;
+                              media_type, partition_key, metadata, allow_principals)
+SELECT (%(tenants)s::text[])[s.tenant + 1], 'doc-' || s.doc, s.version, md5(s.tenant || '/' || s.doc || '/' || s.version),
+       0, 'doc-' || s.doc || '.txt', 'text/plain',
+       (%(tenants)s::text[])[s.tenant + 1] || '/doc-' || s.doc || '/v' || s.version,
+       coalesce(m.metadata, '{}'::jsonb), m.allow_principals
+FROM (SELECT DISTINCT tenant, doc, version FROM bench_search_stage) AS s
+LEFT JOIN bench_search_meta_stage m ON m.doc = s.doc;
 
 -- name: bench_search_fill_tasks
 -- Benchmark only: a SUCCEEDED task per staged (tenant, doc, version, profile).
@@ -49,11 +84,15 @@ SELECT DISTINCT (%(tenants)s::text[])[tenant + 1], 'doc-' || doc, version,
 FROM bench_search_stage;
 
 -- name: bench_search_fill_pointers
--- Benchmark only: each (document, profile) points at its newest version; older ones are superseded.
-INSERT INTO search_pointer (tenant_id, document_id, profile, version_number, task_id, chunk_count)
+-- Benchmark only: each (document, profile) points at its newest version; older ones are superseded. The
+-- pointer carries the pointed version's metadata and allow list, as search_pointer_advance leaves it.
+INSERT INTO search_pointer (tenant_id, document_id, profile, version_number, task_id, chunk_count, metadata,
+                            allow_principals)
 SELECT DISTINCT ON (t.tenant_id, t.document_id, t.profile) t.tenant_id, t.document_id, t.profile,
-       t.version_number, t.task_id, 8
+       t.version_number, t.task_id, 8, v.metadata, v.allow_principals
 FROM index_task t
+JOIN document_version v
+  ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number
 ORDER BY t.tenant_id, t.document_id, t.profile, t.version_number DESC;
 
 -- name: bench_search_fill_chunks
@@ -213,8 +252,9 @@ SELECT set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mo
 
 -- name: bench_search_fused_exact
 -- Benchmark only: the exact hybrid answer (the fusion of pipelines/domain/lexical.py fuse) over EVERY current
--- chunk of the tenant: exhaustive cosine (no index order), BM25 of the given terms from all their postings,
--- normalised by the best BM25. lexical_weight 1 gives the exact BM25 ranking, 0 the exact dense one.
+-- chunk of the tenant in the read scope (allow list and metadata filters, as the product's statements):
+-- exhaustive cosine (no index order), BM25 of the given terms from all their postings, normalised by the best
+-- BM25 in scope. lexical_weight 1 gives the exact BM25 ranking, 0 the exact dense one.
 WITH q AS (
     SELECT * FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[]) AS q (term, idf)
 ),
@@ -227,6 +267,8 @@ lexical AS (
     JOIN search_pointer p
       ON p.tenant_id = x.tenant_id AND p.document_id = x.document_id
      AND p.profile = x.profile AND p.version_number = x.version_number
+    WHERE (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+      AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
     GROUP BY x.chunk_id
 ),
 top AS (
@@ -242,5 +284,7 @@ JOIN search_pointer p
 CROSS JOIN top
 LEFT JOIN lexical l ON l.chunk_id = c.chunk_id
 WHERE c.tenant_id = %(tenant_id)s AND c.profile = %(profile)s
+  AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+  AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
 ORDER BY score DESC, c.chunk_id
 LIMIT %(k)s;

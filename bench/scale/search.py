@@ -98,6 +98,7 @@ FILTERS = {  # label -> --filter expressions; the product's dense (and hybrid) s
     f"effective>={RANGE_FROM} (10%)": (f"effective>={RANGE_FROM}",),
 }
 HYBRID_FILTERS = ("dept=legal (1%)", "dept=hr (10%)")
+MODES = ("dense", "hybrid", "lexical")
 PERMISSIONS = ReadScope.of([RESTRICTED_TO])  # may read every document: the same answers as EVERYTHING, checked
 
 
@@ -522,7 +523,7 @@ def timed(fn: Callable[[int], list[str]], count: int) -> tuple[list[list[str]], 
     return out, (time.perf_counter() - started) * 1000 / max(1, count)
 
 
-def tenant_runners(db: Database, tenant: str, questions: list[Query]) -> list[Runner]:
+def tenant_runners(db: Database, tenant: str, questions: list[Query], modes: tuple[str, ...] = MODES) -> list[Runner]:
     """The dense settings grid, then (with lexical rows) product hybrid and lexical, with their exact answers;
     then the product's dense search under each of FILTERS (and hybrid under HYBRID_FILTERS) against the exact
     filtered answers, and dense and hybrid with permissions on (PERMISSIONS) against the unfiltered ones."""
@@ -549,7 +550,7 @@ def tenant_runners(db: Database, tenant: str, questions: list[Query]) -> list[Ru
     runners.append(Runner("dense", product.label,
                           lambda i: product_search(db, questions[i].vector, tenant, product, PERMISSIONS),
                           dense_truth, None, dense_ms, plan, as_label, PERMISSIONS))
-    if not all(q.terms for q in questions):
+    if not all(q.terms for q in questions) or modes == ("dense",):
         return runners
     params = LexicalParams.of(db.fetch_one("index_profile_active") or {})
     scoped = [query_weights(db, TERM_IDS, query_text(q), tenant_id=tenant, profile=PROFILES[0]) for q in questions]
@@ -577,7 +578,8 @@ def tenant_runners(db: Database, tenant: str, questions: list[Query]) -> list[Ru
     return runners
 
 
-def measure(url: str, queries_per_tenant: int, out: Callable[[str], None], rng: np.random.Generator) -> list[dict]:
+def measure(url: str, queries_per_tenant: int, out: Callable[[str], None], rng: np.random.Generator,
+            modes: tuple[str, ...] = MODES) -> list[dict]:
     """One result row per (tenant, mode, setting): p50/p95 ms, recall@10 vs exact (and, for hybrid and lexical,
     vs exact with every query term), fallback share, plan."""
     results = []
@@ -588,7 +590,7 @@ def measure(url: str, queries_per_tenant: int, out: Callable[[str], None], rng: 
             questions = tenant_queries(db, tenant, queries_per_tenant, rng, term_rng)
             if not questions:
                 continue
-            runners = tenant_runners(db, tenant, questions)
+            runners = tenant_runners(db, tenant, questions, modes)
             in_scope = {r.scope: db.fetch_one("bench_search_scope_chunks", {
                 "tenant_id": tenant, "profile": PROFILES[0], **r.read.params()})["chunks"] for r in runners}
             for runner in runners:  # warm the cache for every configuration
@@ -668,6 +670,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="parallel maintenance workers for the build")
     parser.add_argument("--structure", choices=("hierarchical", "flat"), default="hierarchical",
                         help="topic layout of the synthetic vectors (flat: orthogonal topics, a worst case)")
+    parser.add_argument("--modes", choices=("dense",), help="measure dense search only (the exact hybrid and lexical "
+                        "references cost the most at 1M)")
     parser.add_argument("--lexical", action=argparse.BooleanOptionalAction, default=True,
                         help="also seed the lexical index and measure hybrid and lexical search (default: on)")
     parser.add_argument("--json", dest="json_path", help="also write the results here")
@@ -700,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{sizes['lexical_bytes'] / 2**30:.2f} GiB")
         out(HEADER)
         # Queries from their own generator: a --seeded run asks the same questions as the run that seeded.
-        results = measure(url, args.queries, out, np.random.default_rng(QUERY_SEED))
+        results = measure(url, args.queries, out, np.random.default_rng(QUERY_SEED), (args.modes,) if args.modes else MODES)
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:
             json.dump({"chunks": args.chunks, "structure": args.structure, "m": args.m, "ef_construction": args.ef_construction,

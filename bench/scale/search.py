@@ -65,7 +65,8 @@ from pipelines.domain.lexical import LexicalParams, idf
 from resources.database import Database
 from resources.lexical import N_CHUNKS, TOTAL_LENGTH, lexical_search, query_weights
 from pipelines.domain.metadata import EVERYTHING, ReadScope
-from resources.search import DEFAULT_MAX_SCAN_TUPLES, _hybrid_rows, ef_search_for, hybrid_depth
+from resources.search import (DEFAULT_MAX_SCAN_TUPLES, EXACT_SCOPE_CHUNKS, EXACT_SCOPE_POINTERS, _hybrid_rows,
+                              ef_search_for, hybrid_depth)
 from sql import queries
 
 DIM = 384
@@ -397,18 +398,25 @@ def tenant_queries(db: Database, tenant: str, count: int, rng: np.random.Generat
 
 
 def product_search(db: Database, vector: np.ndarray, tenant: str, setting: Setting,
-                   read: ReadScope = EVERYTHING) -> tuple[list[str], bool]:
-    """The statements of resources.search.search, in its order, in one transaction; (chunk ids, fell back)."""
+                   read: ReadScope = EVERYTHING) -> tuple[list[str], str]:
+    """The statements of resources.search._dense_rows, in its order, in one transaction: with filters,
+    ``search_hits_scoped`` first (exhaustive over a narrow scope), then ``search_hits`` and the
+    ``search_hits_exact`` fallback; (chunk ids, the path that answered: scoped, walk or fallback)."""
     params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": K, **read.params()}
     with db.transaction() as tx:
         tx.fetch_one("search_settings", {"ef_search": setting.ef_search, "max_scan_tuples": setting.max_scan_tuples})
         if setting.iterative_scan != "relaxed_order":
             tx.fetch_one("bench_search_iterative_scan", {"mode": setting.iterative_scan})
+        if read.filters:
+            rows = tx.fetch_all("search_hits_scoped", {**params, "max_scope_pointers": EXACT_SCOPE_POINTERS,
+                                                       "max_scope_chunks": EXACT_SCOPE_CHUNKS})
+            if rows and rows[0]["exact"]:
+                return [r["chunk_id"] for r in rows if r["chunk_id"] is not None], "scoped"
         rows = tx.fetch_all("search_hits", params)
-        fell_back = len(rows) < K
-        if fell_back:
-            rows = tx.fetch_all("search_hits_exact", params)
-    return [r["chunk_id"] for r in rows], fell_back
+        path = "walk"
+        if len(rows) < K:
+            rows, path = tx.fetch_all("search_hits_exact", params), "fallback"
+    return [r["chunk_id"] for r in rows], path
 
 
 class TermIdTokenizer:
@@ -506,7 +514,7 @@ class Runner:
 
     mode: str
     setting: str
-    run: Callable[[int], tuple[list[str], bool | None]]  # query index -> (chunk ids, fell back or None)
+    run: Callable[[int], tuple[list[str], str | None]]  # query index -> (chunk ids, dense path or None)
     truth: list[list[str]]
     truth_all_terms: list[list[str]] | None
     exact_ms: float
@@ -604,15 +612,15 @@ def measure(url: str, queries_per_tenant: int, out: Callable[[str], None], rng: 
                 for j in order[i % len(order):] + order[: i % len(order)]:
                     runner = runners[j]
                     t0 = time.perf_counter()
-                    got, fell_back = runner.run(i)
+                    got, path = runner.run(i)
                     ms = (time.perf_counter() - t0) * 1000
                     all_terms = recall(got, runner.truth_all_terms[i]) if runner.truth_all_terms else None
-                    samples[j].append((ms, recall(got, runner.truth[i]), all_terms, fell_back))
+                    samples[j].append((ms, recall(got, runner.truth[i]), all_terms, path))
             for j, runner in enumerate(runners):
                 latencies = [ms for ms, *_ in samples[j]]
                 recalls = [r for _, r, _, _ in samples[j]]
                 all_terms = [a for _, _, a, _ in samples[j] if a is not None]
-                fallbacks = [f for *_, f in samples[j] if f is not None]
+                paths = [f for *_, f in samples[j] if f is not None]
                 row = {
                     "tenant": tenant, "current_chunks": current["current_chunks"], "mode": runner.mode,
                     "plan": runner.plan, "setting": runner.setting, "scope": runner.scope,
@@ -620,7 +628,8 @@ def measure(url: str, queries_per_tenant: int, out: Callable[[str], None], rng: 
                     "p95_ms": percentile(latencies, 95), "recall_at_10": float(np.mean(recalls)),
                     "min_recall": float(np.min(recalls)),
                     "recall_all_terms": float(np.mean(all_terms)) if all_terms else None,
-                    "fallback_share": sum(fallbacks) / len(fallbacks) if fallbacks else None,
+                    "fallback_share": paths.count("fallback") / len(paths) if paths else None,
+                    "scoped_share": paths.count("scoped") / len(paths) if paths else None,
                     "exact_ms": runner.exact_ms,
                 }
                 results.append(row)
@@ -630,15 +639,16 @@ def measure(url: str, queries_per_tenant: int, out: Callable[[str], None], rng: 
 
 HEADER = (f"{'tenant':<8} {'current':>9} {'mode':<7} {'plan':>5}  {'setting':<18} {'scope':<29} {'kept':>6} "
           f"{'p50 ms':>7} {'p95 ms':>7} "
-          f"{'recall@10':>9} {'min':>5} {'all terms':>9} {'fallback':>8} {'exact ms':>8}")
+          f"{'recall@10':>9} {'min':>5} {'all terms':>9} {'fallback':>8} {'scoped':>6} {'exact ms':>8}")
 
 
 def format_row(r: dict) -> str:
     all_terms = "-" if r["recall_all_terms"] is None else f"{r['recall_all_terms']:.3f}"
     fallback = "-" if r["fallback_share"] is None else f"{r['fallback_share']:.0%}"
+    scoped = "-" if r.get("scoped_share") is None else f"{r['scoped_share']:.0%}"
     return (f"{r['tenant']:<8} {r['current_chunks']:>9,} {r['mode']:<7} {r['plan']:>5}  {r['setting']:<18} "
             f"{r['scope']:<29} {r['in_scope']:>6.1%} {r['p50_ms']:>7.2f} {r['p95_ms']:>7.2f} {r['recall_at_10']:>9.3f} {r['min_recall']:>5.2f} "
-            f"{all_terms:>9} {fallback:>8} {r['exact_ms']:>8.1f}")
+            f"{all_terms:>9} {fallback:>8} {scoped:>6} {r['exact_ms']:>8.1f}")
 
 
 SCRATCH = "kbindex_bench_search"
@@ -737,7 +747,8 @@ def summary(results: list[dict]) -> list[str]:
             worst = max(rows, key=lambda r: r["p95_ms"])
             line = (f"filtered {mode} {label}: worst p95 {worst['p95_ms']:.1f} ms ({worst['tenant']}), worst recall@10 "
                     f"{min(r['recall_at_10'] for r in rows):.3f} vs exact filtered, fallback up to "
-                    f"{max(r['fallback_share'] or 0 for r in rows):.0%}")
+                    f"{max(r['fallback_share'] or 0 for r in rows):.0%}, scoped up to "
+                    f"{max(r.get('scoped_share') or 0 for r in rows):.0%}")
             if mode == "dense" and label.endswith("(1%)"):
                 line += " (targets: p95 <= 50 ms, recall@10 >= 0.95)"
             lines.append(line)

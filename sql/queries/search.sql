@@ -65,3 +65,45 @@ JOIN chunk c
  AND c.version_number = v.version_number
 ORDER BY (c.embedding <=> %(query)s::vector) + 0, c.chunk_id
 LIMIT %(k)s;
+
+-- name: search_hits_scoped
+-- A filtered search's first statement: when the filters keep few documents, the exact answer over them costs
+-- less than a graph walk that must pass ~k / selectivity chunks to find k in scope (bench.scale.search:
+-- 1M chunks, dept=legal keeping a hundredth of a 285k-chunk tenant). The pointers in scope are read up to
+-- %(max_scope_pointers)s + 1 (so a broad filter stops early); if they are at most %(max_scope_pointers)s
+-- holding at most %(max_scope_chunks)s chunks, their chunks are measured exhaustively, exactly as
+-- search_hits_exact does. One row per hit, best first, each with the scope's size and exact = true; or a
+-- single row with exact = false and no hit (too wide: walk the graph with search_hits), or with exact = true
+-- and no hit (nothing in scope).
+WITH visible AS MATERIALIZED (
+    SELECT p.document_id, p.version_number, p.metadata, p.chunk_count
+    FROM search_pointer p
+    WHERE p.tenant_id = %(tenant_id)s
+      AND p.profile = %(profile)s
+      AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+      AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
+    LIMIT %(max_scope_pointers)s + 1
+),
+scope AS (
+    SELECT count(*) AS pointers, coalesce(sum(chunk_count), 0) AS chunks,
+           count(*) <= %(max_scope_pointers)s AND coalesce(sum(chunk_count), 0) <= %(max_scope_chunks)s AS exact
+    FROM visible
+),
+hits AS (
+    SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text, v.metadata,
+           c.embedding <=> %(query)s::vector AS distance
+    FROM visible v
+    JOIN chunk c
+      ON c.tenant_id = %(tenant_id)s
+     AND c.document_id = v.document_id
+     AND c.profile = %(profile)s
+     AND c.version_number = v.version_number
+    WHERE (SELECT exact FROM scope)
+    ORDER BY (c.embedding <=> %(query)s::vector) + 0, c.chunk_id
+    LIMIT %(k)s
+)
+SELECT s.exact, s.pointers AS scope_pointers, s.chunks AS scope_chunks,
+       h.chunk_id, h.document_id, h.version_number, h.heading_path, h.page, h.text, h.metadata, h.distance
+FROM scope s
+LEFT JOIN hits h ON true
+ORDER BY h.distance, h.chunk_id;

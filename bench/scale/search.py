@@ -4,7 +4,7 @@ recall vs exact, side by side in one run.
 Usage (from the checkout)::
 
     python -m bench.scale.search [--chunks 1000000] [--queries 100] [--m 24] [--ef-construction 100]
-                                 [--no-lexical]
+                                 [--no-lexical] [--modes dense] [--keep | --seeded]
 
 Uses KBINDEX_DATABASE_URL if set (a scratch database ``kbindex_bench_search`` is created and dropped
 next to it), otherwise its own embedded PostgreSQL under a temporary folder.
@@ -25,11 +25,23 @@ turned into lexical_chunk, lexical_posting, the per-document ledger lexical_docu
 per-tenant statistics lexical_term_stats exactly as the publish path leaves them (statistics count only
 the versions a pointer names; term -1 = chunks, -2 = total length).
 
+Metadata and allow lists (their own generator, META_SEED): every document has ``dept`` legal (1%), hr (10%)
+or eng, an ``effective`` date uniform over 2020-2026 (``effective>=RANGE_FROM`` keeps the last 10%), and 20%
+of documents are restricted to group:finance (the rest have no allow list); every version of a document
+alike, the pointer carrying its version's, as publish leaves them.
+
 Measuring: for each tenant and each search setting, the product's own statements in the product's
 order (``search_settings``, ``search_hits``, the ``search_hits_exact`` fallback when fewer than k
 rows come back, one transaction) for ``--queries`` query vectors near the tenant's current chunks;
 p50/p95 of the client-side latency and recall@10 against the exact answer (``search_hits_exact``:
 the same filters, exhaustive distance, no index).
+
+Filtered and permissions, beside those and interleaved with them: the product's dense path under each of
+FILTERS (an operator's search with ``--filter``; ``search_hits_scoped`` first, as resources.search does, and
+"walk only": the graph walk and its fallback without it), recall@10 against ``search_hits_exact`` with the
+same filter, and the share of the tenant each filter keeps; hybrid under HYBRID_FILTERS against the exact
+fusion over the chunks in scope; dense and hybrid as group:finance (permissions on: it may read every
+document, so the answers and exact references are the unfiltered ones) beside EVERYTHING (off).
 
 Hybrid and lexical (with lexical rows): the product's code after embedding and tokenizing, i.e.
 ``query_weights`` (``lexical_stats_get``, the postings budget) fed the synthetic query's term ids through
@@ -52,7 +64,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import psycopg
@@ -111,6 +123,8 @@ class Setting:
     ef_search: int
     iterative_scan: str
     max_scan_tuples: int
+    scoped: bool = True
+    """Whether a filtered search may answer exhaustively over a narrow scope (``search_hits_scoped``)."""
 
 
 def settings_grid() -> list[Setting]:
@@ -407,7 +421,7 @@ def product_search(db: Database, vector: np.ndarray, tenant: str, setting: Setti
         tx.fetch_one("search_settings", {"ef_search": setting.ef_search, "max_scan_tuples": setting.max_scan_tuples})
         if setting.iterative_scan != "relaxed_order":
             tx.fetch_one("bench_search_iterative_scan", {"mode": setting.iterative_scan})
-        if read.filters:
+        if read.filters and setting.scoped:
             rows = tx.fetch_all("search_hits_scoped", {**params, "max_scope_pointers": EXACT_SCOPE_POINTERS,
                                                        "max_scope_chunks": EXACT_SCOPE_CHUNKS})
             if rows and rows[0]["exact"]:
@@ -545,12 +559,14 @@ def tenant_runners(db: Database, tenant: str, questions: list[Query], modes: tup
                               lambda i, s=setting: product_search(db, questions[i].vector, tenant, s),
                               dense_truth, None, dense_ms, plan))
     scopes = {label: ReadScope.of(see_all=True, filters=exprs) for label, exprs in FILTERS.items()}
+    walk = replace(product, label="walk only", scoped=False)  # the graph walk + fallback, never the scoped path
     for label, read in scopes.items():
         truth, ms = timed(lambda i, r=read: exact_search(db, questions[i].vector, tenant, r), n)
         plan = "hnsw" if plan_uses_hnsw(db, questions[0].vector, tenant, product, read=read) else "exact"
-        runners.append(Runner("dense", product.label,
-                              lambda i, r=read: product_search(db, questions[i].vector, tenant, product, r),
-                              truth, None, ms, plan, label, read))
+        for setting in (product, walk):
+            runners.append(Runner("dense", setting.label,
+                                  lambda i, r=read, s=setting: product_search(db, questions[i].vector, tenant, s, r),
+                                  truth, None, ms, plan, label, read))
     # Permissions on: the principal may read every document (restricted ones name it), so the answers and the
     # exact references are the unfiltered ones and both sides do the same work but for the allow-list check.
     as_label = "as " + ", ".join(PERMISSIONS.principals)

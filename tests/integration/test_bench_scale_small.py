@@ -1,12 +1,13 @@
-"""CI-sized round of bench.scale.search: seed 20k synthetic chunks with their lexical index, build the graph,
-measure dense, hybrid and lexical search against their exact answers."""
+"""CI-sized round of bench.scale.search: seed 20k synthetic chunks with their lexical index, metadata and allow
+lists, build the graph, measure dense, hybrid and lexical search against their exact answers, filtered dense and
+hybrid against the exact filtered answers, and search with permissions on."""
 
 import json
 
 import numpy as np
 import psycopg
 
-from bench.scale.search import MEASURED_TENANTS, PROFILES, TENANTS, main, seed
+from bench.scale.search import FILTERS, HYBRID_FILTERS, MEASURED_TENANTS, PROFILES, TENANTS, main, seed
 from resources.database import Database
 
 POSTING_SCHEMA = """
@@ -30,7 +31,8 @@ def test_scale_search_bench_runs_small(tmp_path, capsys):
     assert sizes["current_chunks"] < 0.8 * sizes["chunks"]
     # every chunk row has its lexical row, with ~45 distinct terms (30-60 on average by construction)
     assert sizes["lexical_chunks"] == sizes["chunks"] and 30 <= sizes["postings"] / sizes["chunks"] <= 60
-    by_mode = {mode: {r["tenant"]: r for r in data["results"] if r["mode"] == mode and r["setting"] == "product"}
+    by_mode = {mode: {r["tenant"]: r for r in data["results"]
+                      if r["mode"] == mode and r["setting"] == "product" and r["scope"] == "all"}
                for mode in ("dense", "hybrid", "lexical")}
     for mode, rows in by_mode.items():
         assert set(rows) == set(MEASURED_TENANTS), mode
@@ -42,6 +44,37 @@ def test_scale_search_bench_runs_small(tmp_path, capsys):
     for row in by_mode["lexical"].values():
         # the postings are complete: with the same scoring terms lexical search is exact (ties aside)
         assert row["recall_at_10"] >= 0.95, row
+    assert_filtered_and_permissions(data["results"])
+    assert "filtered dense dept=legal (1%)" in out and "permissions dense on/off p95" in out
+
+
+def assert_filtered_and_permissions(results: list[dict]) -> None:
+    """Every filter and the permissions case ran for every tenant, in the modes meant, kept about the share of the
+    tenant it was drawn for, and found the exact filtered answer: the scoped path exactly, the graph walk (the
+    path a wider scope takes at 1M) nearly."""
+    rows = {(r["tenant"], r["mode"], r["setting"], r["scope"]): r for r in results}
+    huge = "t-huge"
+    for label in FILTERS:
+        for tenant in MEASURED_TENANTS:
+            for setting in ("product", "walk only"):
+                assert (tenant, "dense", setting, label) in rows, (tenant, setting, label)
+        kept = rows[(huge, "dense", "product", label)]["in_scope"]
+        assert (0.002 <= kept <= 0.03) if label.endswith("(1%)") else (0.04 <= kept <= 0.2), (label, kept)
+        scoped = rows[(huge, "dense", "product", label)]
+        assert scoped["scoped_share"] == 1.0 and scoped["recall_at_10"] >= 0.99, scoped  # 20k: every scope is narrow
+        walked = rows[(huge, "dense", "walk only", label)]
+        assert walked["plan"] == "hnsw" and walked["scoped_share"] == 0.0, walked
+        assert walked["recall_at_10"] >= 0.8, walked  # relaxed order stops at the first k in scope
+    for label in HYBRID_FILTERS:
+        for tenant in MEASURED_TENANTS:
+            row = rows[(tenant, "hybrid", "product", label)]
+            assert row["recall_at_10"] >= 0.9, row
+    for mode in ("dense", "hybrid"):
+        for tenant in MEASURED_TENANTS:
+            on = rows[(tenant, mode, "product", "as group:finance")]
+            off = rows[(tenant, mode, "product", "all")]
+            # group:finance may read every document: the same answers, held to the same exact references
+            assert on["in_scope"] == off["in_scope"] == 1.0 and on["recall_at_10"] >= 0.9, on
 
 
 def test_scale_search_bench_dense_only(tmp_path, capsys):

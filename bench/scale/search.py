@@ -762,9 +762,10 @@ def summary(results: list[dict]) -> list[str]:
                 continue
             worst = max(rows, key=lambda r: r["p95_ms"])
             line = (f"filtered {mode} {label}: worst p95 {worst['p95_ms']:.1f} ms ({worst['tenant']}), worst recall@10 "
-                    f"{min(r['recall_at_10'] for r in rows):.3f} vs exact filtered, fallback up to "
-                    f"{max(r['fallback_share'] or 0 for r in rows):.0%}, scoped up to "
-                    f"{max(r.get('scoped_share') or 0 for r in rows):.0%}")
+                    f"{min(r['recall_at_10'] for r in rows):.3f} vs exact filtered")
+            if mode == "dense":
+                line += (f", fallback up to {max(r['fallback_share'] or 0 for r in rows):.0%}, scoped up to "
+                         f"{max(r.get('scoped_share') or 0 for r in rows):.0%}")
             if mode == "dense" and label.endswith("(1%)"):
                 line += " (targets: p95 <= 50 ms, recall@10 >= 0.95)"
             lines.append(line)

@@ -238,6 +238,29 @@ def filters_json(filters: Sequence[Filter]) -> str:
     return json.dumps([f.to_json() for f in filters], ensure_ascii=False)
 
 
+def _path_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return json.dumps(value)
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def metadata_path(filters: Sequence[Filter]) -> str | None:
+    """A jsonpath every version passing ``filters`` matches (``metadata @? path``), built from their equality
+    conditions only, for the GIN index on the pointers' metadata (migration 0034); None when there are none.
+    A necessary condition, never a sufficient one: ``kbindex_metadata_match`` still decides. In lax mode
+    ``@.key == v`` also holds when the key is a list holding ``v``, compares numbers as numbers and never equals
+    values of different types, so no version that passes is left out. Keys are identifiers and values JSON
+    literals, so the text is data, not a language a filter can reach into."""
+    conds = []
+    for f in filters:
+        if f.op == "eq":
+            key = json.dumps(f.key)
+            conds.append("(" + " || ".join(f"@.{key} == {_path_literal(v)}" for v in f.values) + ")")
+    return "$ ? (" + " && ".join(conds) + ")" if conds else None
+
+
 def may_read(allow: Sequence[str] | None, principals: Sequence[str] | None) -> bool:
     """The permission rule, in Python (the SQL has the same): no allow list, or one shared principal.
     ``principals`` None: an explicit see-everything override (an operator's ``--all``)."""
@@ -275,8 +298,10 @@ class ReadScope:
         return self.may_read(allow) and all(f.matches(metadata) for f in self.filters)
 
     def params(self) -> dict[str, Any]:
-        """The SQL parameters every statement that reads document data takes: principals, see_all, filters."""
-        return {"principals": list(self.principals), "see_all": self.see_all, "filters": filters_json(self.filters)}
+        """The SQL parameters every statement that reads document data takes: principals, see_all, filters (and
+        metadata_path, which the statements that can use the metadata index take)."""
+        return {"principals": list(self.principals), "see_all": self.see_all, "filters": filters_json(self.filters),
+                "metadata_path": metadata_path(self.filters)}
 
 
 EVERYTHING = ReadScope(see_all=True)

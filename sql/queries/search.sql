@@ -85,6 +85,8 @@ WITH visible AS MATERIALIZED (
     WHERE p.tenant_id = %(tenant_id)s
       AND p.profile = %(profile)s
       AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+      -- The equality conditions as a jsonpath the metadata index answers (migration 0034; NULL: none).
+      AND (%(metadata_path)s::jsonpath IS NULL OR p.metadata @? %(metadata_path)s::jsonpath)
       AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
     LIMIT %(max_scope_pointers)s + 1
 ),

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.domain.chunking import VersionIdentity, chunk_id
-from pipelines.domain.errors import IndexWriteFailed, KbindexError, classify
+from pipelines.domain.errors import FenceRejected, IndexWriteFailed, KbindexError, classify
 from resources.database import Database
 from resources.lexical import version_columns
 
@@ -164,8 +164,6 @@ class FastPublish:
 
     def _failed(self, lease: Any, exc: KbindexError) -> FastOutcome:
         """Record the failure by the fenced fail (a lost lease records nothing, as in a run)."""
-        from pipelines.domain.errors import FenceRejected
-
         if not isinstance(exc, FenceRejected):
             try:
                 self.queue.fail(lease, exc.code, exc.message)

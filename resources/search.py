@@ -16,14 +16,13 @@ tenant's current chunks gives the exact answer, which is cheap precisely because
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipelines.domain.errors import InvalidRequest
 from pipelines.domain.identifiers import validate_tenant
 from pipelines.domain.lexical import MODES, LexicalParams, fuse
-from pipelines.domain.metadata import ReadScope
+from pipelines.domain.metadata import NO_FILTERS, ReadScope
 from resources.database import Database, Session
 from resources.embedder import Embedder, ProfileEmbedders, checked_embed
 from resources.lexical import lexical_scores, lexical_search, query_weights
@@ -158,7 +157,7 @@ def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[s
     otherwise HNSW, iterative (exhaustive when the walk came back short)."""
     params = {"query": vector, "k": k, **scope, **visible}
     tx.fetch_one("search_settings", {"ef_search": ef_search_for(k), "max_scan_tuples": max(1, int(max_scan_tuples))})
-    if json.loads(visible["filters"]):
+    if visible["filters"] != NO_FILTERS:  # the JSON of an empty filter list
         rows = tx.fetch_all("search_hits_scoped", {**params, "max_scope_pointers": EXACT_SCOPE_POINTERS,
                                                    "max_scope_chunks": EXACT_SCOPE_CHUNKS})
         if rows and rows[0]["exact"]:

@@ -304,5 +304,7 @@ class ReadScope:
                 "metadata_path": metadata_path(self.filters)}
 
 
+NO_FILTERS = filters_json(())
+"""``params()["filters"]`` of a scope without filters."""
 EVERYTHING = ReadScope(see_all=True)
 """Every version of the tenant, unfiltered: operators and whole-tenant tokens."""

@@ -77,7 +77,10 @@ from pipelines.api.metrics import ScrapeCache, build_registry
 from pipelines.api.sse import EventHub, TaskStream
 from pipelines.api.uploads import read_upload
 from pipelines.api.views import (
+    PAGE_SCAN_BUDGET,
     RATE_WINDOW_SECONDS,
+    SCOPED_SCAN_TASKS,
+    TASK_STATUSES,
     decode_cursor,
     document_json,
     encode_cursor,
@@ -491,7 +494,7 @@ def create_app(
         Each listing walks its own index newest first (api_document_page_*). A cursor holds the last key seen
         and the listing it came from (``kind``), so it cannot be replayed against another filter.
         """
-        params: dict[str, Any] = {**read.params(), "limit": limit}
+        params: dict[str, Any] = {**read.params(), "limit": limit, "scan_budget": PAGE_SCAN_BUDGET}
         if task_status is None and error_code is None:
             key = decode_cursor(cursor, "recent") if cursor else {"published_at": "infinity", "document_id": "", "version": 0}
             try:
@@ -526,13 +529,18 @@ def create_app(
     ) -> tuple[list[dict[str, Any]], str | None]:
         """One page of the documents the caller may see with their status, and the next page's cursor (None on
         the last page)."""
-        keys, cursor_of = page_keys(read, task_status, error_code, cursor, limit + 1)
+        walked, cursor_of = page_keys(read, task_status, error_code, cursor, limit + 1)
+        keys = [k for k in walked if k["kept"]]
         more, keys = len(keys) > limit, keys[:limit]
         ids = [k["document_id"] for k in keys]
         rows = db.fetch_all("api_document_status", {**read.params(), "document_ids": ids}) if ids else []
         by_id = {r["document_id"]: r for r in rows}
         items = [_jsonable(document_json(by_id[i], show_allow=read.show_allow)) for i in ids if i in by_id]
-        return items, encode_cursor(cursor_of(keys[-1])) if more else None
+        if more:
+            return items, encode_cursor(cursor_of(keys[-1]))
+        if walked and walked[-1]["depth"] == PAGE_SCAN_BUDGET:  # the walk's budget ran out: go on from there
+            return items, encode_cursor(cursor_of(walked[-1]))
+        return items, None
 
     @app.get(
         "/documents",
@@ -544,7 +552,9 @@ def create_app(
             "that code, as listed under `failures` by GET /overview). When there is a next page, the response "
             "carries its cursor in `X-Next-Cursor` and a `Link: <...>; rel=\"next\"` header: pass it back as "
             "`cursor` with the same filters. Only documents the caller may read are listed, each at its newest "
-            "version the caller may read."
+            "version the caller may read. A page walks at most "
+            f"{PAGE_SCAN_BUDGET} index entries, so for a caller who may read few documents a page can be short or "
+            "empty and still carry a next cursor: stop only when there is no `X-Next-Cursor`."
         ),
         responses={**READ_ERRORS, 400: _err("Bad filter or cursor (INVALID_REQUEST), bad as= (INVALID_FILTER)")},
     )
@@ -576,13 +586,15 @@ def create_app(
             "since the oldest open task was queued, at least one minute); `eta_seconds` = open / rate (null while "
             "nothing succeeds). `failures`: documents whose latest version is DEAD or RETRY_WAIT, by error code; "
             "list them with GET /documents?error_code=CODE. A caller who may not read every version (an end-user "
-            "token, `as=`) gets the same figures over the versions it may read."
+            "token, `as=`) gets the same figures over the versions it may read among the tenant's newest "
+            f"{SCOPED_SCAN_TASKS} tasks: `coverage.complete` is false when the tenant has more tasks than that."
         ),
         responses=READ_ERRORS,
     )
     def overview(read: Reader) -> dict[str, Any]:
         statement = "api_tenant_overview" if read.scope.see_all else "api_tenant_overview_scoped"
-        row = db.fetch_one(statement, {**read.params(), "now": None, "window_seconds": RATE_WINDOW_SECONDS})
+        row = db.fetch_one(statement, {**read.params(), "now": None, "window_seconds": RATE_WINDOW_SECONDS,
+                                       "scan_tasks": SCOPED_SCAN_TASKS, "statuses": TASK_STATUSES})
         assert row is not None  # an aggregate answers one row
         failures = db.fetch_all("api_tenant_failures_by_code", read.params())
         return _jsonable(overview_json(read.tenant_id, row, failures))
@@ -666,8 +678,9 @@ def create_app(
         status: Annotated[TaskStatus | None, Query()] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> list[dict[str, Any]]:
-        rows = db.fetch_all("api_task_list_visible",
-                            {**read.params(), "status": status.value if status else None, "limit": limit})
+        scan = limit if read.scope.see_all else max(limit, SCOPED_SCAN_TASKS)
+        rows = db.fetch_all("api_task_list_visible", {**read.params(), "status": status.value if status else None,
+                                                      "limit": limit, "scan_tasks": scan, "statuses": TASK_STATUSES})
         return [_jsonable(task_json(r, show_allow=read.show_allow)) for r in rows]
 
     @app.get(

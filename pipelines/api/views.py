@@ -185,6 +185,12 @@ def document_json(row: dict[str, Any], *, show_allow: bool = True) -> dict[str, 
 # -- status page overview and document list pages ------------------------------------------------------
 
 RATE_WINDOW_SECONDS = 600.0  # the success rate is measured over the last ten minutes (never less than one)
+# Per-request bounds that keep a principal-scoped caller's cost independent of the tenant's size: which
+# versions a caller may read is in no index, so a caller who may read few documents would otherwise make a page
+# or a count read the whole tenant (see api_document_page_recent and api_tenant_overview_scoped).
+PAGE_SCAN_BUDGET = 2_000  # index entries one document page may walk; a page that spends it may come back short
+SCOPED_SCAN_TASKS = 5_000  # newest tasks a scoped overview or task list reads
+TASK_STATUSES = [s.value for s in TaskStatus]
 
 
 def overview_json(tenant_id: str, row: dict[str, Any], failures: list[dict[str, Any]]) -> dict[str, Any]:
@@ -195,8 +201,11 @@ def overview_json(tenant_id: str, row: dict[str, Any], failures: list[dict[str, 
     ``rate``: tasks SUCCEEDED per minute over ``window_seconds``. ``eta_seconds`` = open / rate: 0.0 when
     nothing is open, None while nothing succeeds. ``failures``: documents whose latest version is DEAD or
     waits for a retry, by error code; each code filters GET /documents with ``error_code``.
+    ``coverage``: a principal-scoped overview counts over the tenant's newest SCOPED_SCAN_TASKS tasks only
+    (``tasks_read`` of them); ``complete`` says whether that was every task.
     """
     counts = row.get("tasks_by_status") or {}
+    tasks_read = int(row["tasks_read"]) if row.get("tasks_read") is not None else None
     by_status = {s.value: int(counts.get(s.value, 0)) for s in TaskStatus}
     open_tasks = sum(by_status[s.value] for s in TaskStatus if s not in TERMINAL)
     done = int(row.get("finished_since_open") or 0) if open_tasks else 0
@@ -227,6 +236,7 @@ def overview_json(tenant_id: str, row: dict[str, Any], failures: list[dict[str, 
             "window_seconds": round(window, 1),
         },
         "eta_seconds": eta,
+        "coverage": {"complete": row.get("tasks_complete") is not False, "tasks_read": tasks_read},
         "failures": [
             {
                 "code": f["code"],

@@ -57,8 +57,12 @@ WHERE d.tenant_id = %(tenant_id)s
 -- documents' latest versions until it has %(limit)s. The recursion is pulled lazily, so it stops with the
 -- page: the cost is the page plus the superseded entries skipped on the way, never the tenant's history,
 -- and no planner estimate can turn it into a scan-and-sort of the tenant.
+-- Skipped entries are bounded too: the walk takes at most %(scan_budget)s entries per page, and its last one
+-- (depth = %(scan_budget)s) is returned whether or not it is kept (kept = false), so the caller can continue
+-- from it. An end user who may read one document in a million gets short (even empty) pages with a next
+-- cursor instead of one request that reads the tenant.
 WITH RECURSIVE walk AS (
-    (SELECT v.published_at, v.document_id, v.version_number
+    (SELECT v.published_at, v.document_id, v.version_number, 1 AS depth
      FROM document_version v
      WHERE v.tenant_id = %(tenant_id)s
        AND (v.published_at, v.document_id, v.version_number)
@@ -66,7 +70,7 @@ WITH RECURSIVE walk AS (
      ORDER BY v.published_at DESC, v.document_id DESC, v.version_number DESC
      LIMIT 1)
     UNION ALL
-    (SELECT n.published_at, n.document_id, n.version_number
+    (SELECT n.published_at, n.document_id, n.version_number, w.depth + 1
      FROM walk w
      CROSS JOIN LATERAL (
          SELECT v.published_at, v.document_id, v.version_number
@@ -75,19 +79,23 @@ WITH RECURSIVE walk AS (
            AND (v.published_at, v.document_id, v.version_number) < (w.published_at, w.document_id, w.version_number)
          ORDER BY v.published_at DESC, v.document_id DESC, v.version_number DESC
          LIMIT 1
-     ) n)
+     ) n
+     WHERE w.depth < %(scan_budget)s)
 )
-SELECT w.document_id, w.published_at, w.version_number
+SELECT w.document_id, w.published_at, w.version_number, w.depth, j.kept
 FROM walk w
-WHERE w.version_number = (SELECT max(v.version_number) FROM document_version v
-                          WHERE v.tenant_id = %(tenant_id)s AND v.document_id = w.document_id
-                            AND (%(see_all)s OR v.allow_principals IS NULL
-                                 OR v.allow_principals && %(principals)s::text[]))
-  AND (%(see_all)s OR NOT EXISTS (
-      SELECT 1 FROM search_pointer sp
-      WHERE sp.tenant_id = %(tenant_id)s AND sp.document_id = w.document_id
-        AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
-        AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[]))
+CROSS JOIN LATERAL (SELECT (
+    w.version_number = (SELECT max(v.version_number) FROM document_version v
+                        WHERE v.tenant_id = %(tenant_id)s AND v.document_id = w.document_id
+                          AND (%(see_all)s OR v.allow_principals IS NULL
+                               OR v.allow_principals && %(principals)s::text[]))
+    AND (%(see_all)s OR NOT EXISTS (
+        SELECT 1 FROM search_pointer sp
+        WHERE sp.tenant_id = %(tenant_id)s AND sp.document_id = w.document_id
+          AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+          AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[]))
+) AS kept) j
+WHERE j.kept OR w.depth = %(scan_budget)s
 LIMIT %(limit)s;
 
 -- name: api_document_page_by_task_status
@@ -97,13 +105,13 @@ LIMIT %(limit)s;
 -- api_document_page_recent, a document's latest version is its newest the caller may read, and its search
 -- pointer must not exclude the caller.
 WITH RECURSIVE walk AS (
-    (SELECT t.task_id
+    (SELECT t.task_id, 1 AS depth
      FROM index_task t
      WHERE t.tenant_id = %(tenant_id)s AND t.status = %(task_status)s::text AND t.task_id < %(before_task_id)s::bigint
      ORDER BY t.task_id DESC
      LIMIT 1)
     UNION ALL
-    (SELECT n.task_id
+    (SELECT n.task_id, w.depth + 1
      FROM walk w
      CROSS JOIN LATERAL (
          SELECT t.task_id
@@ -111,22 +119,26 @@ WITH RECURSIVE walk AS (
          WHERE t.tenant_id = %(tenant_id)s AND t.status = %(task_status)s::text AND t.task_id < w.task_id
          ORDER BY t.task_id DESC
          LIMIT 1
-     ) n)
+     ) n
+     WHERE w.depth < %(scan_budget)s)
 )
-SELECT t.document_id, t.task_id
+SELECT t.document_id, t.task_id, w.depth, j.kept
 FROM walk w
 JOIN index_task t ON t.task_id = w.task_id
-WHERE t.task_type = 'INDEX'
-  AND t.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
-  AND t.version_number = (SELECT max(v.version_number) FROM document_version v
-                          WHERE v.tenant_id = %(tenant_id)s AND v.document_id = t.document_id
-                            AND (%(see_all)s OR v.allow_principals IS NULL
-                                 OR v.allow_principals && %(principals)s::text[]))
-  AND (%(see_all)s OR NOT EXISTS (
-      SELECT 1 FROM search_pointer sp
-      WHERE sp.tenant_id = %(tenant_id)s AND sp.document_id = t.document_id
-        AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
-        AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[]))
+CROSS JOIN LATERAL (SELECT (
+    t.task_type = 'INDEX'
+    AND t.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+    AND t.version_number = (SELECT max(v.version_number) FROM document_version v
+                            WHERE v.tenant_id = %(tenant_id)s AND v.document_id = t.document_id
+                              AND (%(see_all)s OR v.allow_principals IS NULL
+                                   OR v.allow_principals && %(principals)s::text[]))
+    AND (%(see_all)s OR NOT EXISTS (
+        SELECT 1 FROM search_pointer sp
+        WHERE sp.tenant_id = %(tenant_id)s AND sp.document_id = t.document_id
+          AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+          AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[]))
+) AS kept) j
+WHERE j.kept OR w.depth = %(scan_budget)s
 LIMIT %(limit)s;
 
 -- name: api_document_page_by_error_code
@@ -134,14 +146,14 @@ LIMIT %(limit)s;
 -- DEAD or RETRY_WAIT with %(error_code)s (and in %(task_status)s when given), walking
 -- index_task_tenant_failure_idx backwards.
 WITH RECURSIVE walk AS (
-    (SELECT t.task_id
+    (SELECT t.task_id, 1 AS depth
      FROM index_task t
      WHERE t.tenant_id = %(tenant_id)s AND t.status IN ('DEAD', 'RETRY_WAIT')
        AND t.error_code = %(error_code)s::text AND t.task_id < %(before_task_id)s::bigint
      ORDER BY t.task_id DESC
      LIMIT 1)
     UNION ALL
-    (SELECT n.task_id
+    (SELECT n.task_id, w.depth + 1
      FROM walk w
      CROSS JOIN LATERAL (
          SELECT t.task_id
@@ -150,23 +162,27 @@ WITH RECURSIVE walk AS (
            AND t.error_code = %(error_code)s::text AND t.task_id < w.task_id
          ORDER BY t.task_id DESC
          LIMIT 1
-     ) n)
+     ) n
+     WHERE w.depth < %(scan_budget)s)
 )
-SELECT t.document_id, t.task_id
+SELECT t.document_id, t.task_id, w.depth, j.kept
 FROM walk w
 JOIN index_task t ON t.task_id = w.task_id
-WHERE (%(task_status)s::text IS NULL OR t.status = %(task_status)s::text)
-  AND t.task_type = 'INDEX'
-  AND t.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
-  AND t.version_number = (SELECT max(v.version_number) FROM document_version v
-                          WHERE v.tenant_id = %(tenant_id)s AND v.document_id = t.document_id
-                            AND (%(see_all)s OR v.allow_principals IS NULL
-                                 OR v.allow_principals && %(principals)s::text[]))
-  AND (%(see_all)s OR NOT EXISTS (
-      SELECT 1 FROM search_pointer sp
-      WHERE sp.tenant_id = %(tenant_id)s AND sp.document_id = t.document_id
-        AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
-        AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[]))
+CROSS JOIN LATERAL (SELECT (
+    (%(task_status)s::text IS NULL OR t.status = %(task_status)s::text)
+    AND t.task_type = 'INDEX'
+    AND t.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+    AND t.version_number = (SELECT max(v.version_number) FROM document_version v
+                            WHERE v.tenant_id = %(tenant_id)s AND v.document_id = t.document_id
+                              AND (%(see_all)s OR v.allow_principals IS NULL
+                                   OR v.allow_principals && %(principals)s::text[]))
+    AND (%(see_all)s OR NOT EXISTS (
+        SELECT 1 FROM search_pointer sp
+        WHERE sp.tenant_id = %(tenant_id)s AND sp.document_id = t.document_id
+          AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
+          AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[]))
+) AS kept) j
+WHERE j.kept OR w.depth = %(scan_budget)s
 LIMIT %(limit)s;
 
 -- name: api_tenant_overview
@@ -221,18 +237,32 @@ SELECT (SELECT coalesce(jsonb_object_agg(b.status, b.n), '{}'::jsonb) FROM by_st
 -- name: api_tenant_overview_scoped
 -- api_tenant_overview for a caller who may not see every version (an end-user or service token): the same
 -- figures over the tasks whose version the caller may read (the rule of api_task_get_visible), so the counts
--- say nothing of restricted documents. It reads the tenant's tasks with their versions once (the whole-tenant
--- statement above counts index entries instead): a cost paid only by principal-scoped status pages.
+-- say nothing of restricted documents. Which tasks a caller may read is not in any index, so the figures are
+-- taken over the tenant's newest %(scan_tasks)s tasks (the newest of each status in %(statuses)s, index-only,
+-- merged): a cost that does not grow with the tenant. tasks_read says how many were read; fewer than
+-- %(scan_tasks)s means the figures cover every task.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
+recent AS MATERIALIZED (
+    SELECT r.task_id
+    FROM unnest(%(statuses)s::text[]) AS s(status)
+    CROSS JOIN LATERAL (
+        SELECT t.task_id FROM index_task t
+        WHERE t.tenant_id = %(tenant_id)s AND t.status = s.status
+        ORDER BY t.task_id DESC
+        LIMIT %(scan_tasks)s
+    ) r
+    ORDER BY r.task_id DESC
+    LIMIT %(scan_tasks)s
+),
 seen AS MATERIALIZED (
     SELECT t.document_id, t.status, t.created_at, t.finished_at
-    FROM index_task t
+    FROM recent r
+    CROSS JOIN LATERAL (SELECT * FROM index_task t WHERE t.task_id = r.task_id LIMIT 1) t  -- a lookup each, never a scan
     JOIN document_version v
       ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number
-    WHERE t.tenant_id = %(tenant_id)s
-      AND (v.allow_principals IS NULL OR v.allow_principals && %(principals)s::text[])
+    WHERE (v.allow_principals IS NULL OR v.allow_principals && %(principals)s::text[])
       AND NOT EXISTS (
           SELECT 1 FROM search_pointer sp
           WHERE sp.tenant_id = t.tenant_id AND sp.document_id = t.document_id
@@ -263,6 +293,8 @@ SELECT (SELECT coalesce(jsonb_object_agg(b.status, b.n), '{}'::jsonb) FROM by_st
            AND s.finished_at > (SELECT now FROM clock)
                                - make_interval(secs => (SELECT coalesce(w.seconds, %(window_seconds)s::float8) FROM rate_window w))
            AND s.finished_at <= (SELECT now FROM clock))::bigint AS succeeded_in_window,
+       (SELECT count(*) FROM recent)::bigint AS tasks_read,
+       (SELECT count(*) FROM recent) < %(scan_tasks)s AS tasks_complete,
        (SELECT now FROM clock) AS as_of;
 
 -- name: api_tenant_failures_by_code
@@ -350,20 +382,35 @@ WHERE t.task_id = %(task_id)s
 
 -- name: api_task_list_visible
 -- The newest tasks of %(tenant_id)s (of status %(status)s when given) whose version the caller may read (the
--- rule of api_task_get_visible), with their version's kind, metadata and allow list.
+-- rule of api_task_get_visible), with their version's kind, metadata and allow list. The candidates are the
+-- tenant's newest %(scan_tasks)s tasks (the newest of each status, index-only, merged), so a caller who may
+-- read few of them costs no more than one who may read all: such a caller sees the tasks it may read among
+-- those.
+WITH recent AS MATERIALIZED (
+    SELECT r.task_id
+    FROM unnest(CASE WHEN %(status)s::text IS NULL THEN %(statuses)s::text[] ELSE ARRAY[%(status)s::text] END)
+         AS s(status)
+    CROSS JOIN LATERAL (
+        SELECT t.task_id FROM index_task t
+        WHERE t.tenant_id = %(tenant_id)s AND t.status = s.status
+        ORDER BY t.task_id DESC
+        LIMIT %(scan_tasks)s
+    ) r
+    ORDER BY r.task_id DESC
+    LIMIT %(scan_tasks)s
+)
 SELECT t.*, v.kind AS version_kind, v.metadata AS version_metadata, v.allow_principals AS version_allow
-FROM index_task t
+FROM recent r
+CROSS JOIN LATERAL (SELECT * FROM index_task t WHERE t.task_id = r.task_id LIMIT 1) t  -- a lookup each, never a scan
 JOIN document_version v
   ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number
-WHERE t.tenant_id = %(tenant_id)s
-  AND (%(status)s::text IS NULL OR t.status = %(status)s::text)
-  AND (%(see_all)s OR (
+WHERE %(see_all)s OR (
       (v.allow_principals IS NULL OR v.allow_principals && %(principals)s::text[])
       AND NOT EXISTS (
           SELECT 1 FROM search_pointer sp
           WHERE sp.tenant_id = t.tenant_id AND sp.document_id = t.document_id
             AND sp.profile = (SELECT p.name FROM index_profile p WHERE p.is_active)
-            AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[])))
+            AND sp.allow_principals IS NOT NULL AND NOT sp.allow_principals && %(principals)s::text[]))
 ORDER BY t.task_id DESC
 LIMIT %(limit)s;
 

@@ -210,6 +210,47 @@ def test_the_overview_counts_only_what_the_caller_may_read(client, db, queue, wo
     assert listed(client, BOB, task_status="DEAD") == set()
 
 
+def test_a_caller_who_may_read_few_documents_pages_through_short_pages(client, world, monkeypatch):
+    """Each page walks a bounded number of index entries (PAGE_SCAN_BUDGET), so for a caller who may read few
+    documents a page can be empty and still carry a next cursor; following the cursors to the end lists
+    exactly what the caller may read, and the overview says when it counted over the newest tasks only."""
+    import pipelines.api.app as app_module
+
+    for i in range(5):
+        assert publish(client, f"secret/{i}.md", f"secret {i}".encode(), allow=["group:finance"]).status_code == 202
+    monkeypatch.setattr(app_module, "PAGE_SCAN_BUDGET", 2)
+    monkeypatch.setattr(app_module, "SCOPED_SCAN_TASKS", 3)
+    pages, seen, params = [], set(), {"limit": 10}
+    while True:
+        response = client.get("/documents", params=params, headers=BOB)
+        assert response.status_code == 200, response.text
+        pages.append([d["document_id"] for d in response.json()])
+        seen |= set(pages[-1])
+        if "X-Next-Cursor" not in response.headers:
+            break
+        params["cursor"] = response.headers["X-Next-Cursor"]
+    assert seen == {OPEN}
+    assert [] in pages and len(pages) >= 3  # 7 entries, 2 a page: short pages on the way
+    assert sum(len(p) for p in listed_pages(client, ACME)) == 7  # whole-tenant pages are full as before
+
+    coverage = client.get("/overview", headers=BOB).json()["coverage"]
+    assert coverage == {"complete": False, "tasks_read": 3}
+    assert client.get("/overview", headers=ACME).json()["coverage"] == {"complete": True, "tasks_read": None}
+    assert task_ids(client, BOB, limit=1) == set()  # OPEN's task is not among the newest 3 read
+    assert task_ids(client, BOB) == {world[OPEN]}  # a listing of 100 reads the newest 100
+    assert len(task_ids(client, ACME, limit=3)) == 3
+
+
+def listed_pages(client, headers) -> list[list[str]]:
+    pages, params = [], {"limit": 10}
+    while True:
+        response = client.get("/documents", params=params, headers=headers)
+        pages.append([d["document_id"] for d in response.json()])
+        if "X-Next-Cursor" not in response.headers:
+            return pages
+        params["cursor"] = response.headers["X-Next-Cursor"]
+
+
 # -- writes ------------------------------------------------------------------------------------------
 
 

@@ -68,7 +68,7 @@ def rows_read(node: dict[str, Any]) -> int:
 
 LIMIT = 51  # a page of 50 and one more to know whether there is a next page
 SEE_ALL = {"see_all": True, "principals": []}  # a whole-tenant token's read scope
-PAGE = {"tenant_id": "acme", "limit": LIMIT, **SEE_ALL}
+PAGE = {"tenant_id": "acme", "limit": LIMIT, "scan_budget": 2_000, **SEE_ALL}
 PAGES = [
     ("api_document_page_recent", {**PAGE, "before_published_at": "infinity", "before_document_id": "", "before_version": 0}),
     ("api_document_page_by_task_status", {**PAGE, "task_status": "PENDING", "before_task_id": 2**63 - 1}),
@@ -119,3 +119,67 @@ def test_the_walks_use_the_new_indexes(busy_tenants):
     assert "index_task_tenant_status_task_idx" in used["api_document_page_by_task_status"]
     assert "index_task_tenant_failure_idx" in used["api_document_page_by_error_code"]
     assert {"index_task_tenant_status_task_idx", "index_task_tenant_finished_idx"} <= used["api_tenant_overview"]
+
+
+# -- an end user who may read almost nothing: the cost is bounded by the scan budgets, not the tenant ----------
+
+BUDGET = 300  # smaller than acme's 5,000 documents, so an unbounded walk would show
+FEW = {"see_all": False, "principals": ["user:bob"]}
+STATUSES = ["PENDING", "RUNNING", "RETRY_WAIT", "SUCCEEDED", "DEAD", "CANCELLED"]
+SCOPED = [
+    ("api_document_page_recent", {**PAGE, **FEW, "scan_budget": BUDGET, "before_published_at": "infinity",
+                                  "before_document_id": "", "before_version": 0}),
+    ("api_document_page_by_task_status", {**PAGE, **FEW, "scan_budget": BUDGET, "task_status": "SUCCEEDED",
+                                          "before_task_id": 2**63 - 1}),
+    ("api_document_page_by_error_code", {**PAGE, **FEW, "scan_budget": BUDGET, "error_code": "PARSE_ERROR",
+                                         "task_status": None, "before_task_id": 2**63 - 1}),
+    ("api_tenant_overview_scoped", {"tenant_id": "acme", **FEW, "now": None, "window_seconds": 600.0,
+                                    "scan_tasks": BUDGET, "statuses": STATUSES}),
+    ("api_task_list_visible", {"tenant_id": "acme", **FEW, "status": None, "limit": 100, "scan_tasks": BUDGET,
+                               "statuses": STATUSES}),
+    ("api_task_list_visible", {"tenant_id": "acme", **FEW, "status": "SUCCEEDED", "limit": 100,
+                               "scan_tasks": BUDGET, "statuses": STATUSES}),
+]
+
+
+@pytest.fixture
+def restricted_tenant(busy_tenants) -> str:
+    """acme's versions all restricted to group:finance, but for a handful bob may read."""
+    with psycopg.connect(busy_tenants, autocommit=True) as conn:
+        conn.execute("UPDATE document_version SET allow_principals = ARRAY['group:finance']"
+                     " WHERE tenant_id = 'acme' AND document_id NOT IN ('doc-4000', 'doc-4500')")
+        conn.execute("VACUUM ANALYZE document_version")
+    return busy_tenants
+
+
+@pytest.mark.parametrize(("name", "params"), SCOPED, ids=[f"{n}-{i}" for i, (n, _) in enumerate(SCOPED)])
+def test_a_caller_who_may_read_few_documents_reads_a_bounded_number_of_rows(restricted_tenant, name, params):
+    """Which versions a caller may read is in no index: without a budget, bob's page would walk all 5,000 of
+    acme's entries to find the two he may read. With one, every statement reads a few rows per budgeted entry,
+    whatever the tenant's size."""
+    root = plan(restricted_tenant, name, params)
+    read = sum(rows_read(n) for n in walk(root) if n.get("Relation Name") in BIG_TABLES)
+    assert read <= 12 * BUDGET, f"{name} read {read} rows with a budget of {BUDGET}:\n{json.dumps(root, indent=1)}"
+    assert not [n for n in walk(root) if n.get("Node Type") == "Seq Scan"
+                and n.get("Relation Name") in BIG_TABLES], json.dumps(root, indent=1)
+
+
+def test_a_page_that_spends_its_budget_returns_where_it_stopped(restricted_tenant):
+    """The walk's last entry comes back (kept or not) so the next page starts after it, and walking pages
+    to the end finds exactly the documents bob may read."""
+    params = dict(SCOPED[0][1])
+    found, pages = [], 0
+    with psycopg.connect(restricted_tenant) as conn:
+        while True:
+            rows = conn.execute(queries["api_document_page_recent"], params).fetchall()
+            pages += 1
+            cols = ("document_id", "published_at", "version_number", "depth", "kept")
+            rows = [dict(zip(cols, r)) for r in rows]
+            found += [r["document_id"] for r in rows if r["kept"]]
+            if not rows or rows[-1]["depth"] < BUDGET:
+                break
+            last = rows[-1]
+            params.update(before_published_at=last["published_at"], before_document_id=last["document_id"],
+                          before_version=last["version_number"])
+    assert sorted(found) == ["doc-4000", "doc-4500"]
+    assert pages == -(-5_000 // BUDGET)  # every entry walked once, a budget at a time

@@ -67,6 +67,17 @@ WINDOW_ENV = "KBINDEX_RATE_WINDOW_SECONDS"
 """The limiter's window (default 60 s): tests and benches shrink it to run a scaled-down minute."""
 TIMEOUT_ENV = "KBINDEX_PROVIDER_TIMEOUT_SECONDS"
 """Seconds one provider request may take (default 30)."""
+KEY_ENV_PREFIX = "KBINDEX_EMBED_KEY_"
+"""A profile's ``api_key_env`` must start with this, so whoever may create a profile cannot make the worker
+send another secret of its environment (AWS_SECRET_ACCESS_KEY, KBINDEX_DATABASE_URL) as a bearer token."""
+KEY_VARS_ENV = "KBINDEX_EMBED_KEY_VARS"
+"""The operator's comma-separated list of further variable names a profile may use (e.g. OPENAI_API_KEY)."""
+HTTP_HOSTS_ENV = "KBINDEX_EMBED_HTTP_HOSTS"
+"""The operator's comma-separated list of hosts a provider URL may reach over plain http (besides loopback)."""
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+RATE_LOCK_TIMEOUT_S = 30.0
+"""Seconds the limiter waits for its state file's lock (held microseconds by a healthy process) before
+EMBEDDING_UNAVAILABLE: a stuck or hostile holder must not hang every embedding and search."""
 
 
 def http_model_name(provider_url: str, provider_model: str) -> str:
@@ -141,13 +152,41 @@ def check_provider(config: ProviderConfig, *, dimension: int) -> None:
         raise InvalidRequest(f"the index stores vector({dimension}): the provider must return {dimension} "
                              "dimensions (sent as `dimensions` in every request)")
     if config.api_key_env is not None and not _ENV_NAME.match(config.api_key_env):
-        raise InvalidRequest("--api-key-env takes the NAME of an environment variable (e.g. OPENAI_API_KEY), "
+        raise InvalidRequest(f"--api-key-env takes the NAME of an environment variable (e.g. {KEY_ENV_PREFIX}OPENAI), "
                              "never the key itself")
+    problem = transport_problem(config)
+    if problem:
+        raise InvalidRequest(problem)
     for flag, value in (("--rpm", config.requests_per_minute), ("--tpm", config.tokens_per_minute)):
         if value is not None and value < 1:
             raise InvalidRequest(f"{flag} must be at least 1")
     if not 1 <= config.max_batch <= 2048:
         raise InvalidRequest("--max-batch must be between 1 and 2048")
+
+
+def _listed(env: Mapping[str, str], name: str) -> set[str]:
+    return {item.strip() for item in (env.get(name) or "").split(",") if item.strip()}
+
+
+def transport_problem(config: ProviderConfig, env: Mapping[str, str] | None = None) -> str | None:
+    """Why this process must not send texts and the key to the profile's provider, or None.
+
+    Plain http only to a loopback host or one the operator lists in KBINDEX_EMBED_HTTP_HOSTS (the key and
+    the texts would cross the network in clear); ``api_key_env`` only a KBINDEX_EMBED_KEY_* variable or one
+    the operator lists in KBINDEX_EMBED_KEY_VARS. Checked when a profile is created and again before every
+    request, with this process's environment: a profile stored before the rule sends nothing either.
+    """
+    env = os.environ if env is None else env
+    parts = urlsplit(config.url)
+    host = (parts.hostname or "").lower()
+    if parts.scheme != "https" and host not in LOOPBACK_HOSTS and host not in {h.lower() for h in _listed(env, HTTP_HOSTS_ENV)}:
+        return (f"the provider URL must be https:// (plain http only to 127.0.0.1, ::1 or localhost, or to a host "
+                f"the operator lists in {HTTP_HOSTS_ENV})")
+    name = config.api_key_env
+    if name and not name.startswith(KEY_ENV_PREFIX) and name not in _listed(env, KEY_VARS_ENV):
+        return (f"the API key variable must be named {KEY_ENV_PREFIX}<something> (e.g. {KEY_ENV_PREFIX}OPENAI), "
+                f"or be one the operator lists in {KEY_VARS_ENV}")
+    return None
 
 
 # -- the shared limit ------------------------------------------------------------------------------
@@ -353,6 +392,9 @@ class HttpEmbedder:
         return self.respond(list(texts)).vectors
 
     def _headers(self) -> dict[str, str]:
+        problem = transport_problem(self.config)  # a profile stored before the rule, or another process's env
+        if problem:
+            raise EmbeddingUnavailable(problem)
         headers = {"Content-Type": "application/json"}
         name = self.config.api_key_env
         if name:

@@ -42,12 +42,12 @@ def run(url: str, args: argparse.Namespace) -> dict:
     migrate(url)
     tmp = Path(tempfile.mkdtemp(prefix="kbindex-bench-http-"))
     os.environ.update({"KBINDEX_DATABASE_URL": url, "KBINDEX_HOME": str(tmp / "home"), WINDOW_ENV: str(args.window),
-                       "BENCH_PROVIDER_KEY": "not-a-real-key"})
+                       "KBINDEX_EMBED_KEY_BENCH": "not-a-real-key"})
     with Database(url) as db, FakeEmbeddingServer(rpm=args.rpm, window=args.window, latency=args.latency) as server:
         blobs = BlobStore(str(tmp / "blobs"))
         for n in range(args.documents):
             Publisher(db, blobs).publish("acme", f"policy-{n}.md", document(n, args.paragraphs), f"policy-{n}.md")
-        provider = ProviderConfig(url=server.url, model="fake-remote", api_key_env="BENCH_PROVIDER_KEY",
+        provider = ProviderConfig(url=server.url, model="fake-remote", api_key_env="KBINDEX_EMBED_KEY_BENCH",
                                   requests_per_minute=args.rpm, max_batch=args.max_batch)
         create_profile(db, "remote", model="", chunk_tokens=40, overlap=0, provider=provider)
         queue = TaskQueue(db, lease_seconds=120)

@@ -38,7 +38,7 @@ def setup_http_profile(db, db_url, tmp_path, server, *, documents: int, paragrap
     publisher = Publisher(db, blobs)
     for n in range(documents):
         publisher.publish("acme", f"policy-{n}.md", document(n, paragraphs), f"policy-{n}.md")
-    provider = ProviderConfig(url=server.url, model="fake-remote", api_key_env="FAKE_PROVIDER_KEY", **limits)
+    provider = ProviderConfig(url=server.url, model="fake-remote", api_key_env="KBINDEX_EMBED_KEY_FAKE", **limits)
     profile = create_profile(db, "remote", model="", chunk_tokens=40, overlap=0, provider=provider)
     assert profile["reindex_tasks"] == documents
     queue = TaskQueue(db, lease_seconds=120)
@@ -64,12 +64,12 @@ def run_all(run: IndexingRun, keys: list[str]) -> None:
 
 def test_create_profile_stores_the_recipe_and_the_key_variable_name_never_the_key(db, db_url, tmp_path):
     provider = ProviderConfig(url="https://api.example.com/v1", model="text-embedding-3-small",
-                              api_key_env="OPENAI_API_KEY", requests_per_minute=60, tokens_per_minute=100000,
+                              api_key_env="KBINDEX_EMBED_KEY_OPENAI", requests_per_minute=60, tokens_per_minute=100000,
                               max_batch=32)
     row = create_profile(db, "openai-small", model="", chunk_tokens=200, overlap=20, provider=provider)
     assert row["model"] == "http:text-embedding-3-small@api.example.com"
     assert (row["provider_url"], row["api_key_env"], row["requests_per_minute"], row["max_batch"]) == (
-        "https://api.example.com/v1", "OPENAI_API_KEY", 60, 32)
+        "https://api.example.com/v1", "KBINDEX_EMBED_KEY_OPENAI", 60, 32)
     with pytest.raises(IllegalTransition):
         create_profile(db, "openai-small", model="", provider=provider)
     with pytest.raises(InvalidRequest):
@@ -93,7 +93,7 @@ def test_create_profile_stores_the_recipe_and_the_key_variable_name_never_the_ke
 )
 def test_a_provider_fault_fails_the_task_with_its_code_and_writes_nothing(db, db_url, tmp_path, monkeypatch,
                                                                           fault, status, code):
-    monkeypatch.setenv("FAKE_PROVIDER_KEY", "test-key")
+    monkeypatch.setenv("KBINDEX_EMBED_KEY_FAKE", "test-key")
     with FakeEmbeddingServer(faults={fault: 1.0}, retry_after=0.05, hang=1.5) as server:
         profile, queue, blobs, leases, keys = setup_http_profile(db, db_url, tmp_path, server, documents=1,
                                                                  paragraphs=6)
@@ -111,7 +111,7 @@ def test_1000_chunks_at_a_scaled_limit_never_exceed_it_lose_nothing_and_embed_ea
     """The issue's target scaled down in time: 12 requests per 3 s window (240/min), batches of 16.
     The embedder comes from the profile through embedder_for_model (the path Dagster runs take)."""
     window, limit = 3.0, 12
-    monkeypatch.setenv("FAKE_PROVIDER_KEY", "test-key")
+    monkeypatch.setenv("KBINDEX_EMBED_KEY_FAKE", "test-key")
     monkeypatch.setenv("KBINDEX_DATABASE_URL", db_url)
     monkeypatch.setenv("KBINDEX_HOME", str(tmp_path / "home"))
     monkeypatch.setenv(WINDOW_ENV, str(window))
@@ -143,23 +143,28 @@ def test_cli_profile_create_takes_a_provider_and_refuses_a_key_in_place_of_its_v
 
     env = {"KBINDEX_DATABASE_URL": db_url, "KBINDEX_HOME": str(tmp_path)}
     args = ["profile", "create", "remote", "--provider-url", "https://gateway.example.com/v1", "--provider-model",
-            "embed-small", "--api-key-env", "GATEWAY_KEY", "--rpm", "60", "--tpm", "50000", "--max-batch", "32",
+            "embed-small", "--api-key-env", "KBINDEX_EMBED_KEY_GATEWAY", "--rpm", "60", "--tpm", "50000", "--max-batch", "32",
             "--chunk-tokens", "128", "--overlap", "16", "--json"]
     result = CliRunner().invoke(app, args, env=env)
     assert result.exit_code == 0, result.output
     row = json.loads(result.stdout)
     assert (row["model"], row["api_key_env"], row["requests_per_minute"], row["tokens_per_minute"], row["max_batch"]) == (
-        "http:embed-small@gateway.example.com", "GATEWAY_KEY", 60, 50000, 32)
+        "http:embed-small@gateway.example.com", "KBINDEX_EMBED_KEY_GATEWAY", 60, 50000, 32)
     refused = CliRunner().invoke(app, [*args[:2], "other", *args[3:7], "--api-key-env", "sk-abc-123"], env=env)
     assert refused.exit_code == 2 and "NAME of an environment variable" in refused.output
     both = CliRunner().invoke(app, [*args[:2], "third", "--model", "fake-x", *args[3:7]], env=env)
     assert both.exit_code == 2
+    secret = CliRunner().invoke(app, [*args[:2], "fourth", *args[3:7], "--api-key-env", "AWS_SECRET_ACCESS_KEY"], env=env)
+    assert secret.exit_code == 2 and "KBINDEX_EMBED_KEY_" in secret.output  # issue #31 finding 6
+    clear = CliRunner().invoke(app, [*args[:2], "fifth", "--provider-url", "http://gateway.example.com/v1", *args[5:7]],
+                               env=env)
+    assert clear.exit_code == 2 and "https://" in clear.output
 
 
 def test_search_embeds_the_query_through_the_active_http_profile(db, db_url, tmp_path, monkeypatch):
     from resources.search import search
 
-    monkeypatch.setenv("FAKE_PROVIDER_KEY", "test-key")
+    monkeypatch.setenv("KBINDEX_EMBED_KEY_FAKE", "test-key")
     monkeypatch.setenv("KBINDEX_DATABASE_URL", db_url)  # the active row has no provider columns: found by model
     with FakeEmbeddingServer() as server:
         profile, queue, blobs, leases, keys = setup_http_profile(db, db_url, tmp_path, server, documents=2,

@@ -44,9 +44,9 @@ def embed_checked(e: HttpEmbedder, texts: list[str]) -> np.ndarray:
 
 
 def test_vectors_come_back_checked_in_input_order_with_the_key_sent_and_384_dimensions_asked(tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_PROVIDER_KEY", "sk-test-not-a-real-key")
+    monkeypatch.setenv("KBINDEX_EMBED_KEY_FAKE", "sk-test-not-a-real-key")
     with FakeEmbeddingServer() as server:
-        e = embedder(server, tmp_path, max_batch=4, api_key_env="FAKE_PROVIDER_KEY")
+        e = embedder(server, tmp_path, max_batch=4, api_key_env="KBINDEX_EMBED_KEY_FAKE")
         vectors = embed_checked(e, TEXTS)
         records = server.stats()["records"]
     assert np.allclose(vectors, np.stack([fake_vector(t) for t in TEXTS]), atol=1e-6)
@@ -119,12 +119,12 @@ def test_parse_retry_after():
 
 
 def test_a_missing_api_key_variable_fails_unavailable_without_sending(tmp_path, monkeypatch):
-    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    monkeypatch.delenv("KBINDEX_EMBED_KEY_NO_SUCH_VAR", raising=False)
     with FakeEmbeddingServer() as server:
         with pytest.raises(EmbeddingUnavailable) as info:
-            embed_checked(embedder(server, tmp_path, api_key_env="NO_SUCH_KEY_VAR"), TEXTS[:1])
+            embed_checked(embedder(server, tmp_path, api_key_env="KBINDEX_EMBED_KEY_NO_SUCH_VAR"), TEXTS[:1])
         assert server.stats()["records"] == []
-    assert "NO_SUCH_KEY_VAR" in info.value.message
+    assert "KBINDEX_EMBED_KEY_NO_SUCH_VAR" in info.value.message
 
 
 def test_a_refused_request_is_not_retried(tmp_path):
@@ -149,7 +149,7 @@ def test_token_limit_splits_requests_and_the_limiter_waits_for_tokens(tmp_path):
 
 
 def test_check_provider_refuses_keys_credentials_and_other_dimensions():
-    good = ProviderConfig(url="https://api.example.com/v1", model="m", api_key_env="OPENAI_API_KEY")
+    good = ProviderConfig(url="https://api.example.com/v1", model="m", api_key_env="KBINDEX_EMBED_KEY_OPENAI")
     check_provider(good, dimension=384)
     for bad in (
         ProviderConfig(url="ftp://x/v1", model="m"),
@@ -203,3 +203,47 @@ def test_a_request_in_flight_holds_its_token_until_it_finishes_then_one_window_m
     finished = time.time()
     limiter.acquire(1, give_up_after=2.0)
     assert time.time() - finished >= 0.45
+
+
+def test_check_provider_refuses_plain_http_to_a_remote_host_and_key_variables_outside_the_prefix(monkeypatch):
+    """Finding 6 of issue #31: http:// anywhere sent the key in clear, and api_key_env could name any secret
+    of the worker's environment. Loopback and the operator's allow-lists stay open."""
+    monkeypatch.delenv("KBINDEX_EMBED_HTTP_HOSTS", raising=False)
+    monkeypatch.delenv("KBINDEX_EMBED_KEY_VARS", raising=False)
+    for url in ("http://127.0.0.1:8080/v1", "http://[::1]:8080/v1", "http://localhost/v1", "https://api.example.com/v1"):
+        check_provider(ProviderConfig(url=url, model="m", api_key_env="KBINDEX_EMBED_KEY_X"), dimension=384)
+    with pytest.raises(InvalidRequest, match="KBINDEX_EMBED_HTTP_HOSTS"):
+        check_provider(ProviderConfig(url="http://gateway.internal/v1", model="m"), dimension=384)
+    for stolen in ("AWS_SECRET_ACCESS_KEY", "KBINDEX_DATABASE_URL", "OPENAI_API_KEY"):
+        with pytest.raises(InvalidRequest, match="KBINDEX_EMBED_KEY_"):
+            check_provider(ProviderConfig(url="https://api.example.com/v1", model="m", api_key_env=stolen), dimension=384)
+    monkeypatch.setenv("KBINDEX_EMBED_HTTP_HOSTS", "Gateway.Internal, other.lan")
+    monkeypatch.setenv("KBINDEX_EMBED_KEY_VARS", "OPENAI_API_KEY")
+    check_provider(ProviderConfig(url="http://gateway.internal/v1", model="m", api_key_env="OPENAI_API_KEY"), dimension=384)
+    with pytest.raises(InvalidRequest):  # the allow-list names exactly, it does not open every variable
+        check_provider(ProviderConfig(url="https://api.example.com/v1", model="m", api_key_env="KBINDEX_DATABASE_URL"),
+                       dimension=384)
+
+
+@pytest.mark.parametrize(
+    ("url", "key_env"),
+    [("https://attacker.example/v1", "KBINDEX_DATABASE_URL"), ("http://attacker.example/v1", "KBINDEX_EMBED_KEY_X")],
+)
+def test_a_profile_stored_before_the_rule_sends_nothing(tmp_path, monkeypatch, url, key_env):
+    """The check runs again before every request, with the worker's environment: a recipe already in the
+    database (no check at creation then) fails EMBEDDING_UNAVAILABLE and no request leaves the process."""
+    import httpx
+
+    monkeypatch.setenv("KBINDEX_DATABASE_URL", "postgresql://kb:secret-password@db/kb")
+    monkeypatch.setenv("KBINDEX_EMBED_KEY_X", "sk-secret")
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json={"data": [{"index": 0, "embedding": [1.0] * 384}]})
+
+    row = {"provider_url": url, "provider_model": "m", "api_key_env": key_env, "dimension": 384}
+    e = HttpEmbedder(ProviderConfig.from_row(row), home=tmp_path, transport=httpx.MockTransport(handler), max_attempts=1)
+    with pytest.raises(EmbeddingUnavailable) as info:
+        e.embed(["hello"])
+    assert info.value.code == "EMBEDDING_UNAVAILABLE" and sent == []

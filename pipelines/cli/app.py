@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from pipelines.domain.errors import IllegalTransition, InvalidRequest, KbindexError, TaskNotFound
+from resources.private_files import HomeNotOwned
 from resources.settings import HomeNotFound
 
 app = typer.Typer(

@@ -1,6 +1,7 @@
 """The kbindex HTTP API: publish, follow and control index tasks, see document status, search, metrics.
 
-``create_app(db_url=None, ...)`` builds the FastAPI app (OpenAPI at ``/docs`` and ``/openapi.json``):
+``create_app(db_url=None, ...)`` builds the FastAPI app (OpenAPI at ``/openapi.json``; Swagger UI at ``/docs``
+only with KBINDEX_API_DOCS=1; security headers on every response: pipelines.api.security):
 
     GET    /                                  status page (overview, upload, live progress, documents, search)
     GET    /whoami                            the tenant this token acts as, its kind and principals
@@ -75,6 +76,7 @@ from pipelines.api.errors import NotFound, ServiceUnavailable, Unauthorized, err
 from pipelines.api.limits import Admission
 from pipelines.api.metrics import ScrapeCache, build_registry
 from pipelines.api.sse import EventHub, TaskStream
+from pipelines.api.security import DOCS_CSP, SecurityHeaders, docs_enabled, page_csp
 from pipelines.api.uploads import read_upload
 from pipelines.api.views import (
     PAGE_SCAN_BUDGET,
@@ -288,7 +290,7 @@ def create_app(
         metrics_cache_seconds = float(os.environ.get("KBINDEX_METRICS_CACHE_SECONDS") or DEFAULT_METRICS_CACHE_SECONDS)
     scrapes = ScrapeCache(build_registry(db), metrics_cache_seconds)
     metrics_limiter = CapacityLimiter(1)  # one scrape computation at a time; other scrapers wait without a thread
-    page = _status_page()
+    page = _status_page().replace("{{max_upload_bytes}}", str(max_upload_bytes))
     state: dict[str, Any] = {"embedder": embedder}
     uploads = Admission("uploads", per_tenant=max_uploads_per_tenant, total=max_uploads)
     hub = EventHub(db, max_streams=max_streams, max_streams_per_tenant=max_streams_per_tenant)
@@ -315,7 +317,10 @@ def create_app(
             "Errors are `{\"error\": {\"code\", \"message\"}}` with stable codes."
         ),
         lifespan=lifespan,
+        docs_url="/docs" if docs_enabled() else None,  # Swagger UI loads a CDN's script: off unless asked for
+        redoc_url="/redoc" if docs_enabled() else None,
     )
+    app.add_middleware(SecurityHeaders, policies={"/": page_csp(page), "/docs": DOCS_CSP, "/redoc": DOCS_CSP})
     app.state.db = db
     app.state.queue = queue
     app.state.event_hub = hub
@@ -394,7 +399,7 @@ def create_app(
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def status_page() -> HTMLResponse:
-        return HTMLResponse(page.replace("{{max_upload_bytes}}", str(max_upload_bytes)))
+        return HTMLResponse(page)
 
     @app.get("/healthz", tags=["operations"], summary="Liveness and database reachability")
     def healthz() -> dict[str, str]:

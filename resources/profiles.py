@@ -212,7 +212,7 @@ def _progress_view(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def migration_progress(db: Database, *, now: datetime | None = None) -> list[dict[str, Any]]:
+def migration_progress(db: Database, *, tenant_id: str | None = None, now: datetime | None = None) -> list[dict[str, Any]]:
     """The backfill of each building profile, oldest first (empty list when no migration is under way).
 
     Each dict (JSON-ready): profile, model, chunk_tokens, chunk_overlap; ``done``/``total`` = current
@@ -221,8 +221,17 @@ def migration_progress(db: Database, *, now: datetime | None = None) -> list[dic
     ``retrying_by_code`` (RETRY_WAIT by code); ``rate_per_minute`` = its tasks SUCCEEDED per minute over
     the last 5 minutes; ``eta_seconds`` = the versions still to do (not done, not DEAD/CANCELLED) at that
     rate, 0.0 when none are left, None when the rate is 0. ``now`` pins the clock (tests).
+
+    ``tenant_id``: that tenant's versions and tasks only, and an HTTP provider's model without its host
+    (``http:<model>``): what the API shows a tenant (issue #31). None: every tenant, for the operator.
     """
-    return [_progress_view(r) for r in db.fetch_all("index_profile_migration_progress", {"now": now})]
+    rows = db.fetch_all("index_profile_migration_progress", {"now": now, "tenant_id": tenant_id})
+    views = [_progress_view(r) for r in rows]
+    if tenant_id is not None:
+        for view in views:
+            if str(view["model"]).startswith("http:"):
+                view["model"] = str(view["model"]).rsplit("@", 1)[0]  # 'http:<model>@<host>' names the provider's host
+    return views
 
 
 def coverage(db: Database, name: str) -> dict[str, Any]:

@@ -833,8 +833,8 @@ def create_app(
     def migrations(tenant_id: Tenant) -> dict[str, Any]:
         from resources.profiles import migration_progress
 
-        # Profiles are global (one active profile for every tenant); the figures hold no tenant data.
-        return {"migrations": _jsonable(migration_progress(db))}
+        # Profiles are global, their figures are not: the caller's documents and tasks only, no provider host.
+        return {"migrations": _jsonable(migration_progress(db, tenant_id=tenant_id))}
 
     # -- metrics -----------------------------------------------------------------------------
 

@@ -180,7 +180,8 @@ SELECT (SELECT count(*) FROM current_version)::integer AS current_versions,
 -- name: index_profile_migration_progress
 -- Each building profile's backfill: current versions done (pointer at the current version) of all, its
 -- tasks for current versions by status, DEAD and RETRY_WAIT ones by error code, and SUCCEEDED in the
--- last five minutes (the rate).
+-- last five minutes (the rate). %(tenant_id)s NULL: every tenant (the operator's CLI); else that tenant's
+-- documents and tasks only (the API: one tenant never sees another's counts or failures).
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -188,6 +189,7 @@ current_version AS (
     SELECT d.tenant_id, d.document_id, d.latest_version AS version_number
     FROM document d
     WHERE d.latest_version >= 1
+      AND (%(tenant_id)s::text IS NULL OR d.tenant_id = %(tenant_id)s::text)
 ),
 building AS (
     SELECT name, model, chunk_tokens, chunk_overlap, created_at
@@ -220,6 +222,7 @@ SELECT b.name AS profile, b.model, b.chunk_tokens, b.chunk_overlap, b.created_at
                   FROM task WHERE task.profile = b.name AND task.status = 'RETRY_WAIT' GROUP BY 1) f) AS retrying_by_code,
        (SELECT count(*) FROM index_task t
          WHERE t.profile = b.name AND t.status = 'SUCCEEDED'
+           AND (%(tenant_id)s::text IS NULL OR t.tenant_id = %(tenant_id)s::text)
            AND t.finished_at > (SELECT now FROM clock) - interval '5 minutes'
            AND t.finished_at <= (SELECT now FROM clock))::integer AS succeeded_last_5m
 FROM building b

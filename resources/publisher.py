@@ -105,9 +105,23 @@ QUOTA_ENV = "KBINDEX_TENANT_QUOTA_BYTES"
 DEFAULT_QUOTA_BYTES = 10 * 1024**3
 
 
+VERSIONS_QUOTA_ENV = "KBINDEX_TENANT_QUOTA_VERSIONS"
+DEFAULT_QUOTA_VERSIONS = 2_000_000
+
+
 def quota_from_env() -> int | None:
     """Per-tenant stored bytes (KBINDEX_TENANT_QUOTA_BYTES, default 10 GiB; 0 turns the quota off)."""
     value = int(os.environ.get(QUOTA_ENV) or DEFAULT_QUOTA_BYTES)
+    return value if value > 0 else None
+
+
+def versions_quota_from_env() -> int | None:
+    """Per-tenant live document versions (KBINDEX_TENANT_QUOTA_VERSIONS, default 2,000,000; 0 turns it off).
+
+    The byte quota alone let 1-byte documents make unlimited versions, and each is rows, a task per target
+    profile, a partition key and a share of a run (issue #31). A version stops counting when retention or an
+    erase releases its bytes; a tombstone counts and is never refused (a delete must always be possible)."""
+    value = int(os.environ.get(VERSIONS_QUOTA_ENV) or DEFAULT_QUOTA_VERSIONS)
     return value if value > 0 else None
 
 
@@ -120,6 +134,7 @@ class Publisher:
         max_attempts: int = 5,
         max_bytes: int = 50 * 1024 * 1024,
         quota_bytes: int | None | str = "env",
+        quota_versions: int | None | str = "env",
         fast: Any | None = None,
     ) -> None:
         """``fast``: a ``resources.chunk_copy.FastPublish`` that indexes, in this process and right after the
@@ -130,12 +145,26 @@ class Publisher:
         self.max_attempts = max_attempts
         self.max_bytes = max_bytes
         self.quota_bytes = quota_from_env() if quota_bytes == "env" else quota_bytes
+        self.quota_versions = versions_quota_from_env() if quota_versions == "env" else quota_versions
 
     def _over_quota(self, tenant_id: str, stored: int) -> QuotaExceeded:
         return QuotaExceeded(
-            f"tenant {tenant_id} would store {stored:,} bytes, more than its quota of {self.quota_bytes:,}; "
-            "remove documents or ask for a larger quota"
+            f"tenant {tenant_id} would store {stored:,} bytes, more than its stored-bytes quota of "
+            f"{self.quota_bytes:,} ({QUOTA_ENV}); remove documents or ask for a larger quota"
         )
+
+    def _over_versions(self, tenant_id: str, versions: int) -> QuotaExceeded:
+        return QuotaExceeded(
+            f"tenant {tenant_id} would hold {versions:,} document versions, more than its versions quota of "
+            f"{self.quota_versions:,} ({VERSIONS_QUOTA_ENV}); superseded versions count until retention releases "
+            "them: publish less often or ask for a larger quota"
+        )
+
+    def _check_quotas(self, tenant_id: str, stored: int, versions: int) -> None:
+        if self.quota_bytes is not None and stored > self.quota_bytes:
+            raise self._over_quota(tenant_id, stored)
+        if self.quota_versions is not None and versions > self.quota_versions:
+            raise self._over_versions(tenant_id, versions)
 
     def _is_latest(self, tenant_id: str, document_id: str, data: bytes) -> bool:
         """Whether ``data`` are the document's latest bytes (publishing them again stores nothing new)."""
@@ -157,11 +186,14 @@ class Publisher:
         if len(data) > self.max_bytes:
             raise InvalidRequest(f"file is larger than the {self.max_bytes // (1024 * 1024)} MB limit")
         name = safe_filename(filename)
-        if self.quota_bytes is not None:  # before the bytes are stored: a refused publish leaves no file
-            row = self.db.fetch_one("tenant_storage_get", {"tenant_id": tenant_id})
-            stored = int(row["stored_bytes"]) if row else 0
-            if stored + len(data) > self.quota_bytes and not self._is_latest(tenant_id, document_id, data):
-                raise self._over_quota(tenant_id, stored + len(data))
+        if self.quota_bytes is not None or self.quota_versions is not None:
+            # Before the bytes are stored: a refused publish leaves no file.
+            row = self.db.fetch_one("tenant_storage_get", {"tenant_id": tenant_id}) or {}
+            stored, versions = int(row.get("stored_bytes") or 0) + len(data), int(row.get("live_versions") or 0) + 1
+            if ((self.quota_bytes is not None and stored > self.quota_bytes)
+                    or (self.quota_versions is not None and versions > self.quota_versions)) \
+                    and not self._is_latest(tenant_id, document_id, data):
+                self._check_quotas(tenant_id, stored, versions)
         digest = self.blobs.put(data)  # bytes first: a failed transaction leaves only an unreferenced blob
         key = {"tenant_id": tenant_id, "document_id": document_id}
         with self.db.transaction() as tx:
@@ -175,8 +207,8 @@ class Publisher:
                                             filename=name, media_type=media_type or media_type_for(name),
                                             metadata=meta, allow=allowed)
                 charged = tx.fetch_one("tenant_storage_charge", {"tenant_id": tenant_id, "byte_size": len(data)})
-                if self.quota_bytes is not None and charged and charged["stored_bytes"] > self.quota_bytes:
-                    raise self._over_quota(tenant_id, int(charged["stored_bytes"]))  # rolls the version back
+                if charged:  # raised inside the transaction: rolls the version back
+                    self._check_quotas(tenant_id, int(charged["stored_bytes"]), int(charged["live_versions"]))
             tasks = self._ensure_tasks(tx, key, version)
         tasks = self._fast_publish(tenant_id, document_id, version, tasks, tombstone=False)
         primary = next((t for t in tasks if t["is_active"]), tasks[0])
@@ -237,6 +269,8 @@ class Publisher:
             version = self._new_version(tx, key, latest, kind=TOMBSTONE, content_hash=None, byte_size=0,
                                         filename=latest["filename"], media_type=latest["media_type"],
                                         metadata=latest["metadata"], allow=latest["allow_principals"])
+            # Counted like any version (a row, tasks, a partition key), never refused: a delete is always possible.
+            tx.fetch_one("tenant_storage_charge", {"tenant_id": tenant_id, "byte_size": 0})
         tasks = self._ensure_tasks(tx, key, version)
         primary = next((t for t in tasks if t["is_active"]), tasks[0])
         return DeleteResult(

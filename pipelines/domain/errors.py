@@ -21,7 +21,7 @@
     ├── InvalidRequest                INVALID_REQUEST: bad tenant, document id, profile name... (HTTP 400)
     │   └── SourceOverlap             SOURCE_OVERLAP: two sources of a tenant could name the same document
     ├── SourceFileUnreadable          SOURCE_FILE_UNREADABLE: a source's file could not be read (permissions, I/O)
-    ├── QuotaExceeded                 QUOTA_EXCEEDED: the tenant's stored bytes would pass its quota (HTTP 507)
+    ├── QuotaExceeded                 QUOTA_EXCEEDED: the tenant's stored bytes or live versions would pass a quota (HTTP 507)
     └── QueueError                    refusals of the task queue, not task failures
         ├── FenceRejected             a fenced write changed nothing
         │   ├── LeaseLost             the lease expired or was taken over
@@ -244,7 +244,7 @@ class SourceFileUnreadable(KbindexError):
 
 
 class QuotaExceeded(KbindexError):
-    """The tenant's stored document bytes would pass its quota."""
+    """The tenant's stored document bytes or live document versions would pass its quota (the message says which)."""
 
     code = "QUOTA_EXCEEDED"
     retryable = False

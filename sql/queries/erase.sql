@@ -90,10 +90,11 @@ stripped AS (
 ),
 released AS (
     UPDATE tenant_storage s
-    SET stored_bytes = greatest(s.stored_bytes - r.bytes, 0)
-    FROM (SELECT sum(o.byte_size)::bigint AS bytes FROM old o
+    SET stored_bytes = greatest(s.stored_bytes - r.bytes, 0),
+        live_versions = greatest(s.live_versions - r.versions, 0)
+    FROM (SELECT coalesce(sum(o.byte_size), 0)::bigint AS bytes, count(*)::bigint AS versions FROM old o
           WHERE o.kind = 'content' AND o.bytes_released_at IS NULL) AS r
-    WHERE s.tenant_id = %(tenant_id)s AND r.bytes > 0
+    WHERE s.tenant_id = %(tenant_id)s AND r.versions > 0
     RETURNING r.bytes
 )
 SELECT o.version_number, o.kind, o.content_hash, o.byte_size,

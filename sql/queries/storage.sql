@@ -1,16 +1,19 @@
 -- Stored document bytes per tenant (quota) and garbage collection of unreferenced blobs (resources/blob_gc.py).
 
 -- name: tenant_storage_charge
--- Add a new version's bytes to its tenant's total, in the publish transaction; the caller compares the
--- returned total with the quota and rolls the publish back when it is passed. The row lock serializes one
--- tenant's concurrent publishes for the rest of their (short) transactions, so the quota holds exactly.
-INSERT INTO tenant_storage AS s (tenant_id, stored_bytes)
-VALUES (%(tenant_id)s, %(byte_size)s)
-ON CONFLICT (tenant_id) DO UPDATE SET stored_bytes = s.stored_bytes + EXCLUDED.stored_bytes
-RETURNING s.stored_bytes;
+-- Add a new version's bytes and the version itself to its tenant's totals, in the publish transaction; the
+-- caller compares the returned totals with the quotas and rolls the publish back when one is passed. The row
+-- lock serializes one tenant's concurrent publishes for the rest of their (short) transactions, so the quotas
+-- hold exactly.
+INSERT INTO tenant_storage AS s (tenant_id, stored_bytes, live_versions)
+VALUES (%(tenant_id)s, %(byte_size)s, 1)
+ON CONFLICT (tenant_id) DO UPDATE SET stored_bytes = s.stored_bytes + EXCLUDED.stored_bytes,
+                                      live_versions = s.live_versions + 1
+RETURNING s.stored_bytes, s.live_versions;
 
 -- name: tenant_storage_get
-SELECT coalesce((SELECT stored_bytes FROM tenant_storage WHERE tenant_id = %(tenant_id)s), 0)::bigint AS stored_bytes;
+SELECT coalesce((SELECT stored_bytes FROM tenant_storage WHERE tenant_id = %(tenant_id)s), 0)::bigint AS stored_bytes,
+       coalesce((SELECT live_versions FROM tenant_storage WHERE tenant_id = %(tenant_id)s), 0)::bigint AS live_versions;
 
 -- name: blob_live_hashes
 -- Of the listed content hashes, those some version still needs: its document's latest version, a version a
@@ -36,7 +39,8 @@ WHERE v.content_hash = ANY(%(hashes)s::text[])
 
 -- name: blob_release_versions
 -- Mark every version of these (no longer needed) hashes as having lost its bytes and give the bytes back
--- to each tenant's total, in one statement. Marked once: running it again changes nothing.
+-- to each tenant's total (and the versions to its live_versions), in one statement. Marked once: running it
+-- again changes nothing.
 WITH released AS (
     UPDATE document_version v
     SET bytes_released_at = coalesce(%(now)s::timestamptz, now())
@@ -44,10 +48,11 @@ WITH released AS (
     RETURNING v.tenant_id, v.byte_size
 ),
 per_tenant AS (
-    SELECT tenant_id, sum(byte_size)::bigint AS bytes FROM released GROUP BY tenant_id
+    SELECT tenant_id, sum(byte_size)::bigint AS bytes, count(*)::bigint AS versions FROM released GROUP BY tenant_id
 )
 UPDATE tenant_storage s
-SET stored_bytes = greatest(s.stored_bytes - p.bytes, 0)
+SET stored_bytes = greatest(s.stored_bytes - p.bytes, 0),
+    live_versions = greatest(s.live_versions - p.versions, 0)
 FROM per_tenant p
 WHERE s.tenant_id = p.tenant_id
 RETURNING s.tenant_id, p.bytes AS released_bytes;

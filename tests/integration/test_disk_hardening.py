@@ -123,3 +123,50 @@ def test_the_quota_holds_inside_the_publish_transaction(db, tmp_path):
     finally:
         db.fetch_one = real
     assert db.fetch_one("tenant_storage_get", {"tenant_id": "acme"})["stored_bytes"] == 60
+
+
+def test_tiny_documents_meet_a_versions_quota_that_says_which_quota(db, tmp_path):
+    """Issue #31 finding 8: 1-byte versions passed the byte quota for ever (unlimited rows, tasks, keys, runs)."""
+    root = tmp_path / "blobs"
+    publisher = Publisher(db, BlobStore(str(root)), quota_bytes=10**9, quota_versions=3)
+    publisher.publish("acme", "a.md", b"a", "a.md")
+    publisher.publish("acme", "a.md", b"b", "a.md")  # version 2 of the same document counts too
+    publisher.publish("acme", "c.md", b"c", "c.md")
+    with pytest.raises(QuotaExceeded, match="versions quota of 3") as caught:
+        publisher.publish("acme", "d.md", b"d", "d.md")
+    assert caught.value.code == "QUOTA_EXCEEDED" and "KBINDEX_TENANT_QUOTA_VERSIONS" in caught.value.message
+    assert content_hash(b"d") not in _blob_files(root)  # refused before its bytes were stored
+    publisher.publish("acme", "c.md", b"c", "c.md")  # the latest bytes again: no new version, no refusal
+    publisher.publish("globex", "d.md", b"d", "d.md")  # another tenant counts its own
+    assert publisher.delete("acme", "c.md").outcome == "deleted"  # a delete is never refused, and counts
+    assert db.fetch_one("tenant_storage_get", {"tenant_id": "acme"})["live_versions"] == 4
+    with pytest.raises(QuotaExceeded, match="stored-bytes quota"):  # the byte quota names itself
+        Publisher(db, BlobStore(str(root)), quota_bytes=5, quota_versions=None).publish("acme", "e.md", b"e" * 10, "e.md")
+
+
+def test_the_versions_quota_holds_inside_the_publish_transaction_and_released_versions_free_it(db, db_url, tmp_path):
+    """Checked on the counter row the publish transaction updates (no count over the tenant); versions whose
+    bytes retention released stop counting."""
+    root = tmp_path / "blobs"
+    publisher = Publisher(db, BlobStore(str(root)), quota_bytes=None, quota_versions=2)
+    world = World(db, db_url, TaskQueue(db, lease_seconds=60), publisher)
+    v1 = world.publish("policy")
+    world.index("policy", v1)
+    v2 = world.publish("policy")
+    world.index("policy", v2)
+    real = db.fetch_one
+
+    def stale(name, params=None):
+        return {"stored_bytes": 0, "live_versions": 0} if name == "tenant_storage_get" else real(name, params)
+
+    db.fetch_one = stale
+    try:
+        with pytest.raises(QuotaExceeded, match="versions quota"):
+            publisher.publish("acme", "other.md", b"x", "other.md")
+    finally:
+        db.fetch_one = real
+    assert world.sql("SELECT count(*) FROM document_version WHERE document_id = 'other.md'") == [(0,)]
+    _age(root, 2 * 3600)
+    assert collect_blobs(db, publisher.blobs, window_seconds=0).blobs_deleted == 2  # v1's bytes; the refusal's orphan
+    assert db.fetch_one("tenant_storage_get", {"tenant_id": "acme"})["live_versions"] == 1
+    publisher.publish("acme", "other.md", b"x", "other.md")  # room again

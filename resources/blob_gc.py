@@ -6,10 +6,16 @@ the retention window, or has an open task. That covers the bytes of long-superse
 the orphans of publishes that failed after storing their bytes (no version at all).
 
 A blob younger than ``grace_seconds`` is never deleted: a publish stores its bytes *before* its
-transaction commits, and ``BlobStore.put`` renews the age of bytes it finds already stored, so a
-publish in flight never loses its file. Versions whose bytes are deleted are marked
-(``bytes_released_at``) and their bytes given back to the tenant's quota (``blob_release_versions``);
-marking comes first, so a crash between the two steps only leaves a file for the next pass.
+transaction commits, and ``BlobStore.put`` renews the age of bytes it finds already stored. That alone
+left a window (issue #31): a publish of the same bytes that renewed and committed between this pass's
+liveness check and its delete lost its file. So a publish holds its hash (advisory lock ``blob_hold``,
+shared) from before it stores the bytes until it commits, and each blob this pass found dead is deleted
+under the same lock, exclusive (``blob_collect_lock``, not waited for: a blob a publish holds is left for
+the next pass) after its liveness is checked again under it: a publish either committed before (its
+version makes the blob live) or stores the bytes after the delete (a fresh file).
+Versions whose bytes are deleted are marked (``bytes_released_at``) and their bytes and versions given
+back to the tenant's quotas (``blob_release_versions``); marking comes first, so a crash between the two
+steps only leaves a file for the next pass.
 """
 
 from __future__ import annotations
@@ -53,15 +59,21 @@ def collect_blobs(
     def flush() -> None:
         nonlocal deleted, released
         hashes = [h for h, _ in batch]
-        live = {r["content_hash"] for r in db.fetch_all(
-            "blob_live_hashes", {"hashes": hashes, "now": now, "window_seconds": float(window_seconds)})}
-        dead = [(h, p) for h, p in batch if h not in live]
-        if dead:
-            rows = db.fetch_all("blob_release_versions", {"hashes": [h for h, _ in dead], "now": now})
-            released += sum(int(r["released_bytes"]) for r in rows)
-            for _, path in dead:
-                blobs.delete(path)
-            deleted += len(dead)
+        params = {"now": now, "window_seconds": float(window_seconds)}
+        live = {r["content_hash"] for r in db.fetch_all("blob_live_hashes", {"hashes": hashes, **params})}
+        with db.session() as s:  # one connection: the session lock is taken and given back on it
+            for digest, path in ((h, p) for h, p in batch if h not in live):
+                if not s.fetch_one("blob_collect_lock", {"content_hash": digest})["locked"]:
+                    continue  # a publish of these bytes is in flight
+                try:
+                    if s.fetch_all("blob_live_hashes", {"hashes": [digest], **params}):
+                        continue  # a publish committed a version that needs them since the batch check
+                    rows = s.fetch_all("blob_release_versions", {"hashes": [digest], "now": now})
+                    released += sum(int(r["released_bytes"]) for r in rows)
+                    blobs.delete(path)
+                    deleted += 1
+                finally:
+                    s.fetch_one("blob_collect_unlock", {"content_hash": digest})
         batch.clear()
 
     for digest, age, path in blobs.stored():

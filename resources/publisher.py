@@ -194,9 +194,12 @@ class Publisher:
                     or (self.quota_versions is not None and versions > self.quota_versions)) \
                     and not self._is_latest(tenant_id, document_id, data):
                 self._check_quotas(tenant_id, stored, versions)
-        digest = self.blobs.put(data)  # bytes first: a failed transaction leaves only an unreferenced blob
         key = {"tenant_id": tenant_id, "document_id": document_id}
         with self.db.transaction() as tx:
+            # Held until the version commits: blob garbage collection cannot delete these bytes in between
+            # (resources/blob_gc.py takes the same lock, exclusive, around its re-check and delete).
+            tx.fetch_one("blob_hold", {"content_hash": content_hash(data)})
+            digest = self.blobs.put(data)  # bytes first: a failed transaction leaves only an unreferenced blob
             tx.fetch_one("document_lock", key)
             latest = tx.fetch_one("document_version_latest", key)
             if latest is not None and (latest["content_hash"], latest["metadata"], latest["allow_principals"]) == (

@@ -56,3 +56,18 @@ SET stored_bytes = greatest(s.stored_bytes - p.bytes, 0),
 FROM per_tenant p
 WHERE s.tenant_id = p.tenant_id
 RETURNING s.tenant_id, p.bytes AS released_bytes;
+
+-- name: blob_hold
+-- A publish holds its content hash, shared, from before it stores the bytes until its version commits: blob
+-- garbage collection (blob_collect_lock, exclusive) cannot delete the file in between. Shared: publishes of
+-- the same bytes do not wait for each other.
+SELECT pg_advisory_xact_lock_shared(hashtextextended('kbindex.blob:' || %(content_hash)s, 0));
+
+-- name: blob_collect_lock
+-- Garbage collection takes one hash, exclusive, for its re-check and its delete (a session lock: the release
+-- of the versions commits first, the file goes after, the lock spans both). Not granted while a publish of
+-- those bytes is between storing them and committing: the blob is left for the next pass.
+SELECT pg_try_advisory_lock(hashtextextended('kbindex.blob:' || %(content_hash)s, 0)) AS locked;
+
+-- name: blob_collect_unlock
+SELECT pg_advisory_unlock(hashtextextended('kbindex.blob:' || %(content_hash)s, 0)) AS unlocked;

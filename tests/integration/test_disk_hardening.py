@@ -35,8 +35,21 @@ def test_a_publish_that_fails_after_storing_its_bytes_leaves_no_file_for_long(db
     blobs = publisher.blobs
 
     # The database refuses the version after the bytes were stored.
+    from contextlib import contextmanager
+
+    class Refusing:
+        def __init__(self, tx):
+            self.tx = tx
+
+        def fetch_one(self, name, params=None):
+            if name == "document_lock":
+                raise DatabaseError("database error UndefinedColumn (54000)")
+            return self.tx.fetch_one(name, params)
+
+    @contextmanager
     def refused():
-        raise DatabaseError("database error UndefinedColumn (54000)")
+        with db.transaction() as tx:
+            yield Refusing(tx)
 
     publisher.db = type("RefusingDb", (), {"transaction": staticmethod(refused), "fetch_one": db.fetch_one})()
     with pytest.raises(DatabaseError):
@@ -170,3 +183,60 @@ def test_the_versions_quota_holds_inside_the_publish_transaction_and_released_ve
     assert collect_blobs(db, publisher.blobs, window_seconds=0).blobs_deleted == 2  # v1's bytes; the refusal's orphan
     assert db.fetch_one("tenant_storage_get", {"tenant_id": "acme"})["live_versions"] == 1
     publisher.publish("acme", "other.md", b"x", "other.md")  # room again
+
+
+def test_a_publish_of_the_same_bytes_between_the_gc_check_and_its_delete_keeps_its_blob(db, tmp_path):
+    """Issue #31 finding 9: collection found a blob dead, then a publish of the same bytes renewed it and
+    committed, then collection deleted it: the new version had no bytes. Real threads: collection is paused
+    inside its delete while the publish runs; the publish must end with its blob stored."""
+    import threading
+
+    root = tmp_path / "blobs"
+    publisher = Publisher(db, BlobStore(str(root)))
+    data = b"bytes an orphan left behind"
+    digest = publisher.blobs.put(data)  # an orphan: no version needs it
+    _age(root, 2 * 3600)
+    gc_blobs = BlobStore(str(root))
+    paused, resume, published = threading.Event(), threading.Event(), threading.Event()
+    real_delete = gc_blobs.delete
+
+    def slow_delete(path):
+        paused.set()
+        assert resume.wait(30)
+        real_delete(path)
+
+    gc_blobs.delete = slow_delete
+    results: dict[str, object] = {}
+
+    def collect():
+        results["gc"] = collect_blobs(db, gc_blobs, window_seconds=0)
+
+    def publish():
+        results["publish"] = publisher.publish("acme", "doc.md", data, "doc.md")
+        published.set()
+
+    gc = threading.Thread(target=collect)
+    gc.start()
+    assert paused.wait(30)  # collection checked the blob (dead) and is about to delete it
+    writer = threading.Thread(target=publish)
+    writer.start()
+    published.wait(1.0)  # give the publish the time to renew and commit, as it could before the fix
+    resume.set()
+    gc.join(30)
+    writer.join(30)
+    assert results["publish"].content_hash == digest
+    assert publisher.blobs.get(digest) == data  # the committed version has its bytes
+    assert collect_blobs(db, publisher.blobs, window_seconds=0).blobs_deleted == 0  # and a later pass keeps them
+
+
+def test_collection_leaves_a_blob_whose_publish_is_in_flight_for_the_next_pass(db, tmp_path):
+    """The lock is not waited for: a blob a publish holds (stored, not committed yet) is skipped, not deleted."""
+    root = tmp_path / "blobs"
+    blobs = BlobStore(str(root))
+    digest = blobs.put(b"held bytes")
+    _age(root, 2 * 3600)
+    with db.transaction() as tx:
+        tx.fetch_one("blob_hold", {"content_hash": digest})  # a publish between its put and its commit
+        assert collect_blobs(db, blobs, window_seconds=0).blobs_deleted == 0
+    assert digest in _blob_files(root)
+    assert collect_blobs(db, blobs, window_seconds=0).blobs_deleted == 1  # the publish never committed: an orphan

@@ -9,9 +9,9 @@ local folder, blobs are 0600 files in 0700 folders: other local users cannot rea
 Known and accepted (issue #31, finding 9): the key is the bytes' hash alone, shared by every tenant, so a
 tenant that times its publish (a second copy is not written) can tell whether *some* tenant already stored
 exactly these bytes; it learns nothing of who, nor of any byte it did not already hold. Per-tenant keys
-(hash of tenant and bytes) would close it but need a migration that re-keys every stored blob and every
-version's content_hash, and they would break the reuse of chunks and embeddings across tenants that shares
-work by content_hash; not done.
+(hash of tenant and bytes) would close it but need a migration that copies every stored blob to its new
+key(s) and rewrites every version's content_hash while publishes, runs and erases keep reading them (and
+the erase's "another version still names this hash" check would change meaning); not done.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import dagster as dg
 from pydantic import PrivateAttr
@@ -129,10 +129,22 @@ def _b36(n: int) -> str:
             return out
 
 
+# Pinned fields (issue #31, finding 2). Dagster turns the values a resource is built with into config
+# *defaults* that anyone at the launchpad may override: that let a UI user point a run at another
+# database, blob store, artifact folder (pickles: code execution) or embedding service. A field annotated
+# ``Pinned`` is a value the code location passes in (``default_resources()`` from the KBINDEX_* settings;
+# tests by constructor) and is not in the config schema at all: a run config that names it is refused
+# before the run starts (DagsterInvalidConfigError), and the launchpad does not offer it. ``Pinned`` is
+# Dagster's own marker for a resource dependency (what ``dg.ResourceDependency[str]`` becomes), spelled out
+# because this module's annotations are strings, which Dagster's metaclass does not rewrite.
+Pinned = Annotated[str, "resource_dependency"]
+PINNED_FIELDS = {"database": ("url",), "blobs": ("url",), "indexing_run": ("artifacts",), "embedder": ("service_home",)}
+
+
 class DatabaseResource(dg.ConfigurableResource):
     """PostgreSQL for kbindex data (KBINDEX_DATABASE_URL, or the embedded server when empty)."""
 
-    url: str = ""
+    url: Pinned = ""  # pinned: not run config (PINNED_FIELDS)
     pool_size: int = 4
 
     _db: Database | None = PrivateAttr(default=None)
@@ -154,7 +166,7 @@ class DatabaseResource(dg.ConfigurableResource):
 class BlobStoreResource(dg.ConfigurableResource):
     """Document bytes by content hash: a folder or any fsspec URL (KBINDEX_BLOB_URL)."""
 
-    url: str = ""
+    url: Pinned = ""  # pinned: not run config (PINNED_FIELDS)
 
     def get_store(self) -> BlobStore:
         return BlobStore(self.url or Settings.from_env().blob_url)
@@ -172,8 +184,9 @@ class EmbedderResource(dg.ConfigurableResource):
 
     batch_size: int = 64
     torch_threads: int = 0  # 0: run_torch_threads() (cores divided among the runs that embed at once)
-    service_home: str = ""
-    """KBINDEX_EMBED_SERVICE: the folder of a running embedding service (``kbindex embed-service``); "" for none."""
+    service_home: Pinned = ""
+    """KBINDEX_EMBED_SERVICE: the folder of a running embedding service (``kbindex embed-service``); "" for none.
+    Pinned: not run config (PINNED_FIELDS)."""
     service_max_versions: int = 0
     """0: every run embeds through the service; n: only runs of at most n leased versions (bigger ones,
     and backfills of unknown size, load their own model)."""
@@ -298,8 +311,9 @@ class IndexingRunResource(dg.ConfigurableResource):
     blobs: BlobStoreResource
     lease_seconds: float = 60.0
     heartbeat_seconds: float = 0.0  # 0: a third of the lease
-    artifacts: str = ""
-    """Where per-task outputs are kept for re-execution (KBINDEX_ARTIFACTS; default KBINDEX_HOME/artifacts)."""
+    artifacts: Pinned = ""
+    """Where per-task outputs are kept for re-execution (KBINDEX_ARTIFACTS; default KBINDEX_HOME/artifacts).
+    Pinned: not run config (PINNED_FIELDS)."""
 
     _run: IndexingRun | None = PrivateAttr(default=None)
     _keeper: LeaseKeeper | None = PrivateAttr(default=None)

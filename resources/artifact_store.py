@@ -5,7 +5,9 @@ user data, so they may appear in paths; and a sweep can tell whose a file is fro
 without unpickling it (resources/artifact_sweep.py). Re-execution from failure reads these back
 instead of redoing finished steps; a task's folder is deleted when its task ends (RunState.discard)
 or, when it ended elsewhere, by the sweep. Files are 0600 in 0700 folders: they hold document text,
-and they are pickles (whoever can write one runs code here).
+and they are pickles (whoever can write one runs code here). So ``get`` loads a file only if it, its
+task folder and the root are owned by this process's user, are not group- or other-writable, and are
+no symbolic links (issue #31, finding 2); anything else is ArtifactUntrusted and is never unpickled.
 
 Installs before issue #28 kept ``root/<8 hex>-<stage>/<2 hex>/<sha256 of the key>.pickle``: nothing
 reads that layout any more, and ``legacy_files`` names those files so that the sweep removes them.
@@ -17,11 +19,13 @@ import hashlib
 import os
 import pickle
 import re
+import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipelines.domain.errors import ArtifactUntrusted
 from resources.private_files import make_private_dirs
 
 _TASK_FOLDER = re.compile(r"task-([1-9][0-9]*)")
@@ -91,10 +95,20 @@ class ArtifactStore:
         """The stored value; raises KeyError if ``stage`` was never stored for this task."""
         path = self._path(stage, key)
         try:
-            with open(path, "rb") as fh:
-                return pickle.load(fh)  # our own files, written by put(); never user-supplied
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError as exc:
             raise KeyError(f"{stage} has no stored output for {key}") from exc
+        except OSError as exc:  # ELOOP: the file is a symbolic link
+            raise ArtifactUntrusted(f"{stage} of {key}: not a regular file ({exc.strerror})") from exc
+        with os.fdopen(fd, "rb") as fh:
+            # Checked on the open descriptor (no swap between the check and the load), then its folders.
+            _check_trusted(os.fstat(fh.fileno()), f"{stage} of {key}", regular=True)
+            for folder in (path.parent, self.root):
+                try:
+                    _check_trusted(os.lstat(folder), f"{stage} of {key}: folder {folder.name}", regular=False)
+                except FileNotFoundError as exc:  # pragma: no cover - removed while the file was open
+                    raise KeyError(f"{stage} has no stored output for {key}") from exc
+            return pickle.load(fh)  # only a file this user wrote (put()) and nobody else could have
 
     def delete(self, stage: str, key: int | str) -> None:
         self._path(stage, key).unlink(missing_ok=True)
@@ -147,6 +161,18 @@ class ArtifactStore:
                 deleted += _delete_files(Path(shard.path), _LEGACY_FILE, modified_before)
         _remove_if_empty(folder)
         return deleted
+
+
+def _check_trusted(st: os.stat_result, what: str, *, regular: bool) -> None:
+    """Refuse (ArtifactUntrusted) what another user owns or could have written: not ours, group- or
+    other-writable, a symbolic link, or not a regular file / folder as expected."""
+    kind_ok = stat.S_ISREG(st.st_mode) if regular else stat.S_ISDIR(st.st_mode)
+    if not kind_ok:
+        raise ArtifactUntrusted(f"{what}: not a {'regular file' if regular else 'folder'}")
+    if st.st_uid != os.geteuid():
+        raise ArtifactUntrusted(f"{what}: owned by uid {st.st_uid}, not this process's uid {os.geteuid()}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ArtifactUntrusted(f"{what}: writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
 
 
 def _delete_files(folder: Path, names: re.Pattern[str], modified_before: float | None) -> int:

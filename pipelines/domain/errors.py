@@ -19,9 +19,11 @@
     │   (bookkeeping codes, no class: LEASE_ATTEMPTS_EXHAUSTED, RUN_NEVER_STARTED; see BOOKKEEPING_CODES)
     ├── InternalError                 INTERNAL_ERROR (retried a bounded number of times)
     ├── InvalidRequest                INVALID_REQUEST: bad tenant, document id, profile name... (HTTP 400)
-    │   └── SourceOverlap             SOURCE_OVERLAP: two sources of a tenant could name the same document
+    │   ├── SourceOverlap             SOURCE_OVERLAP: two sources of a tenant could name the same document
+    │   └── RetentionWindowTooShort   RETENTION_WINDOW_TOO_SHORT: a retention run's window under the floor
     ├── SourceFileUnreadable          SOURCE_FILE_UNREADABLE: a source's file could not be read (permissions, I/O)
     ├── QuotaExceeded                 QUOTA_EXCEEDED: the tenant's stored bytes or live versions would pass a quota (HTTP 507)
+    ├── ArtifactUntrusted             ARTIFACT_UNTRUSTED: a run artifact another user owns or could write (not loaded)
     └── QueueError                    refusals of the task queue, not task failures
         ├── FenceRejected             a fenced write changed nothing
         │   ├── LeaseLost             the lease expired or was taken over
@@ -236,6 +238,12 @@ class SourceOverlap(InvalidRequest):
     code = "SOURCE_OVERLAP"
 
 
+class RetentionWindowTooShort(InvalidRequest):
+    """A retention run asked for a window shorter than KBINDEX_RETENTION_MIN_WINDOW_SECONDS: nothing deleted."""
+
+    code = "RETENTION_WINDOW_TOO_SHORT"
+
+
 class SourceFileUnreadable(KbindexError):
     """A file a source listed could not be read (permission denied, an I/O error): the source's ledger records it,
     and a pass tries it again when its size or stamp moves, or on ``--retry-failed``."""
@@ -248,6 +256,15 @@ class QuotaExceeded(KbindexError):
 
     code = "QUOTA_EXCEEDED"
     retryable = False
+
+
+class ArtifactUntrusted(KbindexError):
+    """A stored run artifact is owned by another user, writable by group or others, or a symbolic link.
+
+    Artifacts are pickles: loading one runs whatever its writer put in it. Such a file is never loaded.
+    """
+
+    code = "ARTIFACT_UNTRUSTED"
 
 
 class QueueError(KbindexError):

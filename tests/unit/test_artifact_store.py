@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import stat
 import time
 
 import pytest
 
+from pipelines.domain.errors import ArtifactUntrusted
 from resources.artifact_store import ArtifactStore
 from resources.run_state import STAGES, RunState, artifact_key
 
@@ -117,3 +119,93 @@ def test_discard_never_raises_for_the_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "delete_task", broken)
     state.discard(9)  # the task's outcome is recorded already: no error for the step
     assert (tmp_path / "artifacts" / "task-9" / "parsed_document.pickle").exists()  # left for the sweep
+
+
+# Issue #31, finding 2: artifacts are pickles, so a file someone else could have written is never loaded.
+
+class _Payload:
+    """What an attacker's pickle does when loaded: create a marker file."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _plant(store, tmp_path, task_id=5):
+    """A pickle with the attacker's payload where the store would read task ``task_id``'s parsed document."""
+    store.put("parsed_document", task_id, {"text": "ours"})  # folders as put() makes them (0700), ours
+    path = store.task_folder(task_id) / "parsed_document.pickle"
+    marker = tmp_path / "pwned"
+    path.write_bytes(pickle.dumps(_Payload(marker)))
+    return path, marker
+
+
+def _refused(store, marker, what):
+    with pytest.raises(ArtifactUntrusted, match=what) as caught:
+        store.get("parsed_document", 5)
+    assert caught.value.code == "ARTIFACT_UNTRUSTED"
+    assert not marker.exists()  # nothing was unpickled
+
+
+def test_the_planted_pickle_does_run_code_when_its_file_passes_the_checks(tmp_path):
+    """The payload is real: a 0600 file of ours in our 0700 folders is loaded (that is the store's job)."""
+    store = ArtifactStore(tmp_path / "artifacts")
+    _, marker = _plant(store, tmp_path)
+    store.get("parsed_document", 5)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o620, 0o602], ids=oct)
+def test_a_group_or_other_writable_artifact_is_not_loaded(tmp_path, mode):
+    store = ArtifactStore(tmp_path / "artifacts")
+    path, marker = _plant(store, tmp_path)
+    os.chmod(path, mode)
+    _refused(store, marker, "writable by group or others")
+
+
+@pytest.mark.parametrize("folder", ["task", "root"])
+def test_an_artifact_in_a_folder_others_can_write_is_not_loaded(tmp_path, folder):
+    store = ArtifactStore(tmp_path / "artifacts")
+    path, marker = _plant(store, tmp_path)
+    os.chmod(path.parent if folder == "task" else store.root, 0o777)
+    _refused(store, marker, "writable by group or others")
+
+
+def test_an_artifact_another_user_owns_is_not_loaded(tmp_path, monkeypatch):
+    store = ArtifactStore(tmp_path / "artifacts")
+    path, marker = _plant(store, tmp_path)
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534)  # nobody
+    else:  # cannot give a file away: run as a uid that does not own it
+        monkeypatch.setattr(os, "geteuid", lambda: os.stat(path).st_uid + 1)
+    _refused(store, marker, "owned by uid")
+
+
+def test_a_symbolic_link_to_someone_elses_pickle_is_not_followed(tmp_path):
+    store = ArtifactStore(tmp_path / "artifacts")
+    path, marker = _plant(store, tmp_path)
+    elsewhere = tmp_path / "elsewhere.pickle"
+    os.replace(path, elsewhere)
+    path.symlink_to(elsewhere)
+    _refused(store, marker, "not a regular file")
+
+
+def test_a_task_folder_that_is_a_symbolic_link_is_not_followed(tmp_path):
+    store = ArtifactStore(tmp_path / "artifacts")
+    path, marker = _plant(store, tmp_path)
+    attacker = tmp_path / "attacker"
+    os.replace(path.parent, attacker)
+    path.parent.symlink_to(attacker)
+    _refused(store, marker, "not a folder")
+
+
+def test_run_state_passes_the_refusal_on_instead_of_treating_it_as_missing(tmp_path):
+    """RunState recomputes on KeyError; an untrusted artifact is an error with its code, not a cache miss."""
+    store = ArtifactStore(tmp_path / "artifacts")
+    path, marker = _plant(store, tmp_path)
+    os.chmod(path, 0o666)
+    with pytest.raises(ArtifactUntrusted):
+        RunState(store).get("parsed_document", 5, "any fingerprint")
+    assert not marker.exists()

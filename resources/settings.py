@@ -71,6 +71,31 @@ def resolve_database_url(settings: Settings | None = None, *, start: bool = True
     return url
 
 
+RETENTION_MIN_WINDOW_ENV = "KBINDEX_RETENTION_MIN_WINDOW_SECONDS"
+
+
+def retention_min_window_seconds(env: dict[str, str] | None = None) -> float:
+    """The shortest rollback window a retention run may be launched with (KBINDEX_RETENTION_MIN_WINDOW_SECONDS).
+
+    Default: the 7-day window the hourly schedule uses, so the Dagster launchpad can lengthen the window
+    but never shorten it (issue #31: ``window_seconds: 0`` deleted every tenant's rollback data). Only
+    whoever sets the code location's environment may lower it (tests set 0).
+    """
+    from resources.retention import DEFAULT_WINDOW_SECONDS
+
+    env = dict(os.environ if env is None else env)
+    raw = (env.get(RETENTION_MIN_WINDOW_ENV) or "").strip()
+    if not raw:
+        return float(DEFAULT_WINDOW_SECONDS)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{RETENTION_MIN_WINDOW_ENV}={raw!r} is not a number of seconds") from None
+    if not value >= 0:  # also refuses nan
+        raise ValueError(f"{RETENTION_MIN_WINDOW_ENV}={raw!r} must be >= 0")
+    return value
+
+
 def dagster_ui_url(env: dict[str, str] | None = None) -> str:
     """Where the Dagster UI answers (KBINDEX_DAGSTER_URL, default http://127.0.0.1:3000, as `kbindex dev`)."""
     env = dict(os.environ if env is None else env)

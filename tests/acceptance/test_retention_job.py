@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dagster as dg
 import psycopg
+import pytest
 
 from pipelines.definitions import defs
 from pipelines.lineage_job import prune_lineage_keys_job
@@ -16,6 +17,7 @@ from resources.database import Database
 from resources.index_sink import IndexSink
 from resources.partition_keys import record_added
 from resources.publisher import Publisher
+from resources.settings import RETENTION_MIN_WINDOW_ENV, retention_min_window_seconds
 from resources.task_queue import TaskQueue
 from tests.integration.test_index_sink import embed, make_chunks
 
@@ -51,7 +53,8 @@ def _run(instance, db_url, window_seconds: float, tmp_path):
     )
 
 
-def test_the_job_deletes_superseded_chunks_and_leaves_partition_keys_to_the_lineage_job(db_url, tmp_path):
+def test_the_job_deletes_superseded_chunks_and_leaves_partition_keys_to_the_lineage_job(db_url, tmp_path, monkeypatch):
+    monkeypatch.setenv(RETENTION_MIN_WINDOW_ENV, "0")  # the operator's environment allows a window of 0 here
     db = Database(db_url)
     keys = {"acme/policy/v1", "acme/policy/v2", "acme/broken/v1", "acme/pending/v1"}
     try:
@@ -101,3 +104,77 @@ def test_the_job_and_its_hourly_schedule_are_in_the_code_location():
     schedule = defs.resolve_schedule_def("apply_retention_hourly")
     assert schedule.cron_schedule == "0 * * * *" and schedule.job_name == "apply_retention"
     assert apply_retention_hourly.default_status == dg.DefaultScheduleStatus.RUNNING
+
+
+def _chunks_by_version(db_url) -> list[tuple[int, int]]:
+    with psycopg.connect(db_url) as conn:
+        return conn.execute("SELECT version_number, count(*) FROM chunk GROUP BY 1 ORDER BY 1").fetchall()
+
+
+def _age_by_30_days(db_url) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE index_task SET updated_at = updated_at - interval '30 days'")
+        conn.execute("UPDATE document_version SET published_at = published_at - interval '30 days'")
+        conn.execute("UPDATE superseded_version SET superseded_at = superseded_at - interval '30 days'")
+
+
+def _error_text(result) -> str:
+    error = result.failure_data_for_node("retention_pass").error
+    parts = []
+    while error is not None:
+        parts.append(error.message)
+        error = error.cause
+    return " ".join(parts)
+
+
+@pytest.mark.parametrize("window_seconds", [0, 3600, 7 * 24 * 3600 - 1])
+def test_a_window_under_the_floor_fails_the_run_and_deletes_no_rollback_data(db_url, tmp_path, monkeypatch, window_seconds):
+    """Issue #31, finding 2: the launchpad has no authentication; ``window_seconds: 0`` wiped every tenant's
+    rollback data. Without KBINDEX_RETENTION_MIN_WINDOW_SECONDS the floor is the 7-day window itself."""
+    monkeypatch.delenv(RETENTION_MIN_WINDOW_ENV, raising=False)
+    db = Database(db_url)
+    try:
+        _index_two_versions_and_a_dead_one(db, tmp_path)
+    finally:
+        db.close()
+    _age_by_30_days(db_url)  # v1 superseded 30 days ago: past any window under 7 days
+    before = _chunks_by_version(db_url)
+    assert before == [(1, 5), (2, 5)]
+    instance = dg.DagsterInstance.ephemeral()
+    result = apply_retention_job.execute_in_process(
+        instance=instance, resources=_resources(db_url, tmp_path), raise_on_error=False,
+        run_config={"ops": {"retention_pass": {"config": {"window_seconds": window_seconds}}}},
+    )
+    assert not result.success
+    assert "RETENTION_WINDOW_TOO_SHORT" in _error_text(result)
+    assert _chunks_by_version(db_url) == before  # the rollback version is still there
+
+
+def test_a_window_at_or_over_the_floor_runs_and_the_environment_sets_the_floor(db_url, tmp_path, monkeypatch):
+    monkeypatch.setenv(RETENTION_MIN_WINDOW_ENV, "86400")
+    db = Database(db_url)
+    try:
+        _index_two_versions_and_a_dead_one(db, tmp_path)
+    finally:
+        db.close()
+    _age_by_30_days(db_url)
+    instance = dg.DagsterInstance.ephemeral()
+    under = apply_retention_job.execute_in_process(
+        instance=instance, resources=_resources(db_url, tmp_path), raise_on_error=False,
+        run_config={"ops": {"retention_pass": {"config": {"window_seconds": 3600}}}})
+    assert not under.success and _chunks_by_version(db_url) == [(1, 5), (2, 5)]
+    at = _run(instance, db_url, 86400, tmp_path)  # one day: the floor this environment set
+    assert at.success
+    assert _chunks_by_version(db_url) == [(2, 5)]  # v1, superseded 30 days ago, is past it
+
+
+@pytest.mark.parametrize("raw, expected", [(None, 7 * 24 * 3600.0), ("", 7 * 24 * 3600.0), ("0", 0.0), ("90.5", 90.5)])
+def test_the_floor_setting(raw, expected):
+    env = {} if raw is None else {RETENTION_MIN_WINDOW_ENV: raw}
+    assert retention_min_window_seconds(env) == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "nan", "a week"])
+def test_a_floor_that_is_not_a_non_negative_number_is_an_error(raw):
+    with pytest.raises(ValueError, match=RETENTION_MIN_WINDOW_ENV):
+        retention_min_window_seconds({RETENTION_MIN_WINDOW_ENV: raw})

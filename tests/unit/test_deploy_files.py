@@ -7,6 +7,9 @@
   coordinator and run monitoring) passes Dagster's own schema and loads a real K8sRunLauncher and
   QueuedRunCoordinator (with a throwaway kubeconfig instead of the in-cluster one).
 - Every command the image and the manifests run exists and answers ``--help``; the code location loads.
+- Dagster's code server and webserver have no authentication (issue #31): the image binds the code server
+  to 127.0.0.1, and where the chart binds it to 0.0.0.0 NetworkPolicies admit only the webserver and daemon
+  to it, and only the ingress controller to the webserver.
 """
 
 from __future__ import annotations
@@ -248,6 +251,8 @@ def _help(argv: list[str]) -> subprocess.CompletedProcess:
 def test_every_command_the_image_and_manifests_run_exists(manifests):
     commands = [dockerfile_command(), ["dagster", "api", "execute_run"]]  # the K8s run launcher's Job command
     for manifest in manifests:
+        if manifest["kind"] not in {"Job", "DaemonSet", "Deployment"}:
+            continue  # NetworkPolicies run nothing
         pod = manifest["spec"]["template"]["spec"]
         commands += [c["command"] for c in pod["containers"]]
     assert ["kbindex", "migrate"] in commands and ["kbindex", "embed-service"] in commands
@@ -301,3 +306,99 @@ def test_the_embed_service_sets_its_workers_to_its_cpu_limit(manifests):
     (service,) = daemonset["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e["value"] for e in service["env"]}
     assert int(env["KBINDEX_EMBED_WORKERS"]) == int(service["resources"]["limits"]["cpu"])
+
+
+# Issue #31, finding 2: the code server and the webserver answer anyone who reaches them.
+
+EVERY_INTERFACE = {"0.0.0.0", "::", "[::]", ""}
+
+
+def dockerfile_env() -> dict[str, str]:
+    """The image's ENV settings (continuation lines joined)."""
+    text = (DEPLOY / "Dockerfile").read_text(encoding="utf-8").replace("\\\n", " ")
+    env: dict[str, str] = {}
+    for line in re.findall(r"^ENV (.+)$", text, re.MULTILINE):
+        for item in shlex.split(line):
+            key, _, value = item.partition("=")
+            env[key] = value
+    return env
+
+
+def code_server_host(cmd: list[str], env: dict[str, str]) -> str:
+    """Where `dagster api grpc` listens: --host/-h, else DAGSTER_GRPC_HOST, else Dagster's default."""
+    for flag in ("--host", "-h"):
+        if flag in cmd:
+            return cmd[cmd.index(flag) + 1]
+    return env.get("DAGSTER_GRPC_HOST", "localhost")
+
+
+def test_the_image_runs_the_code_server_on_loopback_unless_told_otherwise():
+    cmd = dockerfile_command()
+    assert cmd[:3] == ["dagster", "api", "grpc"]
+    assert code_server_host(cmd, dockerfile_env()) not in EVERY_INTERFACE
+
+
+def test_the_host_check_sees_a_bind_to_every_interface():
+    """The check above can fail: the command the image ran before issue #31 binds 0.0.0.0."""
+    before = ["dagster", "api", "grpc", "--host", "0.0.0.0", "--port", "3030", "--module-name", "pipelines.definitions"]
+    assert code_server_host(before, {"DAGSTER_GRPC_HOST": "127.0.0.1"}) in EVERY_INTERFACE
+    assert code_server_host(["dagster", "api", "grpc"], {"DAGSTER_GRPC_HOST": "0.0.0.0"}) in EVERY_INTERFACE
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    match = selector.get("matchLabels") or {}
+    return not selector.get("matchExpressions") and bool(match) and all(labels.get(k) == v for k, v in match.items())
+
+
+def ingress_sources(policies: list[dict], pod_labels: dict, port: int) -> list[dict]:
+    """Every ``from`` peer the policies selecting ``pod_labels`` admit on ``port``; raises if a pod with those
+    labels is selected by no Ingress policy, or a rule admits everyone (no ``from``) on that port."""
+    selecting = [p for p in policies if _selects(p["spec"]["podSelector"], pod_labels)
+                 and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])]
+    assert selecting, f"no NetworkPolicy selects {pod_labels}: any pod in the cluster reaches it"
+    peers = []
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress", []):
+            ports = [p.get("port") for p in rule.get("ports", [])]
+            if ports and port not in ports:
+                continue
+            assert rule.get("from"), f"{policy['metadata']['name']} admits every source on port {port}"
+            peers += rule["from"]
+    return peers
+
+
+def _user_deployment(values: dict) -> dict:
+    (deployment,) = values["dagster-user-deployments"]["deployments"]
+    return deployment
+
+
+def test_only_the_webserver_and_daemon_reach_the_code_server_the_chart_binds_to_every_interface(values, manifests):
+    deployment = _user_deployment(values)
+    assert "dagsterApiGrpcArgs" in deployment  # the chart then runs `dagster api grpc -h 0.0.0.0`
+    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    webserver, daemon = values["dagsterWebserver"]["labels"], values["dagsterDaemon"]["labels"]
+    peers = ingress_sources(policies, deployment["labels"], int(deployment["port"]))
+    assert peers and all(set(p) == {"podSelector"} for p in peers), peers  # pods of this namespace, nothing else
+    admitted = [p["podSelector"] for p in peers]
+    assert all(_selects(s, webserver) or _selects(s, daemon) for s in admitted), admitted
+    assert any(_selects(s, webserver) for s in admitted) and any(_selects(s, daemon) for s in admitted)
+    assert not any(_selects(s, deployment["labels"]) for s in admitted)
+
+
+def test_only_the_ingress_controller_reaches_the_webserver(values, manifests):
+    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    port = int(values["dagsterWebserver"].get("service", {}).get("port", 80))  # the chart's default is 80
+    peers = ingress_sources(policies, values["dagsterWebserver"]["labels"], port)
+    assert peers and all(set(p) == {"namespaceSelector"} and p["namespaceSelector"].get("matchLabels") for p in peers), peers
+
+
+def test_the_policy_check_sees_an_open_policy_and_a_missing_one(values):
+    """The checks above can fail: no policy, or one whose rule has no ``from`` (everyone), is reported."""
+    labels = _user_deployment(values)["labels"]
+    with pytest.raises(AssertionError, match="no NetworkPolicy"):
+        ingress_sources([], labels, 3030)
+    open_policy = {"kind": "NetworkPolicy", "metadata": {"name": "open"},
+                   "spec": {"podSelector": {"matchLabels": labels}, "policyTypes": ["Ingress"],
+                            "ingress": [{"ports": [{"port": 3030}]}]}}
+    with pytest.raises(AssertionError, match="admits every source"):
+        ingress_sources([open_policy], labels, 3030)

@@ -78,6 +78,17 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 RATE_LOCK_TIMEOUT_S = 30.0
 """Seconds the limiter waits for its state file's lock (held microseconds by a healthy process) before
 EMBEDDING_UNAVAILABLE: a stuck or hostile holder must not hang every embedding and search."""
+QUERY_BUDGET_ENV = "KBINDEX_SEARCH_EMBED_SECONDS"
+"""Seconds a search's query embedding may take in all (default 5): waiting for the shared limiter, the
+request, one retry. Past it the search answers EMBEDDING_RATE_LIMITED / _TIMEOUT / _UNAVAILABLE (503) at once
+instead of holding a thread for the indexing policy's minutes."""
+DEFAULT_QUERY_BUDGET = 5.0
+MAX_RETRY_AFTER = 300.0
+"""The longest pause a provider's Retry-After can impose (seconds): a longer one is cut to this, so a
+misbehaving provider (``Retry-After: 1e12``) cannot stop every process on the machine for good."""
+GRANT_HORIZON = 600.0
+"""How far ahead of now a grant in the shared file may say it finishes (3 x the longest sane timeout):
+a grant beyond it was not written by a working client and is dropped."""
 
 
 def http_model_name(provider_url: str, provider_model: str) -> str:
@@ -229,8 +240,7 @@ class SharedRateLimiter:
                 state = json.loads(self.path.read_text() or "{}")
             except (FileNotFoundError, ValueError):
                 state = {}
-            state.setdefault("grants", [])
-            state.setdefault("blocked_until", 0.0)
+            state = _sane_state(state, time.time())
             yield state
             tmp = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             write_private(tmp, json.dumps(state).encode())
@@ -279,25 +289,65 @@ class SharedRateLimiter:
                         g[1] = int(tokens)
 
     def block_for(self, seconds: float) -> None:
-        """A Retry-After: no process sends to this provider for ``seconds``."""
+        """A Retry-After: no process sends to this provider for ``seconds`` (at most MAX_RETRY_AFTER)."""
+        if not math.isfinite(seconds) or seconds <= 0:
+            return
         with self._state() as state:
-            state["blocked_until"] = max(float(state["blocked_until"]), time.time() + seconds)
+            state["blocked_until"] = max(float(state["blocked_until"]), time.time() + min(seconds, MAX_RETRY_AFTER))
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _sane_state(state: Any, now: float) -> dict[str, Any]:
+    """The shared state as the limiter may trust it, whatever is on disk (a crash, a hand edit, an older
+    client that wrote ``Infinity`` or ``1e12`` from a provider's Retry-After): a ``blocked_until`` that is not
+    a finite number, or lies further ahead than block_for ever writes (MAX_RETRY_AFTER), is dropped (0);
+    so is a grant ``[finished at, tokens, id]`` that is malformed or says it finishes more than
+    GRANT_HORIZON from now. The repaired state is what the caller writes back."""
+    if not isinstance(state, dict):
+        state = {}
+    blocked = _finite(state.get("blocked_until"))
+    if blocked is None or blocked > now + MAX_RETRY_AFTER + 1.0:  # 1 s: clock steps between processes
+        if state.get("blocked_until") not in (None, 0, 0.0):
+            log.warning("rate-limit state: dropped an impossible blocked_until (%.40r)", state.get("blocked_until"))
+        blocked = 0.0
+    state["blocked_until"] = blocked
+    grants = []
+    for g in state.get("grants") if isinstance(state.get("grants"), list) else []:
+        if not isinstance(g, list) or len(g) != 3:
+            continue
+        at, tokens = _finite(g[0]), _finite(g[1])
+        if at is None or tokens is None or not 0 <= tokens <= 1e12 or at > now + GRANT_HORIZON:
+            continue
+        grants.append([at, int(tokens), str(g[2])])
+    state["grants"] = grants
+    return state
+
+
+_DELAY_SECONDS = re.compile(r"^[0-9]{1,15}(?:\.[0-9]{1,6})?$")
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Retry-After as seconds: a number of seconds or an HTTP date; None when absent or unreadable."""
+    """Retry-After as seconds, at most MAX_RETRY_AFTER: delay-seconds (digits, a decimal fraction tolerated)
+    or an HTTP date (a past one is 0). None when absent or anything else (``inf``, ``nan``, ``-5``, ``1e12``,
+    garbage): the caller falls back to its own backoff."""
     if not value:
         return None
     value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    if _DELAY_SECONDS.match(value):
+        return min(float(value), MAX_RETRY_AFTER)
+    if value[:1].isdigit() or value[:1] in "+-.":  # a number the grammar does not allow; never a date
+        return None
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    if not math.isfinite(seconds):
+        return None
+    return min(max(0.0, seconds), MAX_RETRY_AFTER)
 
 
 # -- the embedder ----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from bench.fake_embedding_server import FakeEmbeddingServer, max_in_window
 from pipelines.domain.errors import EmbeddingRateLimited, EmbeddingUnavailable, InvalidRequest
 from resources.embedder import checked_embed, fake_vector
 from resources.http_embedder import (
+    MAX_RETRY_AFTER,
     HttpEmbedder,
     ProviderConfig,
     SharedRateLimiter,
@@ -116,6 +117,61 @@ def test_parse_retry_after():
     date = email.utils.formatdate(now + 10, usegmt=True)
     assert 8.5 <= parse_retry_after(date, now=now) <= 10.5
     assert parse_retry_after(email.utils.formatdate(now - 100, usegmt=True), now=now) == 0.0
+
+
+@pytest.mark.parametrize("value", ["inf", "Infinity", "-inf", "nan", "NaN", "1e12", "1e+12", "-5", "+5", "0x10",
+                                   "soon", "12abc", "5 seconds", "", "   ", "Thu, 99 Foo 2026 00:00:00 GMT"])
+def test_parse_retry_after_ignores_what_is_not_delay_seconds_or_a_date(value):
+    """Issue #31 finding 4: float() took inf, nan and 1e12; now anything but digits or an HTTP date is
+    ignored (None: the caller's own backoff applies)."""
+    assert parse_retry_after(value) is None
+
+
+def test_parse_retry_after_is_capped():
+    now = time.time()
+    assert parse_retry_after("1000000000000") == MAX_RETRY_AFTER == 300.0
+    assert parse_retry_after("301") == MAX_RETRY_AFTER
+    assert parse_retry_after("300") == 300.0 and parse_retry_after("0") == 0.0
+    assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now=now) == MAX_RETRY_AFTER
+    assert parse_retry_after(email.utils.formatdate(now + 3600, usegmt=True), now=now) == MAX_RETRY_AFTER
+    assert parse_retry_after(email.utils.formatdate(now - 100, usegmt=True), now=now) == 0.0
+
+
+@pytest.mark.parametrize("on_disk", ["Infinity", "NaN", "1e12", "-Infinity", '"soon"', "null", "[1]"])
+def test_an_impossible_blocked_until_already_in_the_shared_file_does_not_block(tmp_path, on_disk):
+    """Before, ``Infinity`` (written by an older client after ``Retry-After: inf``) blocked every process on the
+    machine across restarts, and round(inf) raised an untyped OverflowError; ``1e12`` blocked for ever."""
+    path = tmp_path / "l.json"
+    path.write_text('{"blocked_until": %s, "grants": [[Infinity, 5, "a"], [NaN, 1, "b"], [1e12, 1, "c"], '
+                    '"junk", [1, 2]]}' % on_disk)
+    limiter = SharedRateLimiter(path, requests=2, tokens=None, window_seconds=60)
+    assert limiter.acquire(1, give_up_after=0)  # at once: nothing on disk may hold it back
+    assert limiter.acquire(1, give_up_after=0)  # the bad grants were not counted either (requests=2)
+    state = json.loads(path.read_text())  # repaired on disk: every value finite, only our two grants
+    assert state["blocked_until"] == 0.0
+    assert len(state["grants"]) == 2 and all(g[0] < time.time() + 61 for g in state["grants"])
+
+
+def test_a_plausible_blocked_until_in_the_shared_file_still_blocks(tmp_path):
+    path = tmp_path / "l.json"
+    path.write_text(json.dumps({"blocked_until": time.time() + 100, "grants": []}))
+    limiter = SharedRateLimiter(path, requests=None, tokens=None)
+    with pytest.raises(EmbeddingRateLimited) as info:
+        limiter.acquire(1, give_up_after=0)
+    assert 95 <= info.value.data["wait"] <= 100
+
+
+@pytest.mark.parametrize("retry_after", [float("inf"), 1e12])
+def test_an_absurd_retry_after_falls_back_to_backoff_and_never_reaches_the_shared_file(tmp_path, retry_after):
+    """``Retry-After: inf`` / ``1e+12`` from the provider: the client backs off as for a 429 without the header
+    (the second attempt passes) and the shared file never says Infinity."""
+    with FakeEmbeddingServer(schedule={1: "rate_limit"}, retry_after=retry_after) as server:
+        e = embedder(server, tmp_path)
+        vectors = embed_checked(e, TEXTS[:2])
+        first, second = server.stats()["records"]
+    assert vectors.shape == (2, 384) and (first["status"], second["status"]) == (429, 200)
+    assert json.loads(e.limiter.path.read_text())["blocked_until"] == 0.0
+    assert e.limiter.acquire(1, give_up_after=0)
 
 
 def test_a_missing_api_key_variable_fails_unavailable_without_sending(tmp_path, monkeypatch):

@@ -28,6 +28,7 @@ corrected with the provider's ``usage.prompt_tokens`` when it reports it.
 
 from __future__ import annotations
 
+import copy
 import email.utils
 import hashlib
 import json
@@ -350,6 +351,15 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return min(max(0.0, seconds), MAX_RETRY_AFTER)
 
 
+def query_budget() -> float:
+    """$KBINDEX_SEARCH_EMBED_SECONDS (default 5, within 0.1-60): a search's total time for embedding its query."""
+    try:
+        value = float(os.environ.get(QUERY_BUDGET_ENV) or DEFAULT_QUERY_BUDGET)
+    except ValueError:
+        return DEFAULT_QUERY_BUDGET
+    return min(max(value, 0.1), 60.0) if math.isfinite(value) else DEFAULT_QUERY_BUDGET
+
+
 # -- the embedder ----------------------------------------------------------------------------------
 
 
@@ -395,6 +405,25 @@ class HttpEmbedder:
                                          tokens=config.tokens_per_minute, window_seconds=window, sleep=sleep)
         self._tokenizer = ModelTokenizer()  # the packaged WordPiece: an estimate of the provider's count
         self._client = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)), transport=transport)
+        self._queries: HttpEmbedder | None = None
+
+    def for_queries(self, budget: float | None = None) -> HttpEmbedder:
+        """This provider for a search's query, within a short total ``budget`` (default
+        $KBINDEX_SEARCH_EMBED_SECONDS, 5 s): two attempts, each request and every wait for the shared limiter
+        or a Retry-After within what is left of it; past it the typed error at once. The same limiter and
+        connections as indexing (the provider's limit is shared); indexing keeps its own retry policy.
+        Built once per embedder for the default budget."""
+        if budget is None:
+            if self._queries is None:
+                self._queries = self.for_queries(query_budget())
+            return self._queries
+        sibling = copy.copy(self)
+        sibling.max_wait = max(0.0, float(budget))
+        sibling.max_attempts = min(self.max_attempts, 2)
+        sibling.timeout = max(0.1, min(self.timeout, sibling.max_wait))
+        sibling.backoff = min(self.backoff, sibling.max_wait / 4)
+        sibling._queries = sibling
+        return sibling
 
     @property
     def model_name(self) -> str:
@@ -467,14 +496,18 @@ class HttpEmbedder:
             grant = self.limiter.acquire(tokens, give_up_after=max(0.0, deadline - time.time()),
                                          in_flight=self.timeout * 3)  # connect + write + read, at worst
             used: list[int | None] = [None]
+            # Each phase of the request within what is left of the budget (at least 0.1 s to try at all).
+            left = max(0.1, min(self.timeout, deadline - time.time()))
             try:
                 try:
-                    return self._post(body, headers, used)
+                    return self._post(body, headers, used, httpx.Timeout(left, connect=min(left, 10.0)))
                 finally:
                     self.limiter.settle(grant, used[0])  # it finished: its token returns one window after now
             except _Retry as retry:
                 error = retry.error
                 wait = retry.wait if retry.wait is not None else self.backoff * 2 ** (attempt - 1) * random.uniform(1, 1.5)
+                if retry.wait is not None and isinstance(error, EmbeddingRateLimited) and time.time() + wait > deadline:
+                    error = EmbeddingRateLimited(f"the embedding provider asks to wait {wait:.0f}s", wait=round(wait))
                 if attempt == self.max_attempts or time.time() + wait > deadline:
                     break
                 log.info("embedding provider: %s; retry %d in %.1fs", error.code, attempt, wait)
@@ -482,11 +515,12 @@ class HttpEmbedder:
         assert error is not None
         raise error
 
-    def _post(self, body: dict[str, Any], headers: dict[str, str],
-              used: list[int | None]) -> tuple[np.ndarray, list[Any]]:
+    def _post(self, body: dict[str, Any], headers: dict[str, str], used: list[int | None],
+              timeout: httpx.Timeout | None = None) -> tuple[np.ndarray, list[Any]]:
         """One HTTP request; ``used[0]`` gets the provider's token count. _Retry for what may pass later."""
         try:
-            response = self._client.post(embeddings_endpoint(self.config.url), json=body, headers=headers)
+            response = self._client.post(embeddings_endpoint(self.config.url), json=body, headers=headers,
+                                         timeout=timeout if timeout is not None else self._client.timeout)
         except httpx.TimeoutException as exc:
             raise _Retry(EmbeddingTimeout(f"the embedding provider did not answer in time ({type(exc).__name__})")) from exc
         except httpx.TransportError as exc:  # refused, reset, dropped mid-answer

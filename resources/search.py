@@ -92,6 +92,9 @@ def search(
     The query is embedded through ``checked_embed`` with the active profile's model and dimension, so
     an embedder that does not match the index is refused (EmbeddingInvalidResponse) rather than
     producing meaningless scores. InvalidRequest for a bad tenant, k, mode or empty query, or no active profile.
+    An HTTP provider embeds the query within its short query budget (HttpEmbedder.for_queries,
+    $KBINDEX_SEARCH_EMBED_SECONDS): a provider that is down or rate limiting fails the search in seconds with
+    its typed error (EMBEDDING_RATE_LIMITED, EMBEDDING_TIMEOUT, EMBEDDING_UNAVAILABLE).
 
     ``read``: on whose behalf, with which metadata filters (pipelines/domain/metadata.py ``ReadScope``). The
     default sees only versions without an allow list (fail-closed); ``EVERYTHING`` is the operator override.
@@ -115,6 +118,9 @@ def search(
     if mode != "lexical":
         if isinstance(embedder, ProfileEmbedders):  # a long-lived caller: whichever profile is active now
             embedder = embedder.for_profile(profile)
+        for_queries = getattr(embedder, "for_queries", None)
+        if callable(for_queries):  # a remote provider: a query waits seconds at most, not indexing's minutes
+            embedder = for_queries()
         vector = checked_embed(
             embedder, [query], expected_model=profile["model"], expected_dim=profile["dimension"], batch_size=1
         )[0]

@@ -174,6 +174,22 @@ def test_an_absurd_retry_after_falls_back_to_backoff_and_never_reaches_the_share
     assert e.limiter.acquire(1, give_up_after=0)
 
 
+def test_a_query_gives_up_on_a_long_retry_after_at_once_and_the_next_query_sends_nothing(tmp_path):
+    """Issue #31 finding 1: indexing's policy (max_wait 300 s) sleeps through a 60 s Retry-After; a search's
+    query embedding (for_queries, a 5 s budget) gives up on it with EMBEDDING_RATE_LIMITED and the wait, and
+    the next query fails from the shared limiter without calling the provider again."""
+    with FakeEmbeddingServer(faults={"rate_limit": 1.0}, retry_after=60) as server:
+        e = embedder(server, tmp_path, max_attempts=4, max_wait=300.0)
+        query = e.for_queries(5.0)
+        assert (query.max_wait, query.max_attempts, e.max_wait, e.max_attempts) == (5.0, 2, 300.0, 4)
+        assert query.limiter is e.limiter and e.for_queries() is e.for_queries()
+        for _ in range(2):
+            with pytest.raises(EmbeddingRateLimited) as info:
+                embed_checked(query, ["refund window"])
+            assert 55 <= info.value.data["wait"] <= 60
+        assert len(server.stats()["records"]) == 1
+
+
 def test_a_missing_api_key_variable_fails_unavailable_without_sending(tmp_path, monkeypatch):
     monkeypatch.delenv("KBINDEX_EMBED_KEY_NO_SUCH_VAR", raising=False)
     with FakeEmbeddingServer() as server:

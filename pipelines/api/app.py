@@ -47,6 +47,10 @@ it as a bearer token; without it /metrics answers 401 unless ``KBINDEX_METRICS_P
 One tenant cannot take the service down for the others: event streams share one LISTEN connection
 and are capped per tenant (429) and per process (503); uploads are capped per tenant (429) and per
 process (503), spooled to disk, parsed off the event loop and timed out (408); /metrics is cached.
+Searches are capped per tenant (429) and per process (503) and run on their own threads (a CapacityLimiter
+of ``max_searches``), never on the shared pool the other routes and the token check use; a query embedding
+through an HTTP provider gives up within $KBINDEX_SEARCH_EMBED_SECONDS (5) with its typed 503, Retry-After
+when the provider gave one. ``/`` and ``/healthz`` take no thread from the shared pool either.
 """
 
 
@@ -89,7 +93,7 @@ from pipelines.api.views import (
     overview_json,
     task_json,
 )
-from pipelines.domain.errors import InvalidMetadata, InvalidRequest, KbindexError, TaskNotFound
+from pipelines.domain.errors import EmbeddingRateLimited, InvalidMetadata, InvalidRequest, KbindexError, TaskNotFound
 from pipelines.domain.metadata import ReadScope
 from pipelines.domain.identifiers import validate_document_id
 from pipelines.domain.task_states import TERMINAL, TaskStatus
@@ -263,6 +267,8 @@ def create_app(
     max_streams_per_tenant: int = 20,
     max_uploads: int = 8,
     max_uploads_per_tenant: int = 2,
+    max_searches: int = 32,
+    max_searches_per_tenant: int = 8,
     upload_idle_timeout: float = 30.0,
     upload_total_timeout: float = 300.0,
 ) -> FastAPI:
@@ -293,6 +299,9 @@ def create_app(
     page = _status_page().replace("{{max_upload_bytes}}", str(max_upload_bytes))
     state: dict[str, Any] = {"embedder": embedder}
     uploads = Admission("uploads", per_tenant=max_uploads_per_tenant, total=max_uploads)
+    searches = Admission("searches", per_tenant=max_searches_per_tenant, total=max_searches)
+    search_threads = CapacityLimiter(max_searches)  # searches never take the shared pool's 40 threads
+    health_threads = CapacityLimiter(2)  # nor does /healthz: it answers while that pool is busy
     hub = EventHub(db, max_streams=max_streams, max_streams_per_tenant=max_streams_per_tenant)
 
     def close() -> None:
@@ -324,6 +333,7 @@ def create_app(
     app.state.db = db
     app.state.queue = queue
     app.state.event_hub = hub
+    app.state.searches = searches
     app.state.close = close
 
     # -- errors ------------------------------------------------------------------------------
@@ -335,6 +345,9 @@ def create_app(
             # A refusal to admit more work is routine under load: no traceback for it.
             log.warning("request failed: %s", exc.code, exc_info=None if isinstance(exc, ServiceUnavailable) else exc)
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+        wait = exc.data.get("wait") if isinstance(exc, EmbeddingRateLimited) else None
+        if isinstance(wait, int) and wait > 0:  # the provider's pause (at most 300 s): when a retry may pass
+            headers = {"Retry-After": str(wait)}
         return JSONResponse(error_body(exc.code, exc.message), status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -398,12 +411,12 @@ def create_app(
     # -- page --------------------------------------------------------------------------------
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def status_page() -> HTMLResponse:
+    async def status_page() -> HTMLResponse:  # no blocking work: answered on the event loop
         return HTMLResponse(page)
 
     @app.get("/healthz", tags=["operations"], summary="Liveness and database reachability")
-    def healthz() -> dict[str, str]:
-        db.fetch_one("index_profile_active")
+    async def healthz() -> dict[str, str]:
+        await to_thread.run_sync(db.fetch_one, "index_profile_active", limiter=health_threads)
         return {"status": "ok"}
 
     @app.get(
@@ -794,9 +807,13 @@ def create_app(
         responses={
             **READ_ERRORS,
             400: _err("Empty query or bad k (INVALID_REQUEST); bad filter or principal (INVALID_FILTER)"),
+            429: _err("This tenant already has its share of searches in progress (TOO_MANY_REQUESTS)"),
+            503: _err("Too many searches in progress (SERVICE_UNAVAILABLE), or the embedding provider is rate "
+                      "limiting, slow or down (EMBEDDING_RATE_LIMITED with Retry-After, EMBEDDING_TIMEOUT, "
+                      "EMBEDDING_UNAVAILABLE): the query embedding waits a few seconds at most"),
         },
     )
-    def search(
+    async def search(
         who: CallerDep,
         q: Annotated[str, Query(min_length=1, max_length=2000, description="The question or keywords")],
         k: Annotated[int, Query(ge=1, le=100)] = 10,
@@ -816,11 +833,16 @@ def create_app(
         scope = who.scope(acting_as, filters)  # 403 / INVALID_FILTER before anything is embedded or read
         if not q.strip():
             raise InvalidRequest("the query must not be blank")
-        fn = search_fn or _default_search()
-        if state["embedder"] is None:
-            state["embedder"] = _default_embedder()
-        hits = fn(db, state["embedder"], q, tenant_id=who.tenant_id, k=k, mode=mode, read=scope)
-        return {"query": q, "k": k, "mode": mode, "hits": _jsonable(list(hits))}
+
+        def run() -> list[Any]:
+            fn = search_fn or _default_search()
+            if state["embedder"] is None:
+                state["embedder"] = _default_embedder()
+            return _jsonable(list(fn(db, state["embedder"], q, tenant_id=who.tenant_id, k=k, mode=mode, read=scope)))
+
+        with searches.slot(who.tenant_id):  # counted before any await: 429 for the tenant, 503 for all
+            hits = await to_thread.run_sync(run, limiter=search_threads)
+        return {"query": q, "k": k, "mode": mode, "hits": hits}
 
     # -- model migration ---------------------------------------------------------------------
 

@@ -287,3 +287,93 @@ def test_a_token_revoked_in_the_table_is_refused_even_if_the_file_lists_it(clien
     assert_error(client.get("/tasks", headers=ACME), 401, "UNAUTHORIZED")
     assert client.get("/tasks", headers=GLOBEX).status_code == 200
     assert TOKENS["tok-acme"] == "acme"
+
+
+# -- 9. searches (issue #31, finding 1) ------------------------------------------------------------
+
+def test_concurrent_searches_are_capped_per_tenant_and_per_process(make_app):
+    """A tenant's searches past its share answer 429 at once, the process's past the total 503; another
+    tenant's search still runs while one tenant's hold their slots."""
+    release, started = threading.Event(), threading.Semaphore(0)
+
+    def held(db, embedder, q, **kwargs):
+        started.release()
+        assert release.wait(10)
+        return []
+
+    app = make_app(search_fn=held, max_searches_per_tenant=2, max_searches=3)
+    for base in serve(app):
+        async def scenario():
+            async with httpx.AsyncClient(base_url=base, timeout=TIMEOUT) as http:
+                acme = [asyncio.create_task(http.get("/search", params={"q": "x"}, headers=ACME)) for _ in range(2)]
+                for _ in range(2):
+                    assert await asyncio.to_thread(started.acquire, True, 5)
+                assert_error(await http.get("/search", params={"q": "x"}, headers=ACME), 429, "TOO_MANY_REQUESTS")
+                globex = asyncio.create_task(http.get("/search", params={"q": "x"}, headers=GLOBEX))
+                assert await asyncio.to_thread(started.acquire, True, 5)  # another tenant's search runs
+                assert_error(await http.get("/search", params={"q": "x"}, headers=GLOBEX), 503, "SERVICE_UNAVAILABLE")
+                assert (await http.get("/tasks", headers=GLOBEX)).status_code == 200
+                release.set()
+                assert [r.status_code for r in await asyncio.gather(*acme, globex)] == [200, 200, 200]
+                assert (await http.get("/search", params={"q": "x"}, headers=ACME)).status_code == 200  # slots back
+
+        asyncio.run(scenario())
+        assert not app.state.searches.open
+
+
+def _p95(values: list[float]) -> float:
+    return sorted(values)[min(len(values) - 1, int(0.95 * len(values)))]
+
+
+def test_a_search_flood_on_a_rate_limiting_provider_leaves_other_tenants_and_healthz_answering(
+        make_app, db, db_url, tmp_path, monkeypatch):
+    """The issue's target: 41 searches of tenant A kept in flight while the provider answers every request with
+    429 Retry-After: 60; tenant B's GET /tasks and /healthz p95 <= 1 s. Before, the sync /search route held
+    the shared pool's 40 threads for the minute of the Retry-After (then up to 300 s), and every route that
+    needs a thread (the token check, /tasks, /healthz) waited behind them."""
+    from bench.fake_embedding_server import FakeEmbeddingServer
+    from resources.http_embedder import ProviderConfig
+    from resources.profiles import activate_profile, create_profile
+
+    monkeypatch.setenv("KBINDEX_DATABASE_URL", db_url)  # the API resolves the profile's recipe from it
+    monkeypatch.setenv("KBINDEX_HOME", str(tmp_path / "home"))  # the shared rate-limit file
+    with FakeEmbeddingServer(faults={"rate_limit": 1.0}, retry_after=60) as provider:
+        create_profile(db, "remote", model="", chunk_tokens=40, overlap=0,
+                       provider=ProviderConfig(url=provider.url, model="fake-remote"))
+        activate_profile(db, "remote", force=True)
+        app = make_app(embedder=None)  # the default caps: 8 searches a tenant, 32 in all
+        for base in serve(app):
+            async def scenario():
+                unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+                flooding = asyncio.Event()
+                answers: list[httpx.Response] = []
+                async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(20.0), limits=unlimited) as a, \
+                        httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(5.0)) as b:
+                    async def searcher(i: int) -> None:
+                        while not flooding.is_set():
+                            answers.append(await a.get("/search", params={"q": f"refund {i}"}, headers=ACME))
+
+                    flood = [asyncio.create_task(searcher(i)) for i in range(41)]
+                    await asyncio.sleep(0.5)  # the flood is on: the first provider 429 has come back
+                    latency: dict[str, list[float]] = {"/tasks": [], "/healthz": []}
+                    for _ in range(10):
+                        for path in latency:
+                            started = time.perf_counter()
+                            response = await b.get(path, headers=GLOBEX)
+                            latency[path].append(time.perf_counter() - started)
+                            assert response.status_code == 200, response.text
+                        await asyncio.sleep(0.05)
+                    flooding.set()
+                    await asyncio.gather(*flood)
+                return latency, answers
+
+            latency, answers = asyncio.run(scenario())
+            assert _p95(latency["/tasks"]) <= 1.0 and _p95(latency["/healthz"]) <= 1.0, latency
+            codes = {(r.status_code, r.json()["error"]["code"]) for r in answers}
+            assert codes <= {(429, "TOO_MANY_REQUESTS"), (503, "EMBEDDING_RATE_LIMITED")}, codes
+            assert (503, "EMBEDDING_RATE_LIMITED") in codes
+            limited = [r for r in answers if r.status_code == 503]
+            assert all(55 <= int(r.headers["Retry-After"]) <= 60 for r in limited)
+        # Only searches admitted before the first 429 came back reached the provider; then the shared pause
+        # refused the rest without calling it.
+        assert 1 <= len(provider.stats()["records"]) <= 8  # the default per-tenant cap

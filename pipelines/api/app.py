@@ -342,8 +342,9 @@ def create_app(
     async def kbindex_error(_: Request, exc: KbindexError) -> JSONResponse:
         status = status_for(exc)
         if status >= 500:
-            # A refusal to admit more work is routine under load: no traceback for it.
-            log.warning("request failed: %s", exc.code, exc_info=None if isinstance(exc, ServiceUnavailable) else exc)
+            # A refusal to admit more work, or a provider's rate limit, is routine under load: no traceback for it.
+            routine = isinstance(exc, (ServiceUnavailable, EmbeddingRateLimited))
+            log.warning("request failed: %s", exc.code, exc_info=None if routine else exc)
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
         wait = exc.data.get("wait") if isinstance(exc, EmbeddingRateLimited) else None
         if isinstance(wait, int) and wait > 0:  # the provider's pause (at most 300 s): when a retry may pass

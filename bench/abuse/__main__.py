@@ -1,4 +1,5 @@
-"""``python -m bench.abuse [--tasks 1000000] [--streams 150] [--uploads 20] [--upload-mb 50]`` (see __init__)."""
+"""``python -m bench.abuse [--tasks 1000000] [--streams 150] [--uploads 20] [--upload-mb 50] [--searches 41]
+[--flood-seconds 10] [--sections 1,2,3,4]`` (see __init__)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import httpx
 import psycopg
 
 from bench import server_url
-from bench.abuse.server import poll_health
+from bench.abuse.server import poll_health, poll_tenant, serve_search
 from bench.abuse.server import serve as _serve
+from bench.fake_embedding_server import FakeEmbeddingServer
 from bench.queue.__main__ import load, scratch_database
 from resources.database import Database
 
@@ -182,44 +184,121 @@ async def metrics(base: str, db_url: str, tasks: int) -> None:
         print(f"   one uncached computation (task_stats + histogram) directly: {(time.perf_counter() - t) * 1000:.0f} ms")
 
 
+def _free_port() -> int:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def _wait_healthy(base: str, child) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or not child.is_alive():
+            raise SystemExit("the API did not start")
+        time.sleep(0.2)
+
+
+def search_flood(db_url: str, blobs: str, searches: int, seconds: float) -> None:
+    from resources.http_embedder import ProviderConfig
+    from resources.profiles import activate_profile, create_profile
+
+    print(f"\n4. {searches} searches of tenant A kept in flight for {seconds:g} s; the provider answers every request "
+          "429 Retry-After: 60; another process polls tenant B's GET /tasks and /healthz")
+    with FakeEmbeddingServer(faults={"rate_limit": 1.0}, retry_after=60) as provider, \
+            tempfile.TemporaryDirectory(prefix="kbindex-abuse-home-") as home:
+        with Database(db_url, max_size=1) as db:
+            create_profile(db, "remote", model="", chunk_tokens=40, overlap=0,
+                           provider=ProviderConfig(url=provider.url, model="fake-remote"))
+            activate_profile(db, "remote", force=True)
+        port = _free_port()
+        ctx = multiprocessing.get_context("spawn")
+        child = ctx.Process(target=serve_search, args=(db_url, port, blobs, home), daemon=True)
+        child.start()
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait_healthy(base, child)
+            answers: dict[str, int] = {}
+            latencies: list[float] = []
+
+            async def flood() -> None:
+                unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+                stop_at = time.monotonic() + seconds
+                async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(120.0), limits=unlimited) as a:
+                    async def searcher(i: int) -> None:
+                        while time.monotonic() < stop_at:
+                            started = time.perf_counter()
+                            try:
+                                r = await a.get("/search", params={"q": f"refund {i}"}, headers=A)
+                                key = f"{r.status_code} {r.json().get('error', {}).get('code', 'hits')}"
+                            except httpx.HTTPError as exc:
+                                key = type(exc).__name__
+                            latencies.append(time.perf_counter() - started)
+                            answers[key] = answers.get(key, 0) + 1
+
+                    await asyncio.gather(*(searcher(i) for i in range(searches)))
+
+            stop, out = ctx.Event(), ctx.Queue()
+            poller = ctx.Process(target=poll_tenant, args=(base, "tok-b", stop, out), daemon=True)
+            poller.start()
+            started = time.perf_counter()
+            asyncio.run(flood())
+            elapsed = time.perf_counter() - started
+            stop.set()
+            seen = out.get(timeout=120)
+            poller.join(10)
+            for path, rows in seen.items():
+                statuses = sorted({s for _, s in rows})
+                print(f"   tenant B {path} x{len(rows)}: {_ms([t for t, _ in rows])}; statuses {statuses}")
+            print(f"   tenant A's searches: {sum(answers.values())} in {elapsed:.1f} s, "
+                  f"{dict(sorted(answers.items()))}; {_ms(latencies)}")
+            print(f"   requests that reached the provider: {len(provider.stats()['records'])}")
+        finally:
+            child.terminate()
+            child.join(10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tasks", type=int, default=1_000_000)
     parser.add_argument("--streams", type=int, default=150)
     parser.add_argument("--uploads", type=int, default=20)
     parser.add_argument("--upload-mb", type=int, default=50)
+    parser.add_argument("--searches", type=int, default=41, help="tenant A's searches kept in flight (section 4)")
+    parser.add_argument("--flood-seconds", type=float, default=10.0, help="how long section 4 floods")
+    parser.add_argument("--sections", default="1,2,3,4", help="which sections to run, e.g. 4")
     args = parser.parse_args()
+    sections = {int(s) for s in args.sections.split(",") if s.strip()}
     with server_url() as admin, scratch_database(admin, "kbindex_bench_abuse") as url, \
             tempfile.TemporaryDirectory(prefix="kbindex-abuse-") as blobs:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        sock.close()
+        port = _free_port()
         child = multiprocessing.get_context("spawn").Process(target=_serve, args=(url, port, blobs), daemon=True)
         child.start()
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or not child.is_alive():
-                    raise SystemExit("the API did not start")
-                time.sleep(0.2)
-            asyncio.run(streams(base, url, args.streams))
-            asyncio.run(uploads(base, child.pid, args.uploads, args.upload_mb))
-            print(f"\n   loading {args.tasks:,} tasks ...")
-            load(url, args.tasks, lambda line: None)
-            with Database(url, max_size=1) as db:
-                db.execute("abuse_bench_finish_tasks", {"tenant": "bench"})
-                db.execute("task_bench_vacuum")
-            asyncio.run(metrics(base, url, args.tasks))
+            _wait_healthy(base, child)
+            if 1 in sections:
+                asyncio.run(streams(base, url, args.streams))
+            if 2 in sections:
+                asyncio.run(uploads(base, child.pid, args.uploads, args.upload_mb))
+            if 3 in sections:
+                print(f"\n   loading {args.tasks:,} tasks ...")
+                load(url, args.tasks, lambda line: None)
+                with Database(url, max_size=1) as db:
+                    db.execute("abuse_bench_finish_tasks", {"tenant": "bench"})
+                    db.execute("task_bench_vacuum")
+                asyncio.run(metrics(base, url, args.tasks))
         finally:
             child.terminate()
             child.join(10)
+        if 4 in sections:  # last: it makes the HTTP profile the active one
+            search_flood(url, blobs, args.searches, args.flood_seconds)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,10 @@
 --   'backfill' never-attempted REINDEX tasks of profiles whose backfill was requested, oldest first;
 --   'task'     the one task %(task_id)s, if it is claimable now (operator-launched runs).
 -- %(reserve)s: the lease is a reservation for a run yet to start, lasting %(lease_seconds)s.
-WITH
+-- Fairness ('queue'): up to half of the claim goes first to the oldest due task of each tenant that has due
+-- work (tenants in name order, at most %(limit)s / 2 of them), the rest by age, so one tenant's bulk backlog
+-- does not hold another tenant's task until it drains.
+WITH RECURSIVE
 clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -34,7 +37,7 @@ clock AS (
 -- attempted (no backfill comes back for them); the never-attempted REINDEX backlog is the 'backfill' source.
 -- SKIP LOCKED: rows another claimer is taking are passed over instead of waited for.
 due AS (
-    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_reserved, t.reservation_givebacks, t.next_attempt_at AS since
+    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_reserved, t.reservation_givebacks, t.next_attempt_at AS since, false AS head
     FROM index_task t
     WHERE %(source)s::text = 'queue'
       AND t.status IN ('PENDING', 'RETRY_WAIT') AND (t.task_type = 'INDEX' OR t.attempts > 0)
@@ -43,10 +46,48 @@ due AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
+-- The tenants with due-or-waiting work, one index descent each (a loose scan of index_task_tenant_due_idx),
+-- at most half the limit of them.
+tenant_walk AS (
+    (SELECT t.tenant_id, 1 AS n
+     FROM index_task t
+     WHERE %(source)s::text = 'queue'
+       AND t.status IN ('PENDING', 'RETRY_WAIT') AND (t.task_type = 'INDEX' OR t.attempts > 0)
+     ORDER BY t.tenant_id
+     LIMIT 1)
+    UNION ALL
+    (SELECT nx.tenant_id, w.n + 1
+     FROM tenant_walk w
+     CROSS JOIN LATERAL (
+         SELECT t.tenant_id
+         FROM index_task t
+         WHERE t.tenant_id > w.tenant_id
+           AND t.status IN ('PENDING', 'RETRY_WAIT') AND (t.task_type = 'INDEX' OR t.attempts > 0)
+         ORDER BY t.tenant_id
+         LIMIT 1
+     ) nx
+     WHERE w.n < greatest(1, %(limit)s / 2))
+),
+-- Each of those tenants' oldest due task (none when its work is not due yet, or another claimer holds it).
+heads AS (
+    SELECT h.*
+    FROM tenant_walk w
+    CROSS JOIN LATERAL (
+        SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_reserved, t.reservation_givebacks,
+               t.next_attempt_at AS since, true AS head
+        FROM index_task t
+        WHERE t.tenant_id = w.tenant_id
+          AND t.status IN ('PENDING', 'RETRY_WAIT') AND (t.task_type = 'INDEX' OR t.attempts > 0)
+          AND t.next_attempt_at <= (SELECT now FROM clock)
+        ORDER BY t.next_attempt_at
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    ) h
+),
 -- Abandoned work: RUNNING tasks whose lease or reservation ran out, oldest first, via index_task_lease_idx.
 -- A separate walk because one OR-ed predicate over both would match neither partial index.
 expired AS (
-    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_reserved, t.reservation_givebacks, t.lease_until AS since
+    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_reserved, t.reservation_givebacks, t.lease_until AS since, false AS head
     FROM index_task t
     WHERE %(source)s::text IN ('queue', 'expired')
       AND t.status = 'RUNNING'
@@ -60,7 +101,7 @@ backlog AS (
     SELECT b.*
     FROM index_profile p
     CROSS JOIN LATERAL (
-        SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_reserved, t.reservation_givebacks, t.next_attempt_at AS since
+        SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_reserved, t.reservation_givebacks, t.next_attempt_at AS since, false AS head
         FROM index_task t
         WHERE t.profile = p.name AND t.task_type = 'REINDEX' AND t.status = 'PENDING' AND t.attempts = 0
         ORDER BY t.task_id
@@ -72,14 +113,15 @@ backlog AS (
 ),
 -- One named task, whatever its next_attempt_at (an operator asked for it now).
 named AS (
-    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_reserved, t.reservation_givebacks, t.next_attempt_at AS since
+    SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_reserved, t.reservation_givebacks, t.next_attempt_at AS since, false AS head
     FROM index_task t
     WHERE %(source)s::text = 'task' AND t.task_id = %(task_id)s::bigint
       AND (t.status IN ('PENDING', 'RETRY_WAIT')
            OR (t.status = 'RUNNING' AND t.lease_until <= (SELECT now FROM clock)))
     FOR UPDATE SKIP LOCKED
 ),
--- At most 2 x limit locked candidates; keep the longest-waiting %(limit)s. The verdict of each:
+-- At most 2.5 x limit locked candidates; keep the tenants' heads, then the longest-waiting, up to
+-- %(limit)s. The verdict of each:
 picked AS (
     SELECT c.task_id, c.status,
            -- a lease some run worked on ran out with no attempts left
@@ -88,9 +130,11 @@ picked AS (
            (c.status = 'RUNNING' AND c.lease_reserved) AS given_back,
            -- ... unless it was given back too often: runs do not start, and somebody must be told
            (c.status = 'RUNNING' AND c.lease_reserved AND c.reservation_givebacks >= %(giveback_limit)s) AS abandoned
-    FROM (SELECT * FROM due UNION ALL SELECT * FROM expired UNION ALL SELECT * FROM backlog
-          UNION ALL SELECT * FROM named) c
-    ORDER BY c.since, c.task_id
+    FROM (SELECT DISTINCT ON (u.task_id) u.*  -- a head is also among the due: keep it once, as a head
+          FROM (SELECT * FROM heads UNION ALL SELECT * FROM due UNION ALL SELECT * FROM expired
+                UNION ALL SELECT * FROM backlog UNION ALL SELECT * FROM named) u
+          ORDER BY u.task_id, u.head DESC) c
+    ORDER BY c.head DESC, c.since, c.task_id
     LIMIT %(limit)s
 ),
 -- The transition: DEAD (exhausted or abandoned) as bookkeeping, else RUNNING with attempts + 1, the new

@@ -80,7 +80,7 @@ def test_claim_walks_both_partial_indexes_and_never_seq_scans_the_queue(big_queu
     root = claim_plan(big_queue)
     nodes = list(walk(root))
     used = {n.get("Index Name") for n in nodes}
-    assert {"index_task_due_idx", "index_task_lease_idx"} <= used, json.dumps(root, indent=1)
+    assert {"index_task_due_idx", "index_task_lease_idx", "index_task_tenant_due_idx"} <= used, json.dumps(root, indent=1)
     seq = [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "index_task"]
     assert not seq, json.dumps(root, indent=1)
     # Each index walk is cut by its own LIMIT; any sort sees only the at most 2 x limit candidates.

@@ -1,6 +1,10 @@
 """HTML via BeautifulSoup + lxml: page chrome (script, style, nav, header, footer, aside, ...) is
 dropped, h1-h6 build the heading path, block elements become blocks and table rows become
-"cell | cell" lines. The walk is iterative, so nesting depth cannot exhaust the Python stack."""
+"cell | cell" lines. The walk is iterative, so nesting depth cannot exhaust the Python stack.
+
+BeautifulSoup holds ~700 bytes an element: a file with more than ``ParseLimits.max_html_elements`` tags
+fails DOCUMENT_TOO_LARGE, counted on the bytes before anything is parsed (50 MB of ``<i>a</i>`` would
+otherwise take 6 GB and minutes)."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from bs4 import (
     XMLParsedAsHTMLWarning,
 )
 
-from pipelines.domain.errors import ParseError
+from pipelines.domain.errors import DocumentTooLarge, ParseError
 from pipelines.domain.parsing.model import BlockCollector, HeadingStack, ParsedDocument
 from pipelines.domain.parsing.text_format import decode_text
 
@@ -33,12 +37,29 @@ _BLOCK = frozenset(
 )
 _HEADING = re.compile(r"^h([1-6])$")
 _SKIP_STRINGS = (Comment, Declaration, Doctype, ProcessingInstruction)
+_NODE_START = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZbcdefghijklmnopqrstuvwxyz!?", b"a" * 53)
+"""Maps every byte that can follow ``<`` to open a node (a tag, comment/doctype/CDATA, processing
+instruction) to ``a``."""
+
+
+def count_elements(data: bytes, limit: int) -> int:
+    """Nodes ``data`` opens, counted without parsing: ``<`` then a letter, ``!`` or ``?``, in UTF-8,
+    single-byte encodings and UTF-16 (``<\x00a`` in both byte orders). A bare ``<`` count, when it is
+    within ``limit``, answers first (no copy of the data)."""
+    bare = data.count(b"<")
+    if bare <= limit:
+        return bare
+    mapped = data.translate(_NODE_START)
+    return mapped.count(b"<a") + mapped.count(b"<\x00a")
 
 
 def parse_html(data: bytes, collector: BlockCollector, media_type: str = "text/html") -> ParsedDocument:
     # Binary data named .html is refused like any other text format (PARSE_ERROR). Only the check uses this
     # decoding: BeautifulSoup still decodes the bytes itself, so a <meta charset> keeps deciding the encoding.
     decode_text(data, collector.label)
+    limit = collector.limits.max_html_elements
+    if count_elements(data, limit) > limit:
+        raise DocumentTooLarge(f"{collector.label}: more than {limit:,} HTML elements")
     try:
         with warnings.catch_warnings():  # XHTML is common and parses fine as HTML
             warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)

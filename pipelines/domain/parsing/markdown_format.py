@@ -1,6 +1,10 @@
 """Markdown via markdown-it-py (CommonMark + tables): paragraphs, list items, table rows and code
 blocks become blocks; ATX/setext headings build the heading path. YAML front matter is metadata
-and is dropped; raw HTML blocks keep their text only."""
+and is dropped; raw HTML blocks keep their text only.
+
+markdown-it builds every token before returning (~330 bytes each): a text whose token estimate
+(``estimate_tokens``) is over ``ParseLimits.max_markdown_tokens`` fails DOCUMENT_TOO_LARGE before parsing
+(a million one-word list items would otherwise take 2 GB)."""
 
 from __future__ import annotations
 
@@ -10,16 +14,22 @@ from bs4 import BeautifulSoup
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from pipelines.domain.errors import ParseError
+from pipelines.domain.errors import DocumentTooLarge, ParseError
 from pipelines.domain.parsing.model import BlockCollector, HeadingStack, ParsedDocument
 from pipelines.domain.parsing.text_format import decode_text
 
 MAX_NESTING = 50
+_MARKS = re.compile(r"[!-/:-@\[-`{-~]")
+"""ASCII punctuation: every inline token and nested container needs one (emphasis, links, code, escapes,
+entities, list and quote markers, table pipes)."""
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\n.*?\n(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
 
 
 def parse_markdown(data: bytes, collector: BlockCollector, media_type: str = "text/markdown") -> ParsedDocument:
     text = _FRONT_MATTER.sub("", decode_text(data, collector.label).lstrip("\ufeff"), count=1)
+    limit = collector.limits.max_markdown_tokens
+    if estimate_tokens(text, limit) > limit:
+        raise DocumentTooLarge(f"{collector.label}: Markdown of more than about {limit:,} elements")
     parser = MarkdownIt("commonmark", {"maxNesting": MAX_NESTING}).enable("table")
     tokens = parser.parse(text)
     if any(token.level >= MAX_NESTING - 1 for token in tokens):
@@ -52,6 +62,21 @@ def parse_markdown(data: bytes, collector: BlockCollector, media_type: str = "te
         elif token.type == "html_block":
             collector.add(BeautifulSoup(token.content, "lxml").get_text("\n"), headings.path)
     return collector.finish(media_type)
+
+
+def estimate_tokens(text: str, limit: int) -> int:
+    """An upper estimate of the tokens markdown-it makes of ``text``: 6 a line (a list item in a paragraph
+    opens and closes three), 4 a punctuation mark (a table cell opens, holds an inline token and its text,
+    and closes; a nested list marker opens and closes a list and an item). Counting stops past ``limit``."""
+    lines = text.count("\n") + 1
+    total = 6 * lines
+    if total > limit:
+        return total
+    for _ in _MARKS.finditer(text):
+        total += 4
+        if total > limit:
+            break
+    return total
 
 
 def _inline_text(token: Token) -> str:

@@ -64,6 +64,17 @@ class ParseLimits:
     max_zip_uncompressed_bytes: int = 200 * 1024 * 1024
     max_zip_ratio: float = 100.0
     """Uncompressed/compressed ratio above which a zip member (over 1 MiB) counts as a zip bomb."""
+    max_xml_part_bytes: int = 64 * 1024 * 1024
+    """One XML part of an Office file, uncompressed (a 1,000-page Word document.xml is ~10 MB)."""
+    max_xml_elements: int = 2_000_000
+    """XML elements over all parts of an Office file: python-docx holds ~250 bytes an element, so this keeps
+    a .docx under ~600 MB (a 1,000-page document has ~300,000). Counted streaming before any library parses."""
+    max_html_elements: int = 600_000
+    """Tags (and comments) in an HTML file: BeautifulSoup holds ~700 bytes an element (~450 MB here).
+    Counted on the bytes before parsing; a 1,000-page HTML book has ~200,000."""
+    max_markdown_tokens: int = 1_500_000
+    """An upper estimate of markdown-it's tokens (~330 bytes each: ~500 MB here), made on the text before
+    parsing: 6 a line plus 4 a punctuation mark (emphasis, links, table pipes, list and quote markers)."""
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")

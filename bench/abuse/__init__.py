@@ -12,8 +12,11 @@ real API in a child process on 127.0.0.1, and runs three bounded scenarios, prin
 4. (issue #31) the active profile embeds through an HTTP provider (bench/fake_embedding_server.py) that
    answers every request 429 with Retry-After: 60; tenant A keeps 41 searches in flight for 10 s while
    another process polls tenant B's GET /tasks and /healthz: B's latencies (p50/p95/max), A's answers
-   by status and code, and how many requests reached the provider.
+   by status and code, and how many requests reached the provider;
+5. (issue #31) parser bombs (bench/abuse/bombs.py), each made on the spot and parsed in its own child
+   process: code, seconds and peak RSS per bomb (no server needed).
 
 ``--sections 4`` runs only the search flood (``--searches``, ``--flood-seconds``); it runs last because it
-activates the HTTP profile in the scratch database.
+activates the HTTP profile in the scratch database. ``--bombs`` (or ``--sections 5``) runs only the parser
+bombs, with no server or database.
 """

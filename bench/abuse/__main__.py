@@ -1,5 +1,5 @@
 """``python -m bench.abuse [--tasks 1000000] [--streams 150] [--uploads 20] [--upload-mb 50] [--searches 41]
-[--flood-seconds 10] [--sections 1,2,3,4]`` (see __init__)."""
+[--flood-seconds 10] [--sections 1,2,3,4,5] [--bombs]`` (see __init__)."""
 
 from __future__ import annotations
 
@@ -264,17 +264,29 @@ def search_flood(db_url: str, blobs: str, searches: int, seconds: float) -> None
             child.join(10)
 
 
+def bombs() -> None:
+    """Section 5 (issue #31): parser bombs, each parsed in its own child process; no server or database."""
+    from bench.abuse.bombs import run
+
+    print("\n5. parser bombs (HTML, Office XML, deflate, Markdown, PDF): code, seconds, peak RSS of the parsing child")
+    run(indent="   ")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--bombs", action="store_true", help="run only section 5, the parser bombs (no server)")
     parser.add_argument("--tasks", type=int, default=1_000_000)
     parser.add_argument("--streams", type=int, default=150)
     parser.add_argument("--uploads", type=int, default=20)
     parser.add_argument("--upload-mb", type=int, default=50)
     parser.add_argument("--searches", type=int, default=41, help="tenant A's searches kept in flight (section 4)")
     parser.add_argument("--flood-seconds", type=float, default=10.0, help="how long section 4 floods")
-    parser.add_argument("--sections", default="1,2,3,4", help="which sections to run, e.g. 4")
+    parser.add_argument("--sections", default="1,2,3,4,5", help="which sections to run, e.g. 4")
     args = parser.parse_args()
     sections = {int(s) for s in args.sections.split(",") if s.strip()}
+    if args.bombs or sections == {5}:
+        bombs()
+        return
     with server_url() as admin, scratch_database(admin, "kbindex_bench_abuse") as url, \
             tempfile.TemporaryDirectory(prefix="kbindex-abuse-") as blobs:
         port = _free_port()
@@ -297,8 +309,10 @@ def main() -> None:
         finally:
             child.terminate()
             child.join(10)
-        if 4 in sections:  # last: it makes the HTTP profile the active one
+        if 4 in sections:  # after 1-3: it makes the HTTP profile the active one
             search_flood(url, blobs, args.searches, args.flood_seconds)
+    if 5 in sections:
+        bombs()
 
 
 if __name__ == "__main__":

@@ -172,6 +172,12 @@ def docx_paragraphs(folder: Path, megabytes: int = 150) -> tuple[Path, str]:
     return path, "big-xml.docx"
 
 
+def docx_40mb_xml(folder: Path) -> tuple[Path, str]:
+    """A .docx whose document.xml is 40 MB of small paragraphs: under the part-size cap, ~2.7 million
+    elements (python-docx alone would hold ~700 MB of them, ElementTree as much again)."""
+    return docx_paragraphs(folder, 40)
+
+
 def docx_deflate_bomb_parts(folder: Path) -> tuple[Path, str]:
     """A deflate bomb that passes the ratio check: 190 XML parts of just under 1 MiB each (below the 1 MiB
     threshold of the ratio check), each about 1,000:1 compressed; 190 MB of XML from a ~200 KB file."""
@@ -243,6 +249,7 @@ BOMBS: dict[str, Callable[[Path], tuple[Path, str]]] = {
     "html-50mb-flat-elements": html_flat_elements,
     "html-50mb-nested-elements": html_nested_elements,
     "docx-150mb-document-xml": docx_paragraphs,
+    "docx-40mb-document-xml": docx_40mb_xml,
     "docx-deflate-bomb-190-parts": docx_deflate_bomb_parts,
     "docx-deflate-bomb-one-member": docx_deflate_bomb_member,
     "markdown-1m-list-items": markdown_million_nodes,
@@ -251,19 +258,20 @@ BOMBS: dict[str, Callable[[Path], tuple[Path, str]]] = {
 }
 
 
-def main() -> None:
-    names = sys.argv[1:] or list(BOMBS)
+def run(names: list[str] | None = None, address_space_mb: int | None = None, indent: str = "") -> None:
+    """Make each bomb, parse it in a child, print code, seconds and peak RSS (the file is deleted after)."""
     with tempfile.TemporaryDirectory(prefix="kbindex-bombs-") as folder:
-        for name in names:
+        for name in names or list(BOMBS):
             t = time.monotonic()
             path, filename = BOMBS[name](Path(folder))
             made = time.monotonic() - t
-            cap = int(os.environ.get("KBINDEX_BOMBS_AS_MB", "0")) or None
-            outcome = parse_in_child(path, filename, address_space_mb=cap)
-            print(f"{name}: {outcome.code} in {outcome.seconds:.1f} s, peak RSS {outcome.peak_rss_mb:.0f} MB "
-                  f"({path.stat().st_size / MB:.1f} MB file made in {made:.1f} s) {outcome.message[:100]}", flush=True)
+            outcome = parse_in_child(path, filename, address_space_mb=address_space_mb)
+            print(f"{indent}{name}: {outcome.code} in {outcome.seconds:.1f} s, peak RSS {outcome.peak_rss_mb:.0f} MB "
+                  f"({path.stat().st_size / MB:.1f} MB file made in {made:.1f} s; {outcome.message[:90]})", flush=True)
             path.unlink()
 
 
 if __name__ == "__main__":
-    main()
+    # python -m bench.abuse.bombs [NAME ...]; KBINDEX_BOMBS_AS_MB=8000 caps each child's address space
+    # (to measure code that blows up without taking the machine down).
+    run(sys.argv[1:], int(os.environ.get("KBINDEX_BOMBS_AS_MB", "0")) or None)

@@ -578,7 +578,7 @@ case("eml-200-attachments", lambda: _eml(attachments=tuple((f"a{i}.txt", b"refun
 case("scan-ocr-reads-the-image", lambda: _scan(("Refunds within 30 days",)), "scan.pdf", OK, contains="Refunds")
 case("scan-blank-page", lambda: _scan(()), "blank-scan.pdf", "EMPTY_DOCUMENT")
 case("scan-300-pages-within-the-cap", lambda: _scan(("Refunds within 30 days",), pages=300), "long-scan.pdf", OK,
-     contains="Refunds", limits=ParseLimits(time_limit_s=5, max_time_s=12, ocr_seconds_per_page=2))
+     contains="Refunds", limits=ParseLimits(time_limit_s=5, max_time_s=12, ocr_seconds_per_page=2, max_ocr_pages=300))
 
 
 def _pptx_many(slides: int) -> bytes:

@@ -264,3 +264,101 @@ def test_attachments_share_the_message_character_budget() -> None:
 ])
 def test_new_types_by_extension(filename: str, expected: str) -> None:
     assert guess_media_type(filename, b"x") == expected
+
+
+# --- issue #31: password-protected Office files, the OCR budget of a document ---------------------------
+
+
+def _cfb(streams: dict[str, bytes]) -> bytes:
+    """A minimal Compound File (CFB v3, 512-byte sectors) holding ``streams`` (each padded to 4 KiB, so none
+    goes to the mini stream): what an encrypted .docx/.xlsx/.pptx (EncryptionInfo + EncryptedPackage) or a
+    legacy .doc (WordDocument, 1Table) is on the outside. At most three streams (one directory sector)."""
+    import struct
+
+    free, end, fat_sector, nostream = 0xFFFFFFFF, 0xFFFFFFFE, 0xFFFFFFFD, 0xFFFFFFFF
+    assert len(streams) <= 3
+    fat = [fat_sector, end]  # sector 0: the FAT; sector 1: the directory
+    entries = []
+    names = list(streams)
+    for index, (name, payload) in enumerate(streams.items()):
+        payload = payload.ljust(4096, b"\0")
+        start = len(fat)
+        count = len(payload) // 512
+        fat += [start + i + 1 for i in range(count - 1)] + [end]
+        right = index + 2 if index + 1 < len(names) else nostream  # siblings chained to the right
+        entries.append((name, 2, nostream, right, nostream, start, len(payload)))
+    root = ("Root Entry", 5, nostream, nostream, 1 if names else nostream, end, 0)
+
+    def entry(name: str, kind: int, left: int, right: int, child: int, start: int, size: int) -> bytes:
+        encoded = (name.encode("utf-16-le") + b"\0\0").ljust(64, b"\0")
+        return (encoded + struct.pack("<HBB3I", 2 * len(name) + 2, kind, 1, left, right, child) + bytes(16)
+                + bytes(4) + bytes(16) + struct.pack("<IQ", start, size))
+
+    unused = bytes(64) + struct.pack("<HBB3I", 0, 0, 0, nostream, nostream, nostream) + bytes(48)
+    directory = b"".join(entry(*e) for e in [root, *entries]).ljust(512, b"\0")
+    directory = directory[: 128 * (1 + len(entries))] + unused * (3 - len(entries))
+    header = (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(16) + struct.pack("<HHHHH", 0x3E, 3, 0xFFFE, 9, 6)
+              + bytes(6) + struct.pack("<IIIIIIIII", 0, 1, 1, 0, 4096, end, 0, end, 0)
+              + struct.pack("<109I", 0, *[free] * 108))
+    fat_bytes = struct.pack(f"<{len(fat)}I", *fat).ljust(512, b"\xff")
+    data = b"".join(payload.ljust(4096, b"\0") for payload in streams.values())
+    return header + fat_bytes + directory + data
+
+
+_ENCRYPTED_STREAMS = {"EncryptionInfo": b"\x04\x00\x04\x00\x40\x00\x00\x00<encryption/>",
+                      "EncryptedPackage": b"\x00\x10\x00\x00\x00\x00\x00\x00" + bytes(range(256)) * 16}
+
+
+@pytest.mark.parametrize("filename", ["secret.xlsx", "secret.docx", "secret.pptx", "secret"])
+def test_a_password_protected_office_file_is_encrypted(filename: str) -> None:
+    """What Word/Excel/PowerPoint write with a password is a CFB container, not a zip: it used to end
+    UNSUPPORTED_DOCUMENT (as a legacy .doc); the user must learn that a password is the reason."""
+    from pipelines.domain.errors import EncryptedDocument
+
+    with pytest.raises(EncryptedDocument, match="password-protected Office file"):
+        parse_document(_cfb(_ENCRYPTED_STREAMS), filename=filename)
+
+
+@pytest.mark.parametrize("filename", ["old.doc", "old.xls", "old.docx"])
+def test_a_legacy_ole_file_is_still_unsupported(filename: str) -> None:
+    from pipelines.domain.errors import UnsupportedDocument
+
+    legacy = _cfb({"WordDocument": b"\xec\xa5" + "EncryptedPackage".encode("utf-16-le"), "1Table": b"x"})
+    assert not detect.is_encrypted_ooxml(legacy)  # the name inside a stream is not a directory entry
+    with pytest.raises(UnsupportedDocument):
+        parse_document(legacy, filename=filename)
+
+
+def test_the_test_container_is_a_real_cfb() -> None:
+    """The hand-written container reads as CFB with olefile when it is installed (not a dependency)."""
+    olefile = pytest.importorskip("olefile")
+    with olefile.OleFileIO(io.BytesIO(_cfb(_ENCRYPTED_STREAMS))) as ole:
+        assert sorted(ole.listdir()) == [["EncryptedPackage"], ["EncryptionInfo"]]
+        assert ole.openstream("EncryptedPackage").read(8) == b"\x00\x10\x00\x00\x00\x00\x00\x00"
+
+
+def test_ocr_pages_over_the_document_cap_fail_too_large(monkeypatch) -> None:
+    """A scan needing OCR on more pages than ``max_ocr_pages`` ends DOCUMENT_TOO_LARGE, without OCR of the
+    page past the cap (before #31 the pages ran on until the 900 s ``max_time_s``)."""
+    from pipelines.domain.errors import DocumentTooLarge
+
+    read: list[int] = []
+    monkeypatch.setattr(ocr, "ocr_image", lambda pixels: read.append(1) or "Refunds within 30 days")
+    with pytest.raises(DocumentTooLarge, match="more than 3 scanned pages need OCR"):
+        parse_document(scanned_pdf(*["x"] * 5), filename="scan.pdf", limits=ParseLimits(max_ocr_pages=3))
+    assert len(read) == 3
+    doc = parse_document(scanned_pdf(*["x"] * 3), filename="scan.pdf", limits=ParseLimits(max_ocr_pages=3))
+    assert doc.metadata["ocr_pages"] == 3
+
+
+def test_ocr_seconds_over_the_document_budget_fail_too_large(monkeypatch) -> None:
+    """Once ``max_ocr_seconds`` of OCR are spent, the next page needing OCR ends DOCUMENT_TOO_LARGE, even
+    though the page budget and ``max_time_s`` would allow more."""
+    from pipelines.domain.errors import DocumentTooLarge
+
+    read: list[int] = []
+    monkeypatch.setattr(ocr, "ocr_image", lambda pixels: read.append(1) or time.sleep(0.2) or "Refunds")
+    limits = ParseLimits(max_ocr_seconds=0.3, max_time_s=900, time_limit_s=600)
+    with pytest.raises(DocumentTooLarge, match="still needs OCR after 0 s of it, the 0.3 s budget"):
+        parse_document(scanned_pdf(*["x"] * 6), filename="scan.pdf", limits=limits)
+    assert len(read) == 2  # 0.2 s, 0.4 s: the third page is refused

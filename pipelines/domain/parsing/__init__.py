@@ -5,7 +5,7 @@ maps every failure to a typed ``DocumentError`` (never a silent skip):
 
     UNSUPPORTED_DOCUMENT  not a format kbindex reads (images, archives, legacy .doc, ...)
     PARSE_ERROR           damaged, truncated, binary-as-text, or unsafe (XML entities)
-    ENCRYPTED_DOCUMENT    a PDF that needs a password
+    ENCRYPTED_DOCUMENT    a PDF that needs a password, a password-protected .docx/.xlsx/.pptx
     EMPTY_DOCUMENT        no visible text (whitespace or zero-width characters only, or a scanned PDF whose
                           OCR is switched off or read nothing); a document of headings only is its headings
     DOCUMENT_TOO_LARGE    over a ``ParseLimits`` bound (bytes, pages, characters incl. headings, time, zip bomb)
@@ -27,6 +27,7 @@ from pipelines.domain.errors import (
     DependencyMissing,
     DocumentTooLarge,
     EmptyDocument,
+    EncryptedDocument,
     KbindexError,
     ParseError,
     UnsupportedDocument,
@@ -116,6 +117,8 @@ def _checked_kind(data: bytes, label: str, filename: str, media_type: str | None
     if not data.strip():
         raise EmptyDocument(f"{label}: the file is empty" if not data else f"{label}: the file is only whitespace")
     kind = guess_media_type(filename, data, media_type)
+    if kind == detect.OLE and detect.is_encrypted_ooxml(data):
+        raise EncryptedDocument(f"{label}: a password-protected Office file; save it without a password to index it")
     if kind not in PARSERS:
         raise UnsupportedDocument(f"{label}: {kind} is not a supported document type")
     return kind

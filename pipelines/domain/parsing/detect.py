@@ -21,6 +21,8 @@ CSV = "text/csv"
 TSV = "text/tab-separated-values"
 EML = "message/rfc822"
 OCTET_STREAM = "application/octet-stream"
+OLE = "application/x-ole-storage"
+"""A Compound File (CFB): legacy .doc/.xls/.ppt, and also a password-protected .docx/.xlsx/.pptx."""
 
 SUPPORTED = frozenset({PLAIN, MARKDOWN, RST, HTML, PDF, DOCX, XLSX, PPTX, CSV, TSV, EML})
 
@@ -51,10 +53,11 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"\xfd7zXZ\x00", "application/x-xz"),
     (b"7z\xbc\xaf\x27\x1c", "application/x-7z-compressed"),
     (b"Rar!\x1a\x07", "application/vnd.rar"),
-    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "application/x-ole-storage"),  # legacy .doc/.xls
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", OLE),  # legacy .doc/.xls, or an encrypted OOXML file
     (b"\x7fELF", "application/x-executable"),
     (b"\x00asm", "application/wasm"),
 )
+_MAGIC_OLE = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _PDF_WINDOW = 1024
 """Readers accept %PDF- anywhere in the first KiB (some files start with junk)."""
 
@@ -93,6 +96,25 @@ def _sniff_zip(data: bytes) -> str | None:
     if "ppt/presentation.xml" in names:
         return PPTX
     return "application/zip"
+
+
+_ENCRYPTED_PACKAGE_ENTRY = "EncryptedPackage".encode("utf-16-le").ljust(64, b"\0") + b"\x22\x00\x02"
+"""The start of a CFB directory entry (128 bytes, 128-aligned) for a stream named EncryptedPackage: the
+name in UTF-16LE padded to 64 bytes, its length with the terminator (34), object type 2 (stream)."""
+
+
+def is_encrypted_ooxml(data: bytes) -> bool:
+    """Whether ``data`` is a password-protected Office file: a CFB container holding an ``EncryptedPackage``
+    stream (MS-OFFCRYPTO, what Word, Excel, PowerPoint and LibreOffice write for .docx/.xlsx/.pptx with a
+    password). Legacy .doc/.xls encrypt inside their own streams and have no such entry."""
+    if not data.startswith(_MAGIC_OLE):
+        return False
+    at = data.find(_ENCRYPTED_PACKAGE_ENTRY, 512)
+    while at >= 0:
+        if at % 128 == 0:  # directory sectors start on a 512-byte boundary, entries every 128 bytes
+            return True
+        at = data.find(_ENCRYPTED_PACKAGE_ENTRY, at + 1)
+    return False
 
 
 def guess_media_type(filename: str, data: bytes, declared: str | None = None) -> str:

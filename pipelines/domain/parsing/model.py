@@ -60,6 +60,10 @@ class ParseLimits:
     ocr_seconds_per_page: float = 30.0
     """Extra time per page that needs OCR; a page that overruns it is reported, the next ones still run
     while the overall cap allows."""
+    max_ocr_pages: int = 100
+    max_ocr_seconds: float = 180.0
+    """OCR per document (issue #31): a scan needing OCR on more pages, or still needing it after this many
+    seconds of OCR, fails DOCUMENT_TOO_LARGE (a run is not held for up to ``max_time_s`` by one scan)."""
     max_zip_members: int = 2000
     max_zip_uncompressed_bytes: int = 200 * 1024 * 1024
     max_zip_ratio: float = 100.0

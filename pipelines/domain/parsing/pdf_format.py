@@ -12,7 +12,9 @@ fails DEPENDENCY_MISSING naming that package, as does a scanned PDF when the OCR
 
 Time: ``ParseLimits.time_limit_s`` plus ``seconds_per_page`` a page, plus ``ocr_seconds_per_page``
 for each page sent to OCR, never more than ``max_time_s``. OCR runs only on pages without a text
-layer that hold an image; a page it cannot read is a warning, not a failure of the document."""
+layer that hold an image; a page it cannot read is a warning, not a failure of the document. A scan
+needing OCR on more than ``max_ocr_pages`` pages, or on another page once ``max_ocr_seconds`` of OCR are
+spent, fails DOCUMENT_TOO_LARGE: one document cannot hold a run for the whole ``max_time_s``."""
 
 from __future__ import annotations
 
@@ -119,6 +121,12 @@ class _OcrPass:
         if not collector.ocr or self.missing_package:
             self.skipped += 1
             return ""
+        if self.pages >= limits.max_ocr_pages:
+            raise DocumentTooLarge(f"{collector.label}: more than {limits.max_ocr_pages} scanned pages need OCR "
+                                   f"(page {number})")
+        if self.seconds >= limits.max_ocr_seconds:
+            raise DocumentTooLarge(f"{collector.label}: page {number} still needs OCR after {self.seconds:.0f} s "
+                                   f"of it, the {limits.max_ocr_seconds:g} s budget of a document")
         collector.add_time(limits.ocr_seconds_per_page)
         if collector.time_left() - limits.seconds_per_page * pages_after < limits.ocr_seconds_per_page:
             self.skipped += 1

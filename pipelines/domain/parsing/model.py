@@ -76,9 +76,9 @@ class ParseLimits:
     max_html_elements: int = 600_000
     """Tags (and comments) in an HTML file: BeautifulSoup holds ~700 bytes an element (~450 MB here).
     Counted on the bytes before parsing; a 1,000-page HTML book has ~200,000."""
-    max_markdown_tokens: int = 1_500_000
-    """An upper estimate of markdown-it's tokens (~330 bytes each: ~500 MB here), made on the text before
-    parsing: 6 a line plus 4 a punctuation mark (emphasis, links, table pipes, list and quote markers)."""
+    max_markdown_tokens: int = 2_000_000
+    """An upper estimate of markdown-it's tokens (~330 bytes each: ~650 MB here), made on the text before
+    parsing (``markdown_format.estimate_tokens``: 6 a line, 2 to 4 a markup mark); 5 MB of prose is ~1.3M."""
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")

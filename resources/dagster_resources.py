@@ -150,7 +150,7 @@ class DatabaseResource(dg.ConfigurableResource):
     _db: Database | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self._db = Database(self.url or resolve_database_url(), min_size=1, max_size=self.pool_size)
+        self._db = Database(self.url or resolve_database_url(), min_size=1, max_size=self.pool_size, role="run")
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._db is not None:
@@ -159,7 +159,7 @@ class DatabaseResource(dg.ConfigurableResource):
     @property
     def db(self) -> Database:
         if self._db is None:  # used outside a run (e.g. a sensor built per evaluation)
-            self._db = Database(self.url or resolve_database_url(), min_size=1, max_size=self.pool_size)
+            self._db = Database(self.url or resolve_database_url(), min_size=1, max_size=self.pool_size, role="run")
         return self._db
 
 

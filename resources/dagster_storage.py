@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from dagster_postgres import DagsterPostgresStorage
 
 from resources import dagster_private
+from resources.database import connection_params
 from resources.local_databases import prepare_local_databases
 
 if TYPE_CHECKING:
@@ -60,10 +61,13 @@ def pooled_engine(url: str) -> Any:
 
     ``pool_pre_ping`` tests a connection at checkout, so one that a PostgreSQL restart (or
     ``DROP DATABASE ... WITH (FORCE)``) closed is replaced instead of failing the call that took it.
+    Its connections carry kbindex's network bounds (``connection_params``, role ``tool``: keepalives,
+    ``tcp_user_timeout``, ``connect_timeout``, idle-in-transaction; no statement limit on Dagster's own
+    statements), so a daemon or run whose storage connection goes silent errors out instead of hanging.
     """
     return dagster_private.create_pg_engine(url, isolation_level="AUTOCOMMIT", pool_size=POOL_SIZE,
                                             max_overflow=POOL_MAX_OVERFLOW, pool_recycle=POOL_RECYCLE_S,
-                                            pool_pre_ping=True)
+                                            pool_pre_ping=True, connect_args=connection_params(url))
 
 
 class KbindexDagsterStorage(DagsterPostgresStorage):

@@ -2,6 +2,21 @@
 
 Every psycopg error is translated here, once, into ``DatabaseError`` (code INDEX_WRITE_FAILED,
 retryable), raised ``from`` the original so the cause stays in logs but not in messages.
+
+Every connection is bounded (``connection_params``, values in ``resources.settings.ConnectionBounds``):
+libpq ``connect_timeout``, TCP keepalives and ``tcp_user_timeout`` on the client; the same TCP settings and
+``idle_in_transaction_session_timeout`` on the server for the session; and per role of the connection:
+
+* ``run`` (Dagster runs, sensors and jobs): ``statement_timeout`` 300 s, ``lock_timeout`` 60 s;
+* ``api`` (API requests): ``statement_timeout`` 30 s, ``lock_timeout`` 10 s;
+* ``tool`` (the CLI, benches, tests; the default): no statement or lock limit (an operator's verify,
+  retention or 1M-row seeding may legitimately run long), the network and idle-in-transaction bounds only;
+* ``migration``: the network bounds only (a migration or index build runs as long as it takes, and the
+  migrators' advisory lock is waited for on purpose).
+
+A partition therefore ends a client's statement within ``ConnectionBounds.silent_bound_s()`` (about 35 s by
+default) with ``DatabaseError``, and the server ends the abandoned backend, rolling its transaction back.
+A setting already in the URL (``?keepalives_idle=...``, ``options=-c statement_timeout=...``) wins.
 """
 
 from __future__ import annotations
@@ -11,13 +26,62 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from pipelines.domain.errors import IndexWriteFailed
+from resources.settings import ConnectionBounds
 from sql import queries
 
 Params = Mapping[str, Any] | None
+ROLES = ("run", "api", "tool", "migration")
+
+
+def connection_params(url: str | None = None, role: str = "tool",
+                      bounds: ConnectionBounds | None = None) -> dict[str, Any]:
+    """libpq keyword parameters bounding a connection of ``role`` (see the module docstring).
+
+    Pass them to ``psycopg.connect(url, **params)`` (or psycopg2 / SQLAlchemy ``connect_args``). Keys the URL
+    already sets are left out, and the URL's own ``options`` come after these, so the URL wins.
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown connection role {role!r} (one of {', '.join(ROLES)})")
+    b = bounds or ConnectionBounds.from_env()
+    params: dict[str, Any] = {}
+    if b.connect_timeout_s:
+        params["connect_timeout"] = max(2, round(b.connect_timeout_s))  # libpq treats 1 as 2
+    if b.keepalives_idle_s:
+        params.update(keepalives=1, keepalives_idle=max(1, round(b.keepalives_idle_s)),
+                      keepalives_interval=max(1, round(b.keepalives_interval_s)),
+                      keepalives_count=max(1, b.keepalives_count))
+    if b.tcp_user_timeout_ms:
+        params["tcp_user_timeout"] = b.tcp_user_timeout_ms
+    server: dict[str, int] = {}
+    if b.keepalives_idle_s:  # the server's end of the same connection: its backend notices a silent client too
+        server.update(tcp_keepalives_idle=max(1, round(b.keepalives_idle_s)),
+                      tcp_keepalives_interval=max(1, round(b.keepalives_interval_s)),
+                      tcp_keepalives_count=max(1, b.keepalives_count))
+    if b.tcp_user_timeout_ms:
+        server["tcp_user_timeout"] = b.tcp_user_timeout_ms
+    if role != "migration" and b.idle_in_transaction_ms:
+        server["idle_in_transaction_session_timeout"] = b.idle_in_transaction_ms
+    statement, lock = {"run": (b.run_statement_timeout_ms, b.run_lock_timeout_ms),
+                       "api": (b.api_statement_timeout_ms, b.api_lock_timeout_ms)}.get(role, (0, 0))
+    if statement:
+        server["statement_timeout"] = statement
+    if lock:
+        server["lock_timeout"] = lock
+    if role in ("run", "api") and b.client_check_ms:
+        server["client_connection_check_interval"] = b.client_check_ms
+    try:
+        given = conninfo_to_dict(url) if url else {}
+    except psycopg.ProgrammingError:  # a SQLAlchemy URL (postgresql+psycopg2://): nothing of ours in it to keep
+        given = {}
+    ours = " ".join(f"-c {name}={value}" for name, value in server.items())
+    if ours:
+        params["options"] = f"{ours} {given['options']}" if given.get("options") else ours
+    return {k: v for k, v in params.items() if k == "options" or k not in given}
 
 
 class DatabaseError(IndexWriteFailed):
@@ -80,17 +144,22 @@ class Session:
 
 
 class Database:
-    """A connection pool plus named-query helpers. Autocommit unless inside ``transaction()``."""
+    """A connection pool plus named-query helpers. Autocommit unless inside ``transaction()``.
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 30.0) -> None:
+    ``role`` picks the connection bounds (``connection_params``); ``timeout`` bounds waiting for a pooled
+    connection (each new one's connect is bounded by ``connect_timeout``)."""
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 30.0,
+                 role: str = "tool") -> None:
         self.url = url
+        self.role = role
         with translate_errors():
             self.pool = ConnectionPool(
                 url,
                 min_size=min_size,
                 max_size=max_size,
                 timeout=timeout,
-                kwargs={"autocommit": True},
+                kwargs={"autocommit": True, **connection_params(url, role)},
                 configure=_configure,
                 open=True,
                 check=ConnectionPool.check_connection,

@@ -609,7 +609,7 @@ def http_embedder_for_model(model: str) -> HttpEmbedder:
     with _LOCK:
         config = _RECIPES.get(where)
     if config is None:
-        with Database(resolve_database_url(settings), max_size=1) as db:
+        with Database(resolve_database_url(settings), max_size=1, role="run") as db:
             row = db.fetch_one("index_profile_provider_by_model", {"model": model})
         if row is None:
             raise EmbeddingUnavailable(f"no profile configures the HTTP provider of {model!r}", model=model)

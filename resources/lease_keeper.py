@@ -6,12 +6,20 @@ by its own publish transaction is skipped (neither renewed nor lost), so a long 
 stalls its batch-mates' heartbeats. A heartbeat that is fenced out (lease expired, taken over, or
 task cancelled) marks that lease lost; the run's steps call ``check(key)`` between units of work
 and stop that version's work promptly, writing nothing more. Other versions in the same run carry on.
+
+A heartbeat that cannot reach the database (a partition: its connection errors out within the bound of
+``resources.settings.ConnectionBounds``, it never hangs) is retried at the next beat. Should no heartbeat
+get through for a whole lease, ``check`` reports the lease lost by itself (``LeaseLost``, reason
+"expired"): it must have expired and another run may already hold the task, so the run stops that work
+without waiting for the database to say so. The deadline counts from when a renewal's answer arrived, so
+it is never earlier than the lease's real expiry; fencing, not this clock, keeps late writes out.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -25,6 +33,8 @@ log = logging.getLogger(__name__)
 class _Held:
     lease: Lease
     lost: FenceRejected | None = None
+    deadline: float = float("inf")
+    """``time.monotonic()`` after which the lease has surely expired unless a heartbeat renewed it."""
 
 
 class LeaseKeeper:
@@ -36,12 +46,14 @@ class LeaseKeeper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.heartbeats = 0
+        self.failed_beats = 0
+        """Heartbeat statements that errored (database unreachable): each was given up, not waited on."""
 
     # -- holding ------------------------------------------------------------------------------
     def hold(self, key: str, lease: Lease) -> None:
         """Start keeping ``lease`` alive under ``key`` (a partition key)."""
-        with self._guard:
-            self._held[key] = _Held(lease)
+        with self._guard:  # the lease was granted before now: it surely ends by now + lease_seconds
+            self._held[key] = _Held(lease, deadline=time.monotonic() + self.queue.lease_seconds)
 
     def release(self, key: str) -> None:
         """Stop heartbeating ``key`` (after its task completed or failed)."""
@@ -55,7 +67,7 @@ class LeaseKeeper:
     def lease(self, key: str) -> Lease | None:
         with self._guard:
             held = self._held.get(key)
-        return held.lease if held and held.lost is None else None
+        return held.lease if held and self._lost(held) is None else None
 
     def check(self, key: str) -> Lease:
         """The live lease for ``key``, or raise the fence rejection that ended it."""
@@ -63,9 +75,21 @@ class LeaseKeeper:
             held = self._held.get(key)
         if held is None:
             raise LeaseLost("this run holds no lease for that version")
-        if held.lost is not None:
-            raise held.lost
+        lost = self._lost(held)
+        if lost is not None:
+            raise lost
         return held.lease
+
+    def _lost(self, held: _Held) -> FenceRejected | None:
+        """Why ``held`` is lost: the fence said so, or no heartbeat got through before its deadline."""
+        if held.lost is None and time.monotonic() > held.deadline:
+            lease = held.lease
+            held.lost = LeaseLost(
+                f"lease of task {lease.task_id} attempt {lease.attempt} lost: expired, no heartbeat reached the "
+                f"database for {self.queue.lease_seconds:g} s", reason="expired", task_id=lease.task_id,
+                attempt=lease.attempt, owner=lease.owner)
+            log.warning("task %s: no heartbeat got through for a whole lease: stopping its work", lease.task_id)
+        return held.lost
 
     def mark_lost(self, key: str, exc: FenceRejected) -> None:
         with self._guard:
@@ -77,7 +101,8 @@ class LeaseKeeper:
     def beat_once(self) -> None:
         """Heartbeat every live lease once, one statement per owner (the thread calls this; tests may too)."""
         with self._guard:
-            live = [held for held in self._held.values() if held.lost is None]
+            held_now = list(self._held.values())
+        live = [held for held in held_now if self._lost(held) is None]
         by_owner: dict[str, list[_Held]] = defaultdict(list)
         for held in live:
             by_owner[held.lease.owner].append(held)
@@ -92,17 +117,22 @@ class LeaseKeeper:
         try:
             result = self.queue.heartbeat_many([helds[0].lease for helds in sent.values()])
         except KbindexError as exc:  # database hiccup: try again next beat; fencing keeps us safe
+            self.failed_beats += 1
             log.warning("heartbeat of %d lease(s) failed (%s), will retry", len(sent), exc.code)
             return
+        answered = time.monotonic()  # renewed at the server's now(), which is before this
         for lease in result.renewed:
             for held in sent[(lease.task_id, lease.attempt)]:
                 held.lease = lease
+                held.deadline = answered + self.queue.lease_seconds
             self.heartbeats += 1
         for lease, exc in result.lost:
             for held in sent[(lease.task_id, lease.attempt)]:
                 held.lost = exc
             log.warning("task %s: lease lost (%s): stopping its work", lease.task_id, exc.code)
-        # result.busy: the row is locked by the lease's own publish, which commits or rolls back on its own.
+        for lease in result.busy:  # locked by the lease's own publish, which commits or rolls back on its own;
+            for held in sent[(lease.task_id, lease.attempt)]:  # nobody can take the row over meanwhile
+                held.deadline = answered + self.queue.lease_seconds
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psycopg
 
-from resources.database import DatabaseError, translate_errors
+from resources.database import DatabaseError, connection_params, translate_errors
 from resources import file_lock
 from resources.private_files import make_private_dirs, private_home, write_private
 from sql import queries
@@ -210,7 +210,7 @@ def ensure_database(admin_url: str, database: str) -> None:
     The loser of two concurrent CREATE DATABASE gets DuplicateDatabase or, when both passed the
     catalog check together, UniqueViolation on pg_database_datname_index: either way it exists now.
     """
-    with translate_errors(), psycopg.connect(admin_url, autocommit=True) as conn:
+    with translate_errors(), psycopg.connect(admin_url, autocommit=True, **connection_params(admin_url)) as conn:
         if _database_exists(conn, database):
             return
         try:

@@ -15,14 +15,14 @@ from contextlib import contextmanager
 
 import psycopg
 
-from resources.database import translate_errors
+from resources.database import connection_params, translate_errors
 from sql import migration_files, queries
 
 
 @contextmanager
 def _locked(url: str) -> Iterator[psycopg.Connection]:
     """A connection holding the migrators' advisory lock, with the migration table in place."""
-    with translate_errors(), psycopg.connect(url, autocommit=True) as conn:
+    with translate_errors(), psycopg.connect(url, autocommit=True, **connection_params(url, "migration")) as conn:
         conn.execute(queries["migration_lock"])
         try:
             conn.execute(queries["migration_table_create"])
@@ -67,7 +67,7 @@ def _backfill_lexical(url: str, on_apply: Callable[[str], None] | None) -> None:
     from resources.database import Database
     from resources.lexical import backfill_lexical_index
 
-    db = Database(url, min_size=1, max_size=1)
+    db = Database(url, min_size=1, max_size=1, role="migration")
     try:
         written = backfill_lexical_index(
             db, on_batch=lambda n: on_apply(f"{LEXICAL_BACKFILL}: {n} chunks") if on_apply and n % 10_000 == 0 else None

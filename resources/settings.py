@@ -100,3 +100,85 @@ def dagster_ui_url(env: dict[str, str] | None = None) -> str:
     """Where the Dagster UI answers (KBINDEX_DAGSTER_URL, default http://127.0.0.1:3000, as `kbindex dev`)."""
     env = dict(os.environ if env is None else env)
     return (env.get("KBINDEX_DAGSTER_URL") or "http://127.0.0.1:3000").rstrip("/")
+
+
+def _number(env: dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = float(raw)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0 (0 turns the bound off), not {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ConnectionBounds:
+    """How long a PostgreSQL connection may wait on the network or the server before it gives up.
+
+    Every connection kbindex opens gets the network bounds (``resources.database.connection_params``); the
+    statement bounds depend on the connection's role. With the defaults, a connection that goes silent
+    (partition, dead host, half-open TCP) errors out within about ``tcp_user_timeout_ms`` (30 s): unacknowledged
+    data is given up after it, and with it set, an idle connection's keepalive probes (from 10 s, every 5 s)
+    end it once nothing came back for that long. The server side gets the same TCP settings for the same
+    connection, so its backend also goes away, and ``idle_in_transaction_ms`` ends a transaction the client
+    stopped talking in, releasing its row locks, well before a 60 s lease (KBINDEX_LEASE_SECONDS) expires.
+    Each value has a KBINDEX_PG_* variable; 0 turns that bound off.
+    """
+
+    connect_timeout_s: float = 10.0
+    """KBINDEX_PG_CONNECT_TIMEOUT_S: opening a connection (libpq ``connect_timeout``, per address)."""
+    keepalives_idle_s: float = 10.0
+    """KBINDEX_PG_KEEPALIVES_IDLE_S: silence before the first TCP keepalive probe (0: no keepalives)."""
+    keepalives_interval_s: float = 5.0
+    """KBINDEX_PG_KEEPALIVES_INTERVAL_S: between probes."""
+    keepalives_count: int = 3
+    """KBINDEX_PG_KEEPALIVES_COUNT: unanswered probes that end the connection (when tcp_user_timeout is 0)."""
+    tcp_user_timeout_ms: int = 30_000
+    """KBINDEX_PG_TCP_USER_TIMEOUT_MS: sent data left unacknowledged this long ends the connection (client and
+    server side); it also caps the keepalive probing of an idle connection."""
+    idle_in_transaction_ms: int = 30_000
+    """KBINDEX_PG_IDLE_IN_TRANSACTION_MS: the server ends a session idle inside a transaction this long
+    (every role but ``migration``; kbindex never waits on anything but the database inside a transaction)."""
+    run_statement_timeout_ms: int = 300_000
+    """KBINDEX_PG_RUN_STATEMENT_TIMEOUT_MS: one statement of a run, sensor or job (role ``run``)."""
+    run_lock_timeout_ms: int = 60_000
+    """KBINDEX_PG_RUN_LOCK_TIMEOUT_MS: waiting for one lock in role ``run``."""
+    api_statement_timeout_ms: int = 30_000
+    """KBINDEX_PG_API_STATEMENT_TIMEOUT_MS: one statement of an API request (role ``api``)."""
+    api_lock_timeout_ms: int = 10_000
+    """KBINDEX_PG_API_LOCK_TIMEOUT_MS: waiting for one lock in role ``api``."""
+    client_check_ms: int = 5_000
+    """KBINDEX_PG_CLIENT_CHECK_MS: how often the server checks, during a long statement of role ``run`` or
+    ``api``, that the client is still there (``client_connection_check_interval``)."""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> ConnectionBounds:
+        env = dict(os.environ if env is None else env)
+        d = cls()
+        return cls(
+            connect_timeout_s=_number(env, "KBINDEX_PG_CONNECT_TIMEOUT_S", d.connect_timeout_s),
+            keepalives_idle_s=_number(env, "KBINDEX_PG_KEEPALIVES_IDLE_S", d.keepalives_idle_s),
+            keepalives_interval_s=_number(env, "KBINDEX_PG_KEEPALIVES_INTERVAL_S", d.keepalives_interval_s),
+            keepalives_count=int(_number(env, "KBINDEX_PG_KEEPALIVES_COUNT", d.keepalives_count)),
+            tcp_user_timeout_ms=int(_number(env, "KBINDEX_PG_TCP_USER_TIMEOUT_MS", d.tcp_user_timeout_ms)),
+            idle_in_transaction_ms=int(_number(env, "KBINDEX_PG_IDLE_IN_TRANSACTION_MS", d.idle_in_transaction_ms)),
+            run_statement_timeout_ms=int(_number(env, "KBINDEX_PG_RUN_STATEMENT_TIMEOUT_MS",
+                                                 d.run_statement_timeout_ms)),
+            run_lock_timeout_ms=int(_number(env, "KBINDEX_PG_RUN_LOCK_TIMEOUT_MS", d.run_lock_timeout_ms)),
+            api_statement_timeout_ms=int(_number(env, "KBINDEX_PG_API_STATEMENT_TIMEOUT_MS",
+                                                 d.api_statement_timeout_ms)),
+            api_lock_timeout_ms=int(_number(env, "KBINDEX_PG_API_LOCK_TIMEOUT_MS", d.api_lock_timeout_ms)),
+            client_check_ms=int(_number(env, "KBINDEX_PG_CLIENT_CHECK_MS", d.client_check_ms)),
+        )
+
+    def silent_bound_s(self) -> float:
+        """About how long a client connection that went silent takes to error out (inf: it may wait forever).
+
+        Both bounds are needed: a client waiting for a reply with nothing of its own in flight is only ever
+        woken by keepalives; one whose data is unacknowledged only by ``tcp_user_timeout`` (else Linux retries
+        for ~15 minutes). With both, Linux ends the connection at the first probe after that much silence.
+        """
+        if not (self.keepalives_idle_s and self.tcp_user_timeout_ms):
+            return float("inf")
+        return max(self.tcp_user_timeout_ms / 1000.0, self.keepalives_idle_s) + self.keepalives_interval_s

@@ -279,7 +279,7 @@ def create_app(
     settings = Settings.from_env()
     owns_db = db is None
     if db is None:
-        db = Database(db_url or resolve_database_url(settings), min_size=1, max_size=10)
+        db = Database(db_url or resolve_database_url(settings), min_size=1, max_size=10, role="api")
     if max_upload_bytes is None:
         max_upload_bytes = int(os.environ.get("KBINDEX_API_MAX_UPLOAD_BYTES") or DEFAULT_MAX_UPLOAD_BYTES)
     if metrics_token is None:

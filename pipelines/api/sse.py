@@ -36,7 +36,7 @@ from anyio import CapacityLimiter, to_thread
 
 from pipelines.api.errors import ServiceUnavailable, TooManyRequests
 from pipelines.api.views import event_json, is_terminal_event
-from resources.database import Database
+from resources.database import Database, connection_params
 from sql import queries
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,8 @@ class EventHub:
         self.streams: set[TaskStream] = set()
         self.per_tenant: Counter[str] = Counter()
         self._connect = connect or (
-            lambda: psycopg.AsyncConnection.connect(db.url, autocommit=True, application_name=APPLICATION_NAME)
+            lambda: psycopg.AsyncConnection.connect(db.url, autocommit=True, application_name=APPLICATION_NAME,
+                                                    **connection_params(db.url, "api"))
         )
         self._listener: asyncio.Task[None] | None = None
         self._ready: asyncio.Event | None = None

@@ -1,0 +1,72 @@
+"""Every PostgreSQL connection kbindex opens is bounded: network bounds always, statement bounds per role."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from resources.database import Database, connection_params
+from resources.settings import ConnectionBounds
+
+NETWORK = {"connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+           "tcp_user_timeout"}
+
+
+@pytest.mark.parametrize("role", ["run", "api", "tool", "migration"])
+def test_every_role_has_the_network_bounds(role):
+    params = connection_params("postgresql://u@h/db", role, ConnectionBounds())
+    assert NETWORK <= params.keys() and params["keepalives"] == 1
+    assert all(params[k] > 0 for k in NETWORK)
+    for server in ("tcp_keepalives_idle", "tcp_user_timeout"):
+        assert f"-c {server}=" in params["options"]
+
+
+def test_statement_bounds_follow_the_role():
+    def options(role):
+        return connection_params("postgresql://u@h/db", role, ConnectionBounds())["options"]
+
+    assert "statement_timeout=300000" in options("run") and "lock_timeout=60000" in options("run")
+    assert "statement_timeout=30000" in options("api") and "lock_timeout=10000" in options("api")
+    for role in ("tool", "migration"):  # an index build, a verify or a 1M-row seeding may run long
+        assert "statement_timeout" not in options(role) and "lock_timeout" not in options(role)
+    assert "idle_in_transaction_session_timeout" in options("tool")
+    assert "idle_in_transaction_session_timeout" not in options("migration")
+
+
+def test_the_url_wins_and_zero_turns_a_bound_off():
+    params = connection_params("postgresql://u@h/db?keepalives_idle=99&options=-c%20statement_timeout%3D0", "run",
+                               ConnectionBounds())
+    assert "keepalives_idle" not in params  # the URL's 99 stays
+    assert params["options"].endswith("-c statement_timeout=0")  # later -c wins in PostgreSQL
+    off = connection_params("postgresql://u@h/db", "run", ConnectionBounds.from_env(
+        {"KBINDEX_PG_TCP_USER_TIMEOUT_MS": "0", "KBINDEX_PG_KEEPALIVES_IDLE_S": "0"}))
+    assert "keepalives" not in off and "tcp_user_timeout" not in off
+    assert "tcp_keepalives_idle" not in off["options"] and "tcp_user_timeout" not in off["options"]
+    assert ConnectionBounds().silent_bound_s() == 35.0
+    assert ConnectionBounds.from_env({"KBINDEX_PG_KEEPALIVES_IDLE_S": "0"}).silent_bound_s() == float("inf")
+
+
+def test_a_negative_bound_is_refused():
+    with pytest.raises(ValueError, match="KBINDEX_PG_CONNECT_TIMEOUT_S"):
+        ConnectionBounds.from_env({"KBINDEX_PG_CONNECT_TIMEOUT_S": "-1"})
+
+
+@pytest.mark.parametrize(("role", "statement", "idle"), [("run", "5min", "30s"), ("api", "30s", "30s"),
+                                                         ("migration", "0", "0")])
+def test_the_server_session_gets_the_role_s_settings(db_url, role, statement, idle):
+    with Database(db_url, max_size=1, role=role) as db, db.session() as s:
+        cur = s.conn.execute("SELECT current_setting('statement_timeout'), "
+                             "current_setting('idle_in_transaction_session_timeout')")
+        assert cur.fetchone() == (statement, idle)
+
+
+def test_an_abandoned_transaction_is_ended_by_the_server(db_url, monkeypatch):
+    """The server's half of the bound: a client that stops talking inside a transaction loses it."""
+    monkeypatch.setenv("KBINDEX_PG_IDLE_IN_TRANSACTION_MS", "200")
+    with psycopg.connect(db_url, **connection_params(db_url, "run")) as conn:
+        conn.execute("SELECT 1")  # a transaction is open now (not autocommit), then nothing is sent
+        time.sleep(0.6)
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+            conn.execute("SELECT 1")

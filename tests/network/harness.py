@@ -83,6 +83,7 @@ class Hosts:
     def _link(self) -> None:
         a, b = self.ns_db, self.ns_client
         for ns in (a, b):
+            _run("ip", "netns", "delete", ns, check=False)  # left by a killed run with this pid
             _run("ip", "netns", "add", ns)
         veth_a, veth_b = f"v{a}"[:15], f"v{b}"[:15]
         _run("ip", "link", "add", veth_a, "type", "veth", "peer", "name", veth_b)

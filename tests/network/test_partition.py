@@ -86,8 +86,9 @@ def client_backends(hosts: Hosts, net_db: str) -> list[tuple]:
 
 def waiting_on_a_lock(hosts: Hosts, net_db: str) -> bool:
     with psycopg.connect(hosts.local_url(net_db), autocommit=True) as conn:
-        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE client_addr = %s AND datname = %s "
-                            "AND state = 'active' AND wait_event_type = 'Lock'", (CLIENT_ADDR, net_db)).fetchone()[0] == 1
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE client_addr = %s AND datname = %s "
+                           "AND state = 'active' AND wait_event_type = 'Lock'", (CLIENT_ADDR, net_db)).fetchone()
+    return row[0] == 1
 
 
 def wait_for(predicate, timeout: float) -> bool:
@@ -178,8 +179,9 @@ def test_control_without_the_client_bounds_the_same_partition_leaves_the_worker_
 @pytest.mark.parametrize("bounds", ["bounded", "unbounded"])
 def test_the_heartbeat_thread_never_blocks_on_a_silent_link(hosts, net_db, task, bounds):
     """The keeper's beat in flight when the link goes silent fails within the bound (and would be retried); the
-    lease is reported lost once no beat got through for a whole lease; the keeper's thread ends after stop(). Unbounded (the control), the
-    beat thread hangs in its first statement: no beat ever fails, and it is still hanging long after stop()."""
+    lease is reported lost once no beat got through for a whole lease; the keeper's thread ends after stop().
+    Unbounded (the control), the beat thread hangs in its first statement: no beat ever fails, and it is still
+    hanging long after stop()."""
     env = FAST_BOUNDS if bounds == "bounded" else NO_CLIENT_BOUNDS
     join = CEILING_S if bounds == "bounded" else 2.0  # unbounded, it has hung for a ceiling already
     client = Client(hosts, "keeper", hosts.remote_url(net_db), str(LEASE_S), str(join), env=env)

@@ -73,6 +73,13 @@ class ParseLimits:
     max_xml_elements: int = 2_000_000
     """XML elements over all parts of an Office file: python-docx holds ~250 bytes an element, so this keeps
     a .docx under ~600 MB (a 1,000-page document has ~300,000). Counted streaming before any library parses."""
+    max_pdf_stream_bytes: int = 256 * 1024 * 1024
+    """One PDF stream, decoded (a page's content, a font, an image, an object stream): PDFium holds a whole
+    decoded stream in memory. An A4 page scanned at 600 dpi in colour is ~100 MB. Checked by a bounded
+    pre-scan before PDFium opens the file (``pdf_streams``)."""
+    max_pdf_decoded_bytes: int = 2 * 1024 * 1024 * 1024
+    """All of a PDF's streams, decoded: about 40 times ``max_bytes`` (what the pre-scan may spend CPU on,
+    ~2 s; a 50 MB PDF of text and images decodes to a few hundred MB)."""
     max_html_elements: int = 600_000
     """Tags (and comments) in an HTML file: BeautifulSoup holds ~700 bytes an element (~450 MB here).
     Counted on the bytes before parsing; a 1,000-page HTML book has ~200,000."""

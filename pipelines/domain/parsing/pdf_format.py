@@ -28,7 +28,7 @@ from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError
 
 from pipelines.domain.errors import DependencyMissing, DocumentTooLarge, EncryptedDocument, ParseError
-from pipelines.domain.parsing import ocr
+from pipelines.domain.parsing import ocr, pdf_streams
 from pipelines.domain.parsing.model import BlockCollector, ParsedDocument, has_visible_text
 
 MEDIA_TYPE = "application/pdf"
@@ -47,6 +47,7 @@ _pdfium_lock = threading.Lock()
 def parse_pdf(data: bytes, collector: BlockCollector, media_type: str = MEDIA_TYPE) -> ParsedDocument:
     label = collector.label
     truncated = b"%%EOF" not in data[-_EOF_WINDOW:]
+    pdf_streams.check_streams(data, collector)  # before PDFium inflates a bomb whole
     with _pdfium_lock:
         pages = _open(data, label, truncated, collector)
         try:

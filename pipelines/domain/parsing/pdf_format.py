@@ -9,6 +9,9 @@ Failures: a PDF that needs a password fails ENCRYPTED_DOCUMENT; a file neither e
 PARSE_ERROR; a PDF without any text fails EMPTY_DOCUMENT (saying whether OCR was off, failed or
 found nothing); a file pypdf can read only with an optional package (AES needs ``cryptography``)
 fails DEPENDENCY_MISSING naming that package, as does a scanned PDF when the OCR package is missing.
+A PDF whose streams decode to more than ``ParseLimits.max_pdf_stream_bytes`` (one) or
+``max_pdf_decoded_bytes`` (all) fails DOCUMENT_TOO_LARGE before either engine opens it (``pdf_streams``:
+PDFium inflates a whole stream into memory).
 
 Time: ``ParseLimits.time_limit_s`` plus ``seconds_per_page`` a page, plus ``ocr_seconds_per_page``
 for each page sent to OCR, never more than ``max_time_s``. OCR runs only on pages without a text

@@ -373,7 +373,10 @@ def test_a_search_flood_on_a_rate_limiting_provider_leaves_other_tenants_and_hea
             assert codes <= {(429, "TOO_MANY_REQUESTS"), (503, "EMBEDDING_RATE_LIMITED")}, codes
             assert (503, "EMBEDDING_RATE_LIMITED") in codes
             limited = [r for r in answers if r.status_code == 503]
-            assert all(55 <= int(r.headers["Retry-After"]) <= 60 for r in limited)
+            # What is left of the provider's 60 s pause: never more, and counting down from it (a loaded
+            # machine may take several seconds between the first 429 and the last answer).
+            waits = [int(r.headers["Retry-After"]) for r in limited]
+            assert all(1 <= w <= 60 for w in waits) and max(waits) >= 30, waits
         # Only searches admitted before the first 429 came back reached the provider; then the shared pause
         # refused the rest without calling it.
         assert 1 <= len(provider.stats()["records"]) <= 8  # the default per-tenant cap

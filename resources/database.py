@@ -8,14 +8,17 @@ libpq ``connect_timeout``, TCP keepalives and ``tcp_user_timeout`` on the client
 ``idle_in_transaction_session_timeout`` on the server for the session; and per role of the connection:
 
 * ``run`` (Dagster runs, sensors and jobs): ``statement_timeout`` 300 s, ``lock_timeout`` 60 s;
-* ``api`` (API requests): ``statement_timeout`` 30 s, ``lock_timeout`` 10 s;
+* ``api`` (API requests): ``statement_timeout`` 30 s, ``lock_timeout`` 10 s, and shorter network bounds
+  (keepalives from 2 s, every 1 s, ``tcp_user_timeout`` 4 s: a silent PostgreSQL fails a request within
+  about 5 s) and a 4 s wait for a pooled connection (``Database(role="api")``), so requests get their 503
+  quickly rather than hang while PostgreSQL is away;
 * ``tool`` (the CLI, benches, tests; the default): no statement or lock limit (an operator's verify,
   retention or 1M-row seeding may legitimately run long), the network and idle-in-transaction bounds only;
 * ``migration``: the network bounds only (a migration or index build runs as long as it takes, and the
   migrators' advisory lock is waited for on purpose).
 
-A partition therefore ends a client's statement within ``ConnectionBounds.silent_bound_s()`` (about 35 s by
-default) with ``DatabaseError``, and the server ends the abandoned backend, rolling its transaction back.
+A partition therefore ends a client's statement within ``ConnectionBounds.silent_bound_s(role)`` (about 35 s by
+default, 5 s for ``api``) with ``DatabaseError``, and the server ends the abandoned backend, rolling its transaction back.
 A setting already in the URL (``?keepalives_idle=...``, ``options=-c statement_timeout=...``) wins.
 """
 
@@ -51,19 +54,18 @@ def connection_params(url: str | None = None, role: str = "tool",
     params: dict[str, Any] = {}
     if b.connect_timeout_s:
         params["connect_timeout"] = max(2, round(b.connect_timeout_s))  # libpq treats 1 as 2
-    if b.keepalives_idle_s:
-        params.update(keepalives=1, keepalives_idle=max(1, round(b.keepalives_idle_s)),
-                      keepalives_interval=max(1, round(b.keepalives_interval_s)),
-                      keepalives_count=max(1, b.keepalives_count))
-    if b.tcp_user_timeout_ms:
-        params["tcp_user_timeout"] = b.tcp_user_timeout_ms
+    idle, interval, count, tcp_user_timeout = b.network(role)
+    if idle:
+        params.update(keepalives=1, keepalives_idle=max(1, round(idle)), keepalives_interval=max(1, round(interval)),
+                      keepalives_count=max(1, count))
+    if tcp_user_timeout:
+        params["tcp_user_timeout"] = tcp_user_timeout
     server: dict[str, int] = {}
-    if b.keepalives_idle_s:  # the server's end of the same connection: its backend notices a silent client too
-        server.update(tcp_keepalives_idle=max(1, round(b.keepalives_idle_s)),
-                      tcp_keepalives_interval=max(1, round(b.keepalives_interval_s)),
-                      tcp_keepalives_count=max(1, b.keepalives_count))
-    if b.tcp_user_timeout_ms:
-        server["tcp_user_timeout"] = b.tcp_user_timeout_ms
+    if idle:  # the server's end of the same connection: its backend notices a silent client too
+        server.update(tcp_keepalives_idle=max(1, round(idle)), tcp_keepalives_interval=max(1, round(interval)),
+                      tcp_keepalives_count=max(1, count))
+    if tcp_user_timeout:
+        server["tcp_user_timeout"] = tcp_user_timeout
     if role != "migration" and b.idle_in_transaction_ms:
         server["idle_in_transaction_session_timeout"] = b.idle_in_transaction_ms
     statement, lock = {"run": (b.run_statement_timeout_ms, b.run_lock_timeout_ms),
@@ -147,12 +149,15 @@ class Database:
     """A connection pool plus named-query helpers. Autocommit unless inside ``transaction()``.
 
     ``role`` picks the connection bounds (``connection_params``); ``timeout`` bounds waiting for a pooled
-    connection (each new one's connect is bounded by ``connect_timeout``)."""
+    connection (each new one's connect is bounded by ``connect_timeout``); by default 30 s, for ``api``
+    KBINDEX_PG_API_POOL_TIMEOUT_S (4 s)."""
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 30.0,
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, timeout: float | None = None,
                  role: str = "tool") -> None:
         self.url = url
         self.role = role
+        if timeout is None:
+            timeout = ConnectionBounds.from_env().api_pool_timeout_s if role == "api" else 30.0
         with translate_errors():
             self.pool = ConnectionPool(
                 url,

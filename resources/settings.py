@@ -151,6 +151,17 @@ class ConnectionBounds:
     client_check_ms: int = 5_000
     """KBINDEX_PG_CLIENT_CHECK_MS: how often the server checks, during a long statement of role ``run`` or
     ``api``, that the client is still there (``client_connection_check_interval``)."""
+    api_keepalives_idle_s: float = 2.0
+    """KBINDEX_PG_API_KEEPALIVES_IDLE_S: role ``api``'s silence before the first keepalive probe (0: none). The
+    API answers people: a silent PostgreSQL is a 503 within about 5 s, not a request hanging for 35 s."""
+    api_keepalives_interval_s: float = 1.0
+    """KBINDEX_PG_API_KEEPALIVES_INTERVAL_S: role ``api``'s time between probes."""
+    api_tcp_user_timeout_ms: int = 4_000
+    """KBINDEX_PG_API_TCP_USER_TIMEOUT_MS: role ``api``'s ``tcp_user_timeout`` (client and server side). Only a
+    silent link hits it: a long search statement is not cut short (the server's kernel answers the probes)."""
+    api_pool_timeout_s: float = 4.0
+    """KBINDEX_PG_API_POOL_TIMEOUT_S: how long an API request waits for a pooled connection (while the pool
+    reconnects to a PostgreSQL that is away, each request gets its 503 after this long)."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ConnectionBounds:
@@ -170,15 +181,30 @@ class ConnectionBounds:
                                                  d.api_statement_timeout_ms)),
             api_lock_timeout_ms=int(_number(env, "KBINDEX_PG_API_LOCK_TIMEOUT_MS", d.api_lock_timeout_ms)),
             client_check_ms=int(_number(env, "KBINDEX_PG_CLIENT_CHECK_MS", d.client_check_ms)),
+            api_keepalives_idle_s=_number(env, "KBINDEX_PG_API_KEEPALIVES_IDLE_S", d.api_keepalives_idle_s),
+            api_keepalives_interval_s=_number(env, "KBINDEX_PG_API_KEEPALIVES_INTERVAL_S",
+                                              d.api_keepalives_interval_s),
+            api_tcp_user_timeout_ms=int(_number(env, "KBINDEX_PG_API_TCP_USER_TIMEOUT_MS",
+                                                d.api_tcp_user_timeout_ms)),
+            api_pool_timeout_s=_number(env, "KBINDEX_PG_API_POOL_TIMEOUT_S", d.api_pool_timeout_s),
         )
 
-    def silent_bound_s(self) -> float:
+    def network(self, role: str = "tool") -> tuple[float, float, int, int]:
+        """The role's (keepalives_idle_s, keepalives_interval_s, keepalives_count, tcp_user_timeout_ms): the
+        ``api`` role has its own, shorter ones; every other role the shared ones."""
+        if role == "api":
+            return (self.api_keepalives_idle_s, self.api_keepalives_interval_s, self.keepalives_count,
+                    self.api_tcp_user_timeout_ms)
+        return self.keepalives_idle_s, self.keepalives_interval_s, self.keepalives_count, self.tcp_user_timeout_ms
+
+    def silent_bound_s(self, role: str = "tool") -> float:
         """About how long a client connection that went silent takes to error out (inf: it may wait forever).
 
         Both bounds are needed: a client waiting for a reply with nothing of its own in flight is only ever
         woken by keepalives; one whose data is unacknowledged only by ``tcp_user_timeout`` (else Linux retries
         for ~15 minutes). With both, Linux ends the connection at the first probe after that much silence.
         """
-        if not (self.keepalives_idle_s and self.tcp_user_timeout_ms):
+        idle, interval, _, tcp_user_timeout_ms = self.network(role)
+        if not (idle and tcp_user_timeout_ms):
             return float("inf")
-        return max(self.tcp_user_timeout_ms / 1000.0, self.keepalives_idle_s) + self.keepalives_interval_s
+        return max(tcp_user_timeout_ms / 1000.0, idle) + interval

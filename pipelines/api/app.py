@@ -23,10 +23,11 @@ only with KBINDEX_API_DOCS=1; security headers on every response: pipelines.api.
     POST   /tasks/{task_id}/retry             manual retry of a DEAD or CANCELLED task (409 otherwise)
     GET    /search?q=&k=&as=&filter=          search over the active profile, on behalf of principals, filtered
     GET    /metrics                           Prometheus text from the database, cached KBINDEX_METRICS_CACHE_SECONDS (15)
-    GET    /healthz                           liveness + database reachability
+    GET    /healthz                           liveness: the process answers (never asks the database)
+    GET    /readyz                            readiness: the database answers (503 within ~5 s when it does not)
 
 Document ids may contain '/': the routes use ``{document_id:path}``. Every route but ``/``,
-``/healthz`` and ``/metrics`` needs ``Authorization: Bearer <token>`` (pipelines.api.auth) and
+``/healthz``, ``/readyz`` and ``/metrics`` needs ``Authorization: Bearer <token>`` (pipelines.api.auth) and
 sees only its tenant's data: another tenant's task or document answers 404. Errors are
 ``{"error": {"code": CODE, "message": sanitized}}`` (pipelines.api.errors).
 
@@ -50,7 +51,14 @@ process (503), spooled to disk, parsed off the event loop and timed out (408); /
 Searches are capped per tenant (429) and per process (503) and run on their own threads (a CapacityLimiter
 of ``max_searches``), never on the shared pool the other routes and the token check use; a query embedding
 through an HTTP provider gives up within $KBINDEX_SEARCH_EMBED_SECONDS (5) with its typed 503, Retry-After
-when the provider gave one. ``/`` and ``/healthz`` take no thread from the shared pool either.
+when the provider gave one. ``/``, ``/healthz`` and ``/readyz`` take no thread from the shared pool either.
+
+PostgreSQL away (a partition, a restart): ``/``, ``/healthz`` and a fresh ``/metrics`` answer as usual; every
+route that reads or writes (the bearer token is checked in the database too) answers 503
+``INDEX_WRITE_FAILED`` within about 5 s and never hangs: API connections give up on a silent link after
+about 5 s and a request waits at most 4 s for a pooled connection (``KBINDEX_PG_API_*``,
+resources.settings.ConnectionBounds). Open event streams stay open (keep-alive comments) and resume with
+the events they missed once PostgreSQL is back (pipelines.api.sse).
 """
 
 
@@ -301,7 +309,7 @@ def create_app(
     uploads = Admission("uploads", per_tenant=max_uploads_per_tenant, total=max_uploads)
     searches = Admission("searches", per_tenant=max_searches_per_tenant, total=max_searches)
     search_threads = CapacityLimiter(max_searches)  # searches never take the shared pool's 40 threads
-    health_threads = CapacityLimiter(2)  # nor does /healthz: it answers while that pool is busy
+    health_threads = CapacityLimiter(2)  # nor does /readyz: it answers while that pool is busy
     hub = EventHub(db, max_streams=max_streams, max_streams_per_tenant=max_streams_per_tenant)
 
     def close() -> None:
@@ -415,8 +423,16 @@ def create_app(
     async def status_page() -> HTMLResponse:  # no blocking work: answered on the event loop
         return HTMLResponse(page)
 
-    @app.get("/healthz", tags=["operations"], summary="Liveness and database reachability")
+    @app.get("/healthz", tags=["operations"], summary="Liveness: the process answers (no database work)")
     async def healthz() -> dict[str, str]:
+        """For a liveness probe: answered on the event loop, whatever PostgreSQL does (restarting the API would
+        not bring a partitioned database back; /readyz says whether requests can be served)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"], summary="Readiness: the database answers",
+             responses={503: _err("PostgreSQL is unreachable or failing (INDEX_WRITE_FAILED), within ~5 s")})
+    async def readyz() -> dict[str, str]:
+        """For a readiness probe: one statement through the API's pool, with the API's bounds."""
         await to_thread.run_sync(db.fetch_one, "index_profile_active", limiter=health_threads)
         return {"status": "ok"}
 

@@ -16,6 +16,13 @@ Each stream (``TaskStream.messages``) sends every event with ``event_id > last``
 waits for a wake-up, or ``poll_seconds`` at most (a safety net if a notification is lost), and ends
 after a terminal transition once nothing newer exists.
 
+PostgreSQL away (a partition, a restart): the LISTEN connection has the API role's bounds, so a silent one
+errors within about 5 s; the listener wakes every stream and reconnects every second (each try bounded by
+``connect_timeout``), and once it LISTENs again wakes every stream once more. A stream whose read fails
+stays open (keep-alive comments go on) and reads again at the next wake-up: after the database is back it
+sends exactly the events it missed, in order. A client that reconnected meanwhile (``Last-Event-ID``) gets
+503 until then, and the same events after.
+
 A stream opened by a principal-scoped token (``visible``: the caller's read scope as SQL parameters) reads
 its events in one statement with the check that the caller may still read the task's version
 (``api_task_events_visible``): when a pointer flip narrows the document's allow list past the caller, the
@@ -36,6 +43,7 @@ from anyio import CapacityLimiter, to_thread
 
 from pipelines.api.errors import ServiceUnavailable, TooManyRequests
 from pipelines.api.views import event_json, is_terminal_event
+from pipelines.domain.errors import IndexWriteFailed
 from resources.database import Database, connection_params
 from sql import queries
 
@@ -68,7 +76,11 @@ class TaskStream:
             await self.hub._listening()  # LISTEN before the first read: nothing committed later is missed
             while True:
                 self.wake.clear()
-                rows = await self.hub._read(self.task_id, self.last, self.tenant_id, self.visible)
+                try:
+                    rows = await self.hub._read(self.task_id, self.last, self.tenant_id, self.visible)
+                except IndexWriteFailed as exc:  # the database is away: keep the stream, read at the next wake-up
+                    log.warning("an event stream could not read its events (%s); it waits and reads again", exc.code)
+                    rows = []
                 if rows is None:  # the caller may no longer read the task's version: nothing more of it
                     return
                 for row in rows:
@@ -168,10 +180,11 @@ class EventHub:
     async def _listen(self, ready: asyncio.Event) -> None:
         """The one LISTEN connection: on each notification wake the streams with newer events; reconnect on loss."""
         while True:
-            conn = None
+            conn, listening = None, False
             try:
                 conn = await self._connect()
                 await conn.execute(queries["api_listen_task_event"])
+                listening = True
                 ready.set()
                 self._wake(None)  # anything committed while (re)connecting
                 gen = conn.notifies()
@@ -181,9 +194,10 @@ class EventHub:
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - a lost connection: wake everyone (they re-read) and reconnect
-                log.warning("the event listener lost its connection; reconnecting", exc_info=True)
+                if listening:  # not at every failed reconnection: the streams' reads would fail the same way
+                    log.warning("the event listener lost its connection; reconnecting", exc_info=True)
+                    self._wake(None)
                 ready.set()
-                self._wake(None)
                 await asyncio.sleep(RECONNECT_SECONDS)
             finally:
                 if conn is not None:

@@ -35,6 +35,20 @@ def test_statement_bounds_follow_the_role():
     assert "idle_in_transaction_session_timeout" not in options("migration")
 
 
+def test_the_api_role_gives_up_on_a_silent_database_within_5_s_and_waits_4_s_for_a_connection(db_url):
+    """People wait on API requests: 503 within ~5 s rather than the runs' ~35 s; the other roles keep theirs."""
+    b = ConnectionBounds()
+    api = connection_params("postgresql://u@h/db", "api", b)
+    assert (api["keepalives_idle"], api["keepalives_interval"], api["tcp_user_timeout"]) == (2, 1, 4000)
+    assert "-c tcp_user_timeout=4000" in api["options"] and "-c tcp_keepalives_idle=2" in api["options"]
+    assert b.silent_bound_s("api") == 5.0 and b.silent_bound_s("run") == 35.0
+    assert connection_params("postgresql://u@h/db", "run", b)["tcp_user_timeout"] == 30000
+    with Database(db_url, max_size=1, role="api") as db:
+        assert db.pool.timeout == 4.0
+    with Database(db_url, max_size=1, role="run") as db:
+        assert db.pool.timeout == 30.0
+
+
 def test_the_url_wins_and_zero_turns_a_bound_off():
     params = connection_params("postgresql://u@h/db?keepalives_idle=99&options=-c%20statement_timeout%3D0", "run",
                                ConnectionBounds())

@@ -159,6 +159,17 @@ class Hosts:
                 "}\n"))
         self.is_cut = True
 
+    def cut_connection(self, client_port: int) -> None:
+        """Drop the packets of one TCP connection only (the client's end on ``client_port``), both directions:
+        as a NAT or firewall that forgot an idle connection, while the rest of the link works. ``heal()`` ends it."""
+        for ns, peer, port in ((self.ns_db, CLIENT_ADDR, "sport"), (self.ns_client, SERVER_ADDR, "dport")):
+            _run("ip", "netns", "exec", ns, "nft", "-f", "-", input=(
+                "table inet kbcut {\n"
+                "  chain input { type filter hook input priority -300; policy accept; "
+                f"ip saddr {peer} tcp {port} {client_port} drop; }}\n"
+                "}\n"))
+        self.is_cut = True
+
     def heal(self) -> None:
         for ns in (self.ns_db, self.ns_client):
             _run("ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "kbcut", check=False)

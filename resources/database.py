@@ -150,14 +150,18 @@ class Database:
 
     ``role`` picks the connection bounds (``connection_params``); ``timeout`` bounds waiting for a pooled
     connection (each new one's connect is bounded by ``connect_timeout``); by default 30 s, for ``api``
-    KBINDEX_PG_API_POOL_TIMEOUT_S (4 s)."""
+    KBINDEX_PG_API_POOL_TIMEOUT_S (4 s). Every connection is checked as it leaves the pool, so one that died
+    with its server is replaced, not handed out; a lost one is retried for KBINDEX_PG_RECONNECT_S (10 s) at
+    most, after which the next request connects afresh: after PostgreSQL restarts, the pool works again
+    within about that long, however long it was away."""
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, timeout: float | None = None,
                  role: str = "tool") -> None:
         self.url = url
         self.role = role
+        bounds = ConnectionBounds.from_env()
         if timeout is None:
-            timeout = ConnectionBounds.from_env().api_pool_timeout_s if role == "api" else 30.0
+            timeout = bounds.api_pool_timeout_s if role == "api" else 30.0
         with translate_errors():
             self.pool = ConnectionPool(
                 url,
@@ -168,6 +172,7 @@ class Database:
                 configure=_configure,
                 open=True,
                 check=ConnectionPool.check_connection,
+                reconnect_timeout=bounds.reconnect_s or 300.0,
             )
 
     def close(self) -> None:

@@ -151,6 +151,10 @@ class ConnectionBounds:
     client_check_ms: int = 5_000
     """KBINDEX_PG_CLIENT_CHECK_MS: how often the server checks, during a long statement of role ``run`` or
     ``api``, that the client is still there (``client_connection_check_interval``)."""
+    reconnect_s: float = 10.0
+    """KBINDEX_PG_RECONNECT_S: how long a pool retries one lost connection (after 1, 2, 4... s) before it gives
+    that try up; the next request then starts a fresh one at once. psycopg_pool's own 300 s can leave a pool
+    waiting out a doubled delay after PostgreSQL is back, up to as long again as it was away (0: that default)."""
     api_keepalives_idle_s: float = 2.0
     """KBINDEX_PG_API_KEEPALIVES_IDLE_S: role ``api``'s silence before the first keepalive probe (0: none). The
     API answers people: a silent PostgreSQL is a 503 within about 5 s, not a request hanging for 35 s."""
@@ -181,6 +185,7 @@ class ConnectionBounds:
                                                  d.api_statement_timeout_ms)),
             api_lock_timeout_ms=int(_number(env, "KBINDEX_PG_API_LOCK_TIMEOUT_MS", d.api_lock_timeout_ms)),
             client_check_ms=int(_number(env, "KBINDEX_PG_CLIENT_CHECK_MS", d.client_check_ms)),
+            reconnect_s=_number(env, "KBINDEX_PG_RECONNECT_S", d.reconnect_s),
             api_keepalives_idle_s=_number(env, "KBINDEX_PG_API_KEEPALIVES_IDLE_S", d.api_keepalives_idle_s),
             api_keepalives_interval_s=_number(env, "KBINDEX_PG_API_KEEPALIVES_INTERVAL_S",
                                               d.api_keepalives_interval_s),

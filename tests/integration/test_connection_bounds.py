@@ -46,7 +46,7 @@ def test_the_api_role_gives_up_on_a_silent_database_within_5_s_and_waits_4_s_for
     with Database(db_url, max_size=1, role="api") as db:
         assert db.pool.timeout == 4.0
     with Database(db_url, max_size=1, role="run") as db:
-        assert db.pool.timeout == 30.0
+        assert db.pool.timeout == 30.0 and db.pool.reconnect_timeout == 10.0  # not psycopg_pool's 300 s
 
 
 def test_the_url_wins_and_zero_turns_a_bound_off():

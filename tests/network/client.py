@@ -9,6 +9,9 @@ It talks to the test over stdout (one line per event) and stdin (one line per go
     line; for ``mid_statement`` it prints ``AT`` and goes straight into the statement that locks the task
     row (the test holds that lock). Prints ``ERR <code>`` or ``OK``, then waits for a line and publishes
     the same lease again (``LATE <code>`` or ``LATE OK``).
+``ticks <url>``
+    as the claiming sensor does, every 0.5 s: claim due work (limit 1) through one long-lived pool (role
+    ``run``, min 1, max 4) and print ``TICK OK <claimed>`` or ``TICK ERR <code>``, forever.
 ``keeper <url> <lease_seconds> <join_seconds>``
     claim one task and keep its lease with a LeaseKeeper (interval 0.5 s); every 0.25 s prints
     ``STATE <failed_beats> <heartbeats> <lost code or ->``; on a line from stdin stops the keeper, waits up to
@@ -122,10 +125,23 @@ def keeper(url: str, lease_seconds: float, rest_join: str) -> None:
         db.close()
 
 
+def ticks(url: str) -> None:
+    db = Database(url, min_size=1, max_size=4, timeout=5.0, role="run")
+    queue = TaskQueue(db)
+    while True:
+        try:
+            say("TICK OK", len(queue.claim("sensor", limit=1)))
+        except KbindexError as exc:
+            say("TICK ERR", exc.code)
+        time.sleep(0.5)
+
+
 if __name__ == "__main__":
     threading.current_thread().name = "client"
     mode, url, *rest = sys.argv[1:]
     if mode == "publish":
         publish(url, rest[0], float(rest[1]))
+    elif mode == "ticks":
+        ticks(url)
     else:
         keeper(url, float(rest[0]), rest[1])

@@ -24,6 +24,7 @@ FAST_BOUNDS = {
     "KBINDEX_PG_KEEPALIVES_COUNT": "2",
     "KBINDEX_PG_TCP_USER_TIMEOUT_MS": "3000",
     "KBINDEX_PG_IDLE_IN_TRANSACTION_MS": "3000",
+    "KBINDEX_PG_RECONNECT_S": "1",
 }
 """The tests' bounds: the defaults' shape at a tenth of the time (a silent connection errors within ~4 s)."""
 NO_CLIENT_BOUNDS = {**FAST_BOUNDS, "KBINDEX_PG_KEEPALIVES_IDLE_S": "0", "KBINDEX_PG_TCP_USER_TIMEOUT_MS": "0"}

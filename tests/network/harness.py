@@ -111,11 +111,21 @@ class Hosts:
             hba.write(f"\nhost all all {CLIENT_ADDR}/32 trust\n")
         self.socket_dir.mkdir()
         self.socket_dir.chmod(0o777)
-        pg_ctl = POSTGRES_BIN_PATH / "pg_ctl"
-        start = (f"{pg_ctl} -D {self.pgdata} -w -t 30 -l {self.pgdata / 'net.log'} "
+        self.pg_ctl = POSTGRES_BIN_PATH / "pg_ctl"
+        self.start_postgres()
+
+    def start_postgres(self) -> None:
+        """Start the server in namespace A (again, after ``kill_postgres``); returns once it accepts connections."""
+        start = (f"{self.pg_ctl} -D {self.pgdata} -w -t 30 -l {self.pgdata / 'net.log'} "
                  f"-o '-h {SERVER_ADDR} -p {PORT} -k {self.socket_dir}' start")
         _run("ip", "netns", "exec", self.ns_db, "su", PG_USER, "-s", "/bin/sh", "-c", start)
         self.started = True
+
+    def kill_postgres(self) -> None:
+        """Stop the server at once, as a crash would (``-m immediate``: no checkpoint, recovery at the next start).
+        Cut the link first to make it a dead host: the clients then hear nothing, not even the connections' end."""
+        _run("ip", "netns", "exec", self.ns_db, "su", PG_USER, "-s", "/bin/sh", "-c",
+             f"{self.pg_ctl} -D {self.pgdata} -m immediate -w -t 30 stop")
 
     def close(self) -> None:
         """Remove everything made: the cut, the server, the namespaces (which takes the veth pair), the folder."""

@@ -402,3 +402,24 @@ def test_the_policy_check_sees_an_open_policy_and_a_missing_one(values):
                             "ingress": [{"ports": [{"port": 3030}]}]}}
     with pytest.raises(AssertionError, match="admits every source"):
         ingress_sources([open_policy], labels, 3030)
+
+
+def test_every_postgresql_connection_bound_is_in_the_deployment_and_reaches_the_pods(values, manifests):
+    """Issue #32: every timeout that bounds a silent connection appears in the deployment's configuration, with
+    the code's own default (so the file documents what runs), and the code server and run pods read it."""
+    import inspect
+    import re
+    from dataclasses import fields
+
+    from resources.settings import ConnectionBounds
+
+    names = dict(re.findall(r'"(KBINDEX_PG_\w+)",\s*d\.(\w+)', inspect.getsource(ConnectionBounds.from_env)))
+    assert sorted(names.values()) == sorted(f.name for f in fields(ConnectionBounds))  # every field has a variable
+    (config,) = [m for m in manifests if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "kbindex-connection-bounds"]
+    assert set(config["data"]) == set(names)
+    assert ConnectionBounds.from_env(config["data"]) == ConnectionBounds()
+    assert all(float(v) > 0 for v in config["data"].values())  # none turned off
+    code_server = values["dagster-user-deployments"]["deployments"][0]
+    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    for where in (code_server, launcher):
+        assert {"name": "kbindex-connection-bounds"} in where["envConfigMaps"]

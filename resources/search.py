@@ -129,17 +129,19 @@ def search(
     tokenizer = lexical_tokenizer_for(profile["model"]) if mode != "dense" else None
     with db.transaction() as tx:
         tx.execute("search_snapshot")
+        # Before any other statement of the transaction, so each is planned for its own parameters: without it
+        # lexical_stats_get ran psycopg's prepared generic plan 30 times in 35 (tests/integration/test_search_plan_cache.py).
+        depth = k if mode != "hybrid" else hybrid_depth(k)
+        tx.fetch_one("search_settings", {"ef_search": ef_search_for(depth), "max_scan_tuples": max(1, int(max_scan_tuples))})
         weights = query_weights(tx, tokenizer, query, **scope) if tokenizer is not None else None
         if mode == "dense":
-            rows = _dense_rows(tx, vector, scope, visible, k, max_scan_tuples)
+            rows = _dense_rows(tx, vector, scope, visible, k)
             scores = {r["chunk_id"]: 1.0 - float(r["distance"]) for r in rows}
         elif mode == "lexical":
-            # The same per-transaction settings (a custom plan per query, so the GIN index is used).
-            tx.fetch_one("search_settings", {"ef_search": ef_search_for(k), "max_scan_tuples": max(1, int(max_scan_tuples))})
             rows = lexical_search(tx, weights, params, k=k, read=visible, **scope) if weights else []
             scores = {r["chunk_id"]: float(r["bm25"]) for r in rows}
         else:
-            rows, scores = _hybrid_rows(tx, vector, weights, params, scope, visible, k, max_scan_tuples)
+            rows, scores = _hybrid_rows(tx, vector, weights, params, scope, visible, k)
     hits = [
         SearchHit(
             document_id=r["document_id"],
@@ -157,12 +159,11 @@ def search(
     return hits[:k]
 
 
-def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[str, Any], k: int,
-                max_scan_tuples: int) -> list[dict[str, Any]]:
+def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[str, Any], k: int) -> list[dict[str, Any]]:
     """The k nearest current chunks in scope: exhaustive over the scope when filters keep only a few documents,
-    otherwise HNSW, iterative (exhaustive when the walk came back short)."""
+    otherwise HNSW, iterative (exhaustive when the walk came back short). ``search_settings`` must have run in
+    ``tx``."""
     params = {"query": vector, "k": k, **scope, **visible}
-    tx.fetch_one("search_settings", {"ef_search": ef_search_for(k), "max_scan_tuples": max(1, int(max_scan_tuples))})
     if visible["filters"] != NO_FILTERS:  # the JSON of an empty filter list
         rows = tx.fetch_all("search_hits_scoped", {**params, "max_scope_pointers": EXACT_SCOPE_POINTERS,
                                                    "max_scope_chunks": EXACT_SCOPE_CHUNKS})
@@ -183,12 +184,12 @@ def hybrid_depth(k: int) -> int:
 
 def _hybrid_rows(
     tx: Session, vector: Any, weights: dict[str, Any] | None, params: LexicalParams, scope: dict[str, Any],
-    visible: dict[str, Any], k: int, max_scan_tuples: int,
+    visible: dict[str, Any], k: int,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Both sides' candidates, each scored by BOTH measures (the lexical rows carry their cosine, the dense
     ones get their BM25 by primary key), fused: the same scores the quality gate computes in memory."""
     depth = hybrid_depth(k)
-    dense = _dense_rows(tx, vector, scope, visible, depth, max_scan_tuples)
+    dense = _dense_rows(tx, vector, scope, visible, depth)
     lexical = lexical_search(tx, weights, params, k=depth, read=visible, query_vector=vector, **scope) if weights else []
     rows = {r["chunk_id"]: r for r in dense}
     rows.update({r["chunk_id"]: r for r in lexical if r["chunk_id"] not in rows})

@@ -451,18 +451,18 @@ def query_text(query: Query) -> str:
 def product_mode_search(db: Database, mode: str, query: Query, tenant: str, params: LexicalParams,
                         read: ReadScope = EVERYTHING) -> list[str]:
     """resources.search.search past embedding and tokenizing, in its order, in one transaction:
-    ``query_weights``, then the hybrid fusion (``_hybrid_rows``) or ``search_settings`` + ``lexical_search``;
+    ``search_settings``, ``query_weights``, then the hybrid fusion (``_hybrid_rows``) or ``lexical_search``;
     chunk ids, best first."""
     scope = {"tenant_id": tenant, "profile": PROFILES[0]}
     with db.transaction() as tx:
+        depth = K if mode == "lexical" else hybrid_depth(K)
+        tx.fetch_one("search_settings", {"ef_search": ef_search_for(depth), "max_scan_tuples": DEFAULT_MAX_SCAN_TUPLES})
         weights = query_weights(tx, TERM_IDS, query_text(query), **scope)
         if mode == "lexical":
-            tx.fetch_one("search_settings", {"ef_search": ef_search_for(K), "max_scan_tuples": DEFAULT_MAX_SCAN_TUPLES})
             rows = lexical_search(tx, weights, params, k=K, read=read.params(), **scope) if weights else []
             scores = {r["chunk_id"]: float(r["bm25"]) for r in rows}
         else:
-            _, scores = _hybrid_rows(tx, query.vector, weights, params, scope, read.params(), K,
-                                     DEFAULT_MAX_SCAN_TUPLES)
+            _, scores = _hybrid_rows(tx, query.vector, weights, params, scope, read.params(), K)
     return sorted(scores, key=lambda cid: (-scores[cid], cid))[:K]
 
 

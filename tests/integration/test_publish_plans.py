@@ -8,15 +8,24 @@ and the statistics reconcile read the tenant's whole ledger on every batch. Here
 statistics are taken while only another tenant has chunks, and the tenant then gets 20,000 chunks behind
 the planner's back; each lookup of a real run's publish is then replayed under EXPLAIN (ANALYZE, BUFFERS)
 and must touch about as many buffers as before.
+
+Production does not run these statements with literal parameters for long: psycopg prepares a statement
+after five executions on a connection, and PostgreSQL may then run one generic plan, made without the
+parameters' values. So each lookup is also replayed as that generic plan (prepared by psycopg, as in
+production, then ``EXPLAIN EXECUTE`` under ``plan_cache_mode = force_generic_plan``) and must not grow either,
+nor scan a table of the publish sequentially (issue #33).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import psycopg
 import pytest
+
+from psycopg._queries import PostgresQuery  # how psycopg turns %(name)s into $n with types, as it prepares
 
 from resources.artifact_store import ArtifactStore
 from resources.blob_store import BlobStore
@@ -80,6 +89,61 @@ def buffers(db_url: str, statements: list[tuple[str, dict]]) -> dict[str, int]:
     return out
 
 
+PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+# Tables whose size grows with the tenants' corpora: a publish must never read one of them whole.
+BIG_TABLES = {"chunk", "lexical_chunk", "lexical_document", "lexical_posting", "lexical_term_stats",
+              "search_pointer", "document_version"}
+
+
+def generic_plan(conn: psycopg.Connection, name: str, params: dict) -> dict:
+    """The generic plan of statement ``name`` (the one a psycopg-prepared statement may run: made once, without
+    the parameters' values), run under EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) with ``params`` and rolled back.
+
+    The statement is prepared with the text and parameter types psycopg sends when it prepares it (its sixth
+    execution on a connection); the EXPLAIN EXECUTE passes the same values as literals of those types.
+    ``conn`` must be in autocommit with ``plan_cache_mode = force_generic_plan``."""
+    converted = PostgresQuery(psycopg.adapt.Transformer(conn))
+    converted.convert(queries[name], params)
+    order = list(dict.fromkeys(PLACEHOLDER.findall(queries[name])))  # psycopg numbers names by first use
+    assert len(order) == len(converted.types), (name, order)
+    prepared = conn.pgconn.prepare(b"kbindex_generic", converted.query, converted.types)
+    assert prepared.status == psycopg.pq.ExecStatus.COMMAND_OK, prepared.get_error_message()
+    try:
+        with conn.transaction(force_rollback=True):
+            cur = psycopg.ClientCursor(conn)
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE kbindex_generic ("
+                        + ", ".join("%s" for _ in order) + ")", [params[key] for key in order])
+            (plan,) = cur.fetchone()
+        (generic, custom) = conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                                         " WHERE name = 'kbindex_generic'").fetchone()
+        assert (generic, custom) == (1, 0), f"{name}: EXPLAIN EXECUTE did not run the generic plan"
+    finally:
+        conn.execute("DEALLOCATE kbindex_generic")
+    return (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+
+
+def seq_scanned(plan: dict) -> set[str]:
+    """Relations a plan (node tree from EXPLAIN FORMAT JSON) reads with a sequential scan."""
+    found = {plan["Relation Name"]} if plan.get("Node Type") == "Seq Scan" else set()
+    for child in plan.get("Plans", ()):
+        found |= seq_scanned(child)
+    return found
+
+
+def generic_buffers(db_url: str, statements: list[tuple[str, dict]]) -> tuple[dict[str, int], dict[str, set[str]]]:
+    """Shared buffers each statement's generic plan touches, and the big tables each generic plan seq-scans."""
+    out: dict[str, int] = {}
+    scans: dict[str, set[str]] = {}
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        for name, params in statements:
+            top = generic_plan(conn, name, params)
+            out[name] = out.get(name, 0) + top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+            if seq_scanned(top) & BIG_TABLES:
+                scans.setdefault(name, set()).update(seq_scanned(top) & BIG_TABLES)
+    return out, scans
+
+
 @pytest.fixture
 def stale_statistics(db_url) -> Iterator[None]:
     """No autovacuum on the publish's tables; statistics taken while only another tenant has chunks; no HNSW
@@ -96,9 +160,23 @@ def stale_statistics(db_url) -> Iterator[None]:
 
 
 def add_bulk_chunks(db_url: str, tenant: str, n: int) -> None:
-    """One chunk each for ``n`` documents of ``tenant`` under PROFILE, with their lexical rows and ledgers."""
+    """``n`` published documents of ``tenant`` under PROFILE: a version, a succeeded task and a search pointer
+    each, one chunk each with its lexical rows and ledger."""
     params = {"t": tenant, "p": PROFILE, "n": n}
     with psycopg.connect(db_url) as conn:
+        conn.execute("INSERT INTO document (tenant_id, document_id)"
+                     " SELECT %(t)s, %(t)s || '-bulk-' || i FROM generate_series(1, %(n)s) AS i", params)
+        conn.execute(
+            "INSERT INTO document_version (tenant_id, document_id, version_number, content_hash, byte_size, filename,"
+            " media_type, partition_key) SELECT %(t)s, %(t)s || '-bulk-' || i, 1, md5(i::text), 10, 'bulk.txt',"
+            " 'text/plain', %(t)s || '|bulk-' || i || '|1' FROM generate_series(1, %(n)s) AS i", params)
+        conn.execute(
+            "INSERT INTO index_task (tenant_id, document_id, version_number, profile, status)"
+            " SELECT %(t)s, %(t)s || '-bulk-' || i, 1, %(p)s, 'SUCCEEDED' FROM generate_series(1, %(n)s) AS i", params)
+        conn.execute(
+            "INSERT INTO search_pointer (tenant_id, document_id, profile, version_number, task_id, chunk_count)"
+            " SELECT tenant_id, document_id, profile, 1, task_id, 1 FROM index_task"
+            " WHERE tenant_id = %(t)s AND document_id LIKE %(t)s || '-bulk-%%'", params)
         conn.execute(
             "INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text, token_count,"
             " content_digest, embed_digest, embedding)"
@@ -121,3 +199,14 @@ def test_publish_lookups_do_not_walk_the_tenants_chunks(db, db_url, tmp_path, st
     after = buffers(db_url, publish_statements(db, db_url, tmp_path, first=1000))
     grown = {name: (before[name], after[name]) for name in LOOKUPS if after[name] > 3 * before[name] + 30}
     assert not grown, f"statements whose buffers grew with the tenant's {BULK:,} other chunks: {grown}"
+
+
+@pytest.mark.timeout(300)
+def test_publish_lookups_generic_plans_do_not_walk_the_tenants_chunks(db, db_url, tmp_path, stale_statistics):
+    """The same replay as above, as the generic plans a connection runs once psycopg has prepared the lookups."""
+    before, scans_before = generic_buffers(db_url, publish_statements(db, db_url, tmp_path, first=1))
+    add_bulk_chunks(db_url, TENANT, BULK)
+    after, scans_after = generic_buffers(db_url, publish_statements(db, db_url, tmp_path, first=1000))
+    assert not scans_before and not scans_after, f"generic plans reading a big table whole: {scans_before} {scans_after}"
+    grown = {name: (before[name], after[name]) for name in LOOKUPS if after[name] > 3 * before[name] + 30}
+    assert not grown, f"generic plans whose buffers grew with the tenant's {BULK:,} other chunks: {grown}"

@@ -44,3 +44,43 @@ def test_the_graph_is_built_with_the_parameters_bench_scale_measured(db_url):
     with psycopg.connect(db_url) as conn:
         (definition,) = conn.execute("SELECT pg_get_indexdef('chunk_embedding_hnsw_idx'::regclass)").fetchone()
     assert "vector_cosine_ops" in definition and "m='24'" in definition and "ef_construction='100'" in definition
+
+
+# Statements of a search that read no table of the corpus: their plan is the same for every parameter.
+NO_CORPUS_TABLE = {"index_profile_active", "search_snapshot", "search_settings"}
+
+
+def named(statement: str) -> str:
+    """The name of the sql/queries statement psycopg prepared as ``statement`` (%(x)s numbered $n by first use)."""
+    import re
+
+    from sql import queries
+
+    def prepared_text(query: str) -> str:
+        order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
+        return re.sub(r"%\((\w+)\)s", lambda m: f"${order.index(m.group(1)) + 1}", query).replace("%%", "%")
+
+    return next((name for name, query in queries.items() if prepared_text(query) == statement), statement[:80])
+
+
+def test_no_search_statement_of_any_mode_runs_a_generic_plan_on_a_reused_connection(db_url):
+    """Every statement a search runs in its transaction, in each mode and with a filter, is planned for its own
+    parameters (issue #33): 20 searches of each kind on one connection, then the prepared statements' counts."""
+    from pipelines.domain.metadata import ReadScope
+
+    seed(db_url, 6000, 24, 100, 0, lambda line: None, np.random.default_rng(3))
+    one_connection = Database(db_url, min_size=1, max_size=1)
+    fake = FakeEmbedder(model_name=DEFAULT_MODEL_NAME)
+    kinds = [("dense", None), ("lexical", None), ("hybrid", None), ("dense", ReadScope.of(filters=["dept=hr"]))]
+    try:
+        for i in range(20):
+            for mode, read in kinds:
+                search(one_connection, fake, f"question {i} the of and", tenant_id="t-huge", k=10, mode=mode, read=read)
+        with one_connection.session() as s:
+            rows = s.conn.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements").fetchall()
+    finally:
+        one_connection.close()
+    prepared = {named(statement): (generic, custom) for statement, generic, custom in rows}
+    assert {"search_hits", "lexical_stats_get", "lexical_hits", "search_hits_scoped"} <= prepared.keys(), prepared
+    generic = {name: counts for name, counts in prepared.items() if counts[0] and name not in NO_CORPUS_TABLE}
+    assert not generic, f"search statements that ran a generic plan: {generic}"

@@ -1,12 +1,18 @@
 """What one claiming tick and one indexing run cost on the Dagster side, as the partition key set grows.
 
-``python -m bench.scale.runs [--keys 1000,100000] [--versions 30]`` starts a throwaway PostgreSQL, a
-Dagster instance stored in it (as in production), and for each key count: adds that many dynamic
-partition keys (older versions of a large corpus), publishes ``--versions`` fresh documents, runs one
-claiming-sensor tick and then the run it requested in process (fake embedder: this measures the
-Dagster and kbindex overhead, not the model). It prints the seconds of each and their ratio to the
-smallest key count, side by side. A flat ratio (~1.0) is the target: nothing per tick or per run may
-grow with the corpus (issue #14). The small-size round runs in the suite
+``python -m bench.scale.runs [--keys 1000,100000] [--versions 30] [--repeats 3] [--warmup 1] [--seed 0]``
+starts a throwaway PostgreSQL, a Dagster instance stored in it (as in production), and for each key count:
+adds that many dynamic partition keys (older versions of a large corpus), publishes ``--versions`` fresh
+documents, runs one claiming-sensor tick and then the run it requested in process (fake embedder: this
+measures the Dagster and kbindex overhead, not the model). Each round is on fresh databases.
+
+``--warmup`` rounds at the smallest key count run first and are discarded (imports, first connections,
+Dagster's first instance: the first round of a process paid them, and it was the 1k baseline). Then each
+key count runs ``--repeats`` times in a shuffled order (``--seed``), so neither size always runs first or
+on a warmer process. It prints every sample, and per key count the median, min and max of the tick and run
+seconds and the ratio of medians to the smallest key count. A flat ratio (~1.0) is the target: nothing per
+tick or per run may grow with the corpus (issue #14); a ratio inside the spread of the samples is noise.
+Runs are in process (``dg.materialize``), not launched by a daemon. The small-size round runs in the suite
 (tests/integration/test_bench_scale_runs.py).
 """
 
@@ -14,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -34,8 +42,9 @@ class Round:
     succeeded: int
 
 
-def measure(admin_url: str, keys: int, versions: int, workdir: Path) -> Round:
-    """One round on fresh databases: ``keys`` existing partition keys, ``versions`` fresh publishes."""
+def measure(admin_url: str, keys: int, versions: int, workdir: Path, tag: str = "") -> Round:
+    """One round on fresh databases: ``keys`` existing partition keys, ``versions`` fresh publishes; ``tag``
+    tells repeated rounds' databases and folders apart."""
     import dagster as dg
 
     from pipelines import sensors
@@ -49,7 +58,7 @@ def measure(admin_url: str, keys: int, versions: int, workdir: Path) -> Round:
     from resources.migrations import migrate
     from resources.publisher import Publisher
 
-    kb, dg_db = f"kb_{keys}", f"dg_{keys}"
+    kb, dg_db = f"kb_{keys}{tag}", f"dg_{keys}{tag}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
         for name in (kb, dg_db):
             conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
@@ -58,8 +67,8 @@ def measure(admin_url: str, keys: int, versions: int, workdir: Path) -> Round:
     migrate(kb_url)
     with psycopg.connect(kb_url, autocommit=True) as conn:
         conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
-    os.environ.update(KBINDEX_DATABASE_URL=kb_url, KBINDEX_BLOB_URL=str(workdir / f"blobs-{keys}"),
-                      KBINDEX_ARTIFACTS=str(workdir / f"artifacts-{keys}"), KBINDEX_HOME=str(workdir / "home"))
+    os.environ.update(KBINDEX_DATABASE_URL=kb_url, KBINDEX_BLOB_URL=str(workdir / f"blobs-{keys}{tag}"),
+                      KBINDEX_ARTIFACTS=str(workdir / f"artifacts-{keys}{tag}"), KBINDEX_HOME=str(workdir / "home"))
     overrides = {"storage": {"postgres": {"postgres_url": psycopg2_url(with_database(admin_url, dg_db))}}}
     with dg.instance_for_test(overrides=overrides) as instance:
         started = time.perf_counter()
@@ -91,26 +100,59 @@ def measure(admin_url: str, keys: int, versions: int, workdir: Path) -> Round:
     return Round(keys, seed_seconds, tick_seconds, run_seconds, int(succeeded))
 
 
+def schedule(counts: list[int], repeats: int, warmup: int, seed: int) -> list[tuple[str, int]]:
+    """(label, keys) of every round in the order run: the warm-up rounds at the smallest count, then each
+    count ``repeats`` times, shuffled."""
+    measured = [(f"r{rep}", keys) for keys in counts for rep in range(repeats)]
+    random.Random(seed).shuffle(measured)
+    return [(f"w{i}", min(counts)) for i in range(warmup)] + measured
+
+
+def summary(rounds: list[tuple[str, Round]], counts: list[int]) -> list[str]:
+    """Every sample, then per key count the median [min..max] of tick and run seconds and the ratio of medians
+    to the smallest count's; warm-up rounds (labels starting with w) are listed but not counted."""
+    lines = [f"{'round':>6} {'keys':>10} {'seed s':>8} {'tick s':>8} {'run s':>8} {'ok':>4}"]
+    for label, r in rounds:
+        lines.append(f"{label:>6} {r.keys:>10,} {r.seed_seconds:>8.2f} {r.tick_seconds:>8.2f} {r.run_seconds:>8.2f} "
+                     f"{r.succeeded:>4}{'  (warm-up, not counted)' if label.startswith('w') else ''}")
+    measured = [r for label, r in rounds if not label.startswith("w")]
+    by_keys = {k: [r for r in measured if r.keys == k] for k in counts}
+    base = min(counts)
+    med = {k: (statistics.median(r.tick_seconds for r in rs), statistics.median(r.run_seconds for r in rs))
+           for k, rs in by_keys.items() if rs}
+    lines.append(f"\n{'keys':>10} {'n':>2} {'tick s median [min..max]':>26} {'run s median [min..max]':>26} "
+                 f"{'tick x':>7} {'run x':>7}")
+    for k, rs in by_keys.items():
+        if not rs:
+            continue
+        ticks, runs = [r.tick_seconds for r in rs], [r.run_seconds for r in rs]
+        lines.append(f"{k:>10,} {len(rs):>2} {med[k][0]:>8.2f} [{min(ticks):5.2f}..{max(ticks):5.2f}]    "
+                     f"{med[k][1]:>8.2f} [{min(runs):5.2f}..{max(runs):5.2f}]    "
+                     f"{med[k][0] / med[base][0]:>7.2f} {med[k][1] / med[base][1]:>7.2f}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", default="1000,100000", help="comma-separated existing partition key counts")
     parser.add_argument("--versions", type=int, default=30, help="fresh versions per round (one tick, its runs)")
+    parser.add_argument("--repeats", type=int, default=3, help="measured rounds per key count")
+    parser.add_argument("--warmup", type=int, default=1, help="discarded rounds at the smallest key count, first")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled round order")
     args = parser.parse_args(argv)
     counts = [int(k) for k in args.keys.split(",")]
     from resources.local_postgres import temporary_server
 
-    rounds: list[Round] = []
+    plan = schedule(counts, args.repeats, args.warmup, args.seed)
+    print("order: " + ", ".join(f"{label}:{keys:,}" for label, keys in plan), flush=True)
+    rounds: list[tuple[str, Round]] = []
     with temporary_server("kbindex-bench-scale-", external_env="KBINDEX_BENCH_DATABASE_URL") as admin_url, \
             tempfile.TemporaryDirectory(prefix="kb-scale-") as tmp:
-        for keys in counts:
-            print(f"round: {keys:,} existing keys ...", flush=True)
-            rounds.append(measure(admin_url, keys, args.versions, Path(tmp)))
-    base = rounds[0]
-    print(f"\n{'keys':>10} {'seed s':>8} {'tick s':>8} {'run s':>8} {'tick x':>7} {'run x':>7} {'ok':>4}")
-    for r in rounds:
-        print(f"{r.keys:>10,} {r.seed_seconds:>8.2f} {r.tick_seconds:>8.2f} {r.run_seconds:>8.2f} "
-              f"{r.tick_seconds / base.tick_seconds:>7.2f} {r.run_seconds / base.run_seconds:>7.2f} {r.succeeded:>4}")
-    return 0 if all(r.succeeded == args.versions for r in rounds) else 1
+        for label, keys in plan:
+            print(f"round {label}: {keys:,} existing keys ...", flush=True)
+            rounds.append((label, measure(admin_url, keys, args.versions, Path(tmp), tag=f"_{label}")))
+    print("\n".join(summary(rounds, counts)))
+    return 0 if all(r.succeeded == args.versions for _, r in rounds) else 1
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from sql import queries
 
@@ -74,6 +75,40 @@ def seed_index(kb_url: str, dg_url: str, versions: int, chunks: int, live_keys: 
     return timings
 
 
+def index_counts(kb_url: str) -> dict[str, dict[str, int]]:
+    """What the round left in the index, per tenant (bench_scale_index_counts)."""
+    with psycopg.connect(kb_url) as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        return {tenant: dict(cur.execute(queries["bench_scale_index_counts"], {"tenant": tenant}).fetchone() or {})
+                for tenant in (TENANT, SEED_TENANT)}
+
+
+def consistency(report: dict[str, Any], *, burst: int, seeded: int, chunks: int) -> list[str]:
+    """Why the two rounds did not do the same work (empty: they did): every burst version SUCCEEDED and
+    pointed in both rounds, the same chunks and lexical rows written, the seeded tenant intact (and absent
+    from the empty round). A ratio of rounds that did different work measures nothing."""
+    problems: list[str] = []
+    empty, full = report["rounds"]
+    for r in report["rounds"]:
+        t, mine = r["throughput"], r["index"][TENANT]
+        if t["final_states"] != {"SUCCEEDED": burst}:
+            problems.append(f"{r['round']}: final states {t['final_states']}, not {burst} SUCCEEDED")
+        if mine["pointers"] != burst or mine["unfinished"]:
+            problems.append(f"{r['round']}: {mine['pointers']} search pointers for {burst} versions,"
+                            f" {mine['unfinished']} tasks not SUCCEEDED")
+        if mine["chunks"] != t["chunks"] or mine["lexical_chunks"] != mine["chunks"]:
+            problems.append(f"{r['round']}: {mine['chunks']} chunks and {mine['lexical_chunks']} lexical rows,"
+                            f" tasks say {t['chunks']}")
+    if empty["index"][TENANT] != full["index"][TENANT]:
+        problems.append(f"the rounds wrote different indexes: {empty['index'][TENANT]} vs {full['index'][TENANT]}")
+    if empty["index"][SEED_TENANT] != {"pointers": 0, "chunks": 0, "lexical_chunks": 0, "unfinished": 0}:
+        problems.append(f"the empty round holds seeded rows: {empty['index'][SEED_TENANT]}")
+    seed = full["index"][SEED_TENANT]
+    if seed["pointers"] != seeded or seed["chunks"] != seeded * chunks or seed["unfinished"]:
+        problems.append(f"the seeded tenant changed during the burst: {seed} (seeded {seeded} x {chunks} chunks)")
+    return problems
+
+
 def burst_round(label: str, docs: list[tuple[str, bytes]], *, seeded: int, chunks: int, live_keys: int,
                 timeout: float, out: Any, admin_url: str | None = None) -> dict[str, Any]:
     """One round on fresh databases: seed (unless ``seeded`` is 0), start Dagster, time the burst."""
@@ -101,6 +136,7 @@ def burst_round(label: str, docs: list[tuple[str, bytes]], *, seeded: int, chunk
             bench.warm_up(300.0)
             t = bench.throughput(docs, timeout)
             t["dagster"] = bench.runs(TENANT)
+            result["index"] = index_counts(kb_url)
         finally:
             dagster.stop()
             bench.close()
@@ -121,7 +157,9 @@ def run(*, seeded: int, burst: int, live_keys: int, chunks: int, timeout: float 
                           timeout=timeout, out=out, admin_url=admin_url)]
     empty, full = rounds
     ratio = full["versions_per_second"] / empty["versions_per_second"] if empty["versions_per_second"] else 0.0
-    return {"burst": burst, "rounds": rounds, "ratio": round(ratio, 3)}
+    report = {"burst": burst, "rounds": rounds, "ratio": round(ratio, 3)}
+    report["problems"] = consistency(report, burst=burst, seeded=seeded, chunks=chunks)
+    return report
 
 
 def render(report: dict[str, Any]) -> str:
@@ -131,6 +169,13 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"{r['round']:<8} {r['seeded']:>9,} {t['succeeded_docs']:>5} {t['wall_seconds']:>7.1f} "
                      f"{r['versions_per_second']:>10.2f} {t['dagster']['runs']:>5} {t['dagster']['run_seconds_median']!s:>12}")
     lines.append(f"throughput ratio seeded/empty {report['ratio']}  (target >= 0.9)")
+    work = {r["round"]: r["index"][TENANT] for r in report["rounds"]}
+    lines.append("work per round: " + "; ".join(f"{k}: {v['pointers']} pointers, {v['chunks']} chunks, "
+                                                f"{v['lexical_chunks']} lexical rows" for k, v in work.items()))
+    if report["problems"]:
+        lines.extend(f"NOT COMPARABLE: {p}" for p in report["problems"])
+    else:
+        lines.append("same work on both sides: every version SUCCEEDED and pointed, same chunks, seeded tenant intact")
     return "\n".join(lines)
 
 
@@ -151,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))
-    all_done = all(r["throughput"]["succeeded_docs"] == args.burst for r in report["rounds"])
-    return 0 if all_done else 1
+    return 1 if report["problems"] else 0
 
 
 if __name__ == "__main__":

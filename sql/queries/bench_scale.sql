@@ -75,3 +75,11 @@ VACUUM (ANALYZE);
 -- Benchmark only: write the bulk load's dirty pages out before the burst is measured (needs a superuser or
 -- pg_checkpoint, as the bench's own embedded server has).
 CHECKPOINT;
+
+-- name: bench_scale_index_counts
+-- Benchmark only: what a round left in the index for one tenant (the rounds' work must match: the same
+-- versions pointed, the same chunks and lexical rows), and how many of its tasks did not succeed.
+SELECT (SELECT count(*) FROM search_pointer WHERE tenant_id = %(tenant)s)::integer AS pointers,
+       (SELECT count(*) FROM chunk WHERE tenant_id = %(tenant)s)::integer AS chunks,
+       (SELECT count(*) FROM lexical_chunk WHERE tenant_id = %(tenant)s)::integer AS lexical_chunks,
+       (SELECT count(*) FROM index_task WHERE tenant_id = %(tenant)s AND status <> 'SUCCEEDED')::integer AS unfinished;

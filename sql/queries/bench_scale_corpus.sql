@@ -79,3 +79,18 @@ SELECT task_type, count(*) AS tasks FROM index_task WHERE attempts > 1 GROUP BY 
 -- name: bench_corpus_recorded_keys
 -- Benchmark only: how many partition keys kbindex remembers having added (dagster_partition_key).
 SELECT count(*) AS keys FROM dagster_partition_key;
+
+-- name: bench_migration_finished_tasks
+-- Benchmark only: the SUCCEEDED tasks of one phase (profile, task type, document id prefix; finished by
+-- ``until``) in the order they finished: when (epoch seconds), the run that published their last attempt
+-- (the lease owner of its publish progress event) and the seconds from that run's publish announcement to
+-- the task's finish (a run publishes its versions in batches: its longest is its publish step).
+SELECT extract(epoch FROM t.finished_at)::float8 AS finished, p.owner,
+       extract(epoch FROM t.finished_at - p.at)::float8 AS publish_seconds
+FROM index_task t
+LEFT JOIN LATERAL (SELECT min(e.created_at) AS at, min(e.lease_owner) AS owner FROM task_event e
+                   WHERE e.task_id = t.task_id AND e.kind = 'progress' AND e.stage = 'publish'
+                     AND e.attempt = t.attempts) p ON true
+WHERE t.profile = %(profile)s AND t.task_type = %(task_type)s AND t.status = 'SUCCEEDED'
+  AND t.document_id ^@ %(prefix)s AND t.finished_at <= to_timestamp(%(until)s)
+ORDER BY t.finished_at, t.task_id;

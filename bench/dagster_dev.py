@@ -20,6 +20,37 @@ from pathlib import Path
 from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+WARM_LAUNCHER_BLOCK = """
+run_launcher:
+  module: pipelines.warm_launcher
+  class: WarmRunLauncher
+  config:
+    kill_grace_seconds: 10
+"""
+"""The block dagster.yaml keeps commented out: it swaps the default run launcher for the warm one."""
+
+
+def run_launcher_choice() -> str:
+    """``default`` or ``warm``: the run launcher tests and benches put into their dagster.yaml (KBINDEX_RUN_LAUNCHER)."""
+    choice = os.environ.get("KBINDEX_RUN_LAUNCHER", "default")
+    if choice not in ("default", "warm"):
+        raise ValueError(f"KBINDEX_RUN_LAUNCHER={choice!r}: expected 'default' or 'warm'")
+    return choice
+
+
+def dagster_yaml(text: str | None = None, launcher: str | None = None) -> str:
+    """The project's dagster.yaml (or ``text``) with the run launcher ``launcher`` (default: run_launcher_choice())."""
+    text = (PROJECT_ROOT / "dagster.yaml").read_text() if text is None else text
+    if (launcher or run_launcher_choice()) == "warm":
+        text += WARM_LAUNCHER_BLOCK
+    return text
+
+
+def write_dagster_yaml(home: Path, launcher: str | None = None) -> Path:
+    """Write ``home/dagster.yaml``: the project's, with the chosen run launcher."""
+    path = home / "dagster.yaml"
+    path.write_text(dagster_yaml(launcher=launcher))
+    return path
 
 
 def free_port() -> int:
@@ -85,13 +116,13 @@ class DagsterDev:
             return []
 
     def run_processes(self) -> list[Any]:
-        """Run workers: the code server's multiprocessing ``spawn_main`` children."""
+        """Run workers: the code server's multiprocessing ``spawn_main`` children, or the warm fork server's."""
         import psutil
 
         out = []
         for p in self.children():
             try:
-                if "spawn_main" in " ".join(p.cmdline()):
+                if "spawn_main" in " ".join(p.cmdline()) or "pipelines.warm_launcher" in " ".join(p.parent().cmdline()):
                     out.append(p)
             except psutil.Error:
                 pass

@@ -146,6 +146,27 @@ REGISTRY: dict[str, Hook] = {
         fallback="no pids: nothing is killed, the run is still reported canceled (its slot is freed; a "
                  "stopped run process stays until the code server or an operator ends it)",
     ),
+    "warm_launcher": Hook(
+        function="run_launcher_api",
+        used_by="pipelines/warm_launcher.py (WarmRunLauncher, its fork server and run children)",
+        symbols={
+            "dagster._core.launcher.base:RunLauncher": "the launcher's base class (not exported at top level)",
+            "dagster._core.launcher.base:LaunchRunContext": "type of launch_run's argument",
+            "dagster._core.launcher.base:CheckRunHealthResult": "what check_run_worker_health returns",
+            "dagster._core.launcher.base:WorkerStatus": "RUNNING / FAILED for run monitoring",
+            "dagster._serdes:ConfigurableClass": "a launcher dagster.yaml can name with a config block",
+            "dagster._serdes:ConfigurableClassData": "the config block's data (inst_data)",
+            "dagster._cli.api:_execute_run_command_body":
+                "the body of `dagster api execute_run`: a forked child runs the run exactly as that command does",
+            "dagster._utils.interrupts:capture_interrupts":
+                "the command's signal set-up around that body (SIGTERM/SIGINT become a run interrupt)",
+            "dagster._utils.hosted_user_process:recon_job_from_origin":
+                "the fork server loads a run's definitions once, before any fork",
+        },
+        fallback="none for the classes: if they move, the instance fails to load when Dagster starts, before any "
+                 "work (name DefaultRunLauncher in dagster.yaml); a failed warm-up of the definitions is "
+                 "skipped (each child loads them itself: slower, correct)",
+    ),
     "instance_config": Hook(
         function="(none: configuration)",
         used_by="dagster.yaml (run_coordinator)",
@@ -411,3 +432,53 @@ def is_default_run_launcher(launcher: object) -> bool:
     if isinstance(cls, type):
         return isinstance(launcher, cls)
     return any(c.__name__ == "DefaultRunLauncher" for c in type(launcher).__mro__)
+
+
+# --- warm_launcher -------------------------------------------------------------------------------
+
+def run_launcher_api() -> Any:
+    """Dagster's run-launcher extension point: the base classes a launcher named in dagster.yaml needs.
+
+    No fallback: a launcher cannot be built without them, so a moved symbol fails the instance load at
+    start-up (before any run), with this hook named; dagster.yaml's DefaultRunLauncher needs none of them.
+    """
+    from types import SimpleNamespace
+
+    from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, RunLauncher, WorkerStatus
+    from dagster._serdes import ConfigurableClass, ConfigurableClassData
+
+    return SimpleNamespace(RunLauncher=RunLauncher, LaunchRunContext=LaunchRunContext,
+                           CheckRunHealthResult=CheckRunHealthResult, WorkerStatus=WorkerStatus,
+                           ConfigurableClass=ConfigurableClass, ConfigurableClassData=ConfigurableClassData)
+
+
+def execute_run_here(run_id: str, instance: dg.DagsterInstance) -> int:
+    """Run ``run_id`` in this process as ``dagster api execute_run`` does: its signal set-up, its body.
+
+    The body writes the "Started process for run (pid: N)" engine event, runs the job with
+    ``core_execute_run`` (run start/success/failure/cancel events, the run's own threads) and reports a
+    failure it raises into the event log. Returns the command's exit code (0 unless set up to fail).
+    """
+    from dagster._cli.api import _execute_run_command_body
+    from dagster._utils.interrupts import capture_interrupts
+
+    with capture_interrupts():
+        return _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
+
+
+def warm_definitions(job_code_origin: object) -> bool:
+    """Load the job's repository and job definitions into this process (a fork server does, before forking).
+
+    Fallback (a moved loader): nothing is loaded here, each run child loads them itself as the default
+    launcher's run process does; whether it was done is returned.
+    """
+    if "warm_launcher" in _fallen_back:
+        return False
+    try:
+        from dagster._utils.hosted_user_process import recon_job_from_origin
+
+        recon_job_from_origin(job_code_origin).get_definition()  # type: ignore[arg-type]
+    except HOOK_ERRORS as exc:
+        _fall_back("warm_launcher", exc)
+        return False
+    return True

@@ -83,7 +83,7 @@ from typing import Any
 
 import psycopg
 
-from bench.dagster_dev import DagsterDev
+from bench.dagster_dev import DagsterDev, dagster_yaml
 from resources.local_postgres import stop_pgdata, with_database
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -399,7 +399,7 @@ class Chaos:
             if before not in yaml:
                 raise RuntimeError(f"dagster.yaml no longer has {before!r}: update bench/chaos")
             yaml = yaml.replace(before, after)
-        (home / "dagster.yaml").write_text(yaml)
+        (home / "dagster.yaml").write_text(dagster_yaml(yaml))  # KBINDEX_RUN_LAUNCHER=warm: the warm launcher
         self.blobs = root / "blobs"
         env = dict(os.environ)
         env.update(

@@ -9,7 +9,6 @@ The source sensor (`sync_sources`, every daemon loop here) keeps a folder's file
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql as pgsql
 
-from bench.dagster_dev import DagsterDev
+from bench.dagster_dev import DagsterDev, write_dagster_yaml
 from resources.blob_store import BlobStore
 from resources.database import Database
 from resources.publisher import Publisher
@@ -110,7 +109,7 @@ def e2e(pg_server_url, template_url, tmp_path_factory):
 
     home = root / "dagster_home"
     home.mkdir()
-    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    write_dagster_yaml(home)  # KBINDEX_RUN_LAUNCHER=warm: the warm run launcher
     marker = root / "sensor-fault-marker"
     env = dict(os.environ)
     env.update(

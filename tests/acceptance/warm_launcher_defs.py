@@ -1,0 +1,23 @@
+"""A one-asset job for tests/acceptance/test_warm_launcher.py: records its process, can wait for a file."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import dagster as dg
+
+
+@dg.asset(config_schema={"out": str, "block": dg.Field(bool, default_value=False)})
+def warm_probe(context: dg.AssetExecutionContext) -> int:
+    """Writes {pid, ppid} to OUT/<run id>.json; with ``block`` it then waits (up to 120 s) for OUT/release."""
+    out = Path(context.op_config["out"])
+    (out / f"{context.run_id}.json").write_text(json.dumps({"pid": os.getpid(), "ppid": os.getppid()}))
+    deadline = time.monotonic() + 120
+    while context.op_config["block"] and not (out / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return os.getpid()
+
+
+warm_job = dg.define_asset_job("warm_job", selection=[warm_probe], executor_def=dg.in_process_executor)
+defs = dg.Definitions(assets=[warm_probe], jobs=[warm_job])

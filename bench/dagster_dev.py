@@ -122,7 +122,8 @@ class DagsterDev:
         out = []
         for p in self.children():
             try:
-                if "spawn_main" in " ".join(p.cmdline()) or "pipelines.warm_launcher" in " ".join(p.parent().cmdline()):
+                # (the daemon's own command line names the warm launcher too, inside its instance ref)
+                if "spawn_main" in " ".join(p.cmdline()) or p.parent().cmdline()[1:3] == ["-m", "pipelines.warm_launcher"]:
                     out.append(p)
             except psutil.Error:
                 pass

@@ -2,7 +2,7 @@
 
 Each test writes the project's dagster.yaml plus the warm ``run_launcher`` block into a temporary
 DAGSTER_HOME (Dagster storage on the test PostgreSQL), launches runs of a one-asset job
-(tests/acceptance/warm_launcher_defs.py) and checks what the default launcher gives: a run forked from
+(bench/launcher_probe.py) and checks what the default launcher gives: a run forked from
 the fork server succeeds and materializes; terminate kills its process and the run ends CANCELED; a
 process SIGKILLed mid-run fails its run (reaped by the fork server, and seen by run monitoring's
 health check when the fork server cannot reap it); changed code gets a fresh fork server.
@@ -30,7 +30,7 @@ from pipelines import warm_launcher
 from resources.local_databases import psycopg2_url
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFS = Path(__file__).with_name("warm_launcher_defs.py")
+DEFS = PROJECT_ROOT / "bench" / "launcher_probe.py"
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def _wait(predicate, timeout: float, what: str):
 
 
 def _launch(instance, out: Path, block: bool = False) -> dg.DagsterRun:
-    recon = ReconstructableRepository.for_module("tests.acceptance.warm_launcher_defs", "defs",
+    recon = ReconstructableRepository.for_module("bench.launcher_probe", "defs",
                                                  working_directory=str(PROJECT_ROOT)).get_reconstructable_job("warm_job")
     run = instance.create_run_for_job(
         job_def=recon.get_definition(), job_code_origin=recon.get_python_origin(),

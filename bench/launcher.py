@@ -75,7 +75,20 @@ def measure(admin_url: str, launcher: str, runs: int, workdir: Path) -> dict:
             from pipelines import warm_launcher
 
             server = warm_launcher.request(instance.run_launcher.socket_path(), {"op": "ping"}, 5)["pid"]
-            os.kill(server, 15)
+            os.kill(server, 15)  # it leaves once its last child is reaped: wait, so PostgreSQL outlives it
+            deadline = time.monotonic() + 30
+            while warm_launcher.process_state(server) not in (None,) and time.monotonic() < deadline:
+                if (warm_launcher.process_state(server) or ("Z",))[0] == "Z":
+                    break
+                time.sleep(0.1)
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):  # the code server, should it outlive its context
+        try:
+            if "grpc" in " ".join(child.cmdline()):
+                child.kill()
+        except psutil.Error:
+            pass
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
     steady = rows[1:] if launcher == "warm" and len(rows) > 1 else rows

@@ -27,7 +27,6 @@ from bench.cpu import CpuMeter, postgres_pid
 from bench.cpu import budget as cpu_budget
 from bench.cpu import render as render_cpu
 from bench.dagster_dev import DagsterDev
-from bench.pipeline.bare import bare_encode, bare_encode_parallel
 from resources.local_postgres import with_database
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -208,7 +207,7 @@ class Bench:
         self.wait_terminal(WARMUP_TENANT, 1, timeout)
         return time.perf_counter() - started
 
-    def throughput(self, docs: list[tuple[str, bytes]], timeout: float) -> dict[str, Any]:
+    def throughput(self, docs: list[tuple[str, bytes]], timeout: float, tenant: str = TENANT) -> dict[str, Any]:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         meter = CpuMeter({"embedding service": self.service_pid, "PostgreSQL": postgres_pid(self.kb_url),
@@ -216,7 +215,7 @@ class Bench:
         meter.start()
         started = time.perf_counter()
         for name, body in docs:
-            self.publisher.publish(TENANT, name, body, name)
+            self.publisher.publish(tenant, name, body, name)
         publish_seconds = time.perf_counter() - started
         self.out(f"published {len(docs)} documents in {publish_seconds:.1f} s; indexing…")
         with Progress(
@@ -230,7 +229,7 @@ class Bench:
             def show(done: int, counts: dict[str, int]) -> None:
                 chunks = self.sql(
                     "SELECT coalesce(sum(chunk_count), 0) FROM index_task WHERE tenant_id = %s AND status = 'SUCCEEDED'",
-                    [TENANT],
+                    [tenant],
                 )[0][0]
                 line = f"{chunks} chunks  " + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
                 bar.update(job, completed=done, description=line)
@@ -238,14 +237,14 @@ class Bench:
                     last_line[0] = time.monotonic()
                     self.out(f"  {time.perf_counter() - started:6.0f} s  {done}/{len(docs)} terminal  {line}")
 
-            self.wait_terminal(TENANT, len(docs), timeout, show)
+            self.wait_terminal(tenant, len(docs), timeout, show)
         cpu_seconds = meter.spent()
         (wall, chunks, versions) = self.sql(
             "SELECT extract(epoch FROM max(coalesce(finished_at, updated_at)) - min(created_at))::float8,"
             " coalesce(sum(chunk_count) FILTER (WHERE status = 'SUCCEEDED'), 0)::int,"
             " count(*) FILTER (WHERE status = 'SUCCEEDED')::int"
             " FROM index_task WHERE tenant_id = %s",
-            [TENANT],
+            [tenant],
         )[0]
         return {
             "docs": len(docs),
@@ -255,8 +254,8 @@ class Bench:
             "wall_seconds": round(wall, 2),
             "chunks_per_second": round(chunks / wall, 2) if wall else 0.0,
             "cpu_seconds": cpu_seconds,
-            "final_states": self.final_states(TENANT),
-            "stages": self.stage_breakdown(TENANT),
+            "final_states": self.final_states(tenant),
+            "stages": self.stage_breakdown(tenant),
         }
 
     def latency(self, docs: list[tuple[str, bytes]], timeout: float, seed: int = 3) -> dict[str, Any]:
@@ -474,10 +473,13 @@ def run(
     bare_parallel: bool = True,
     embed_service: bool = True,
     peers: bool = False,
+    passes: int = 3,
     out: Out = print,
 ) -> dict[str, Any]:
     """Run every phase; returns the report (also printed by ``main``). ``peers``: then bench.peers on the
-    same documents (LlamaIndex beside kbindex)."""
+    same documents (LlamaIndex beside kbindex). ``passes``: interleaved rounds of pipeline, bare encode and
+    bare system (bench/pipeline/passes.py); pass 1's figures are the detailed single-pass report."""
+    from bench.pipeline.passes import interleaved_passes, summary
     if corpus is not None:
         files = select_documents(corpus, docs)
         documents = [(p.name, p.read_bytes()) for p in files]
@@ -515,8 +517,13 @@ def run(
                 report["warmup_seconds"] = round(bench.warm_up(min(timeout, 300.0)), 2)
                 out(f"warm-up document searchable after {report['warmup_seconds']:.1f} s (cold run)")
             report["model"] = bench.model_name()
-            report["throughput"] = bench.throughput(documents, timeout)
-            report["throughput"]["dagster"] = bench.runs(TENANT)
+            report["passes"] = interleaved_passes(
+                bench, documents, passes=max(1, passes), admin_url=admin_url, model=report["model"],
+                embed_batch=embed_batch, tenant=TENANT, timeout=timeout, bare_parallel=bare_parallel, out=out,
+                pause=lambda: [dagster.proc.pid if dagster.proc else None, service.pid if service else None])
+            report["floor"] = summary(report["passes"])
+            first = report["passes"][0]
+            report["throughput"] = first["throughput"]
             if latency_samples:
                 out(f"latency: {latency_samples} one-page documents, one at a time")
                 report["latency"] = bench.latency(pages, timeout=min(timeout, 300.0))
@@ -532,13 +539,10 @@ def run(
             shutil.rmtree(root, ignore_errors=True)
     unique = list(dict.fromkeys(texts))  # the pipeline embeds each distinct text once and reuses the rest
     report["reuse"] = reuse_figures(len(texts), len(unique), report.get("pipeline_counts"))
-    out(f"dagster stopped; bare model.encode on the {len(unique)} distinct texts of the {len(texts)} chunks…")
-    report["bare_one_process"] = bare_encode(unique, report["model"], embed_batch)
-    if bare_parallel:
-        out(f"bare model.encode in {os.cpu_count()} processes with one thread each…")
-        report["bare_processes"] = bare_encode_parallel(unique, report["model"], embed_batch, os.cpu_count() or 1)
-    candidates = [b for b in (report["bare_one_process"], report.get("bare_processes")) if b]
-    report["bare"] = max(candidates, key=lambda b: b["chunks_per_second"])
+    report["bare_one_process"] = first["bare_one_process"]  # pass 1's bare encode of these distinct texts
+    if first["bare_processes"]:
+        report["bare_processes"] = first["bare_processes"]
+    report["bare"] = first["bare_encode"]
     # Same work on both sides: the distinct texts, in the pipeline's wall time vs the model's own.
     wall = report["throughput"]["wall_seconds"]
     report["throughput"]["texts_per_second"] = round(len(unique) / wall, 2) if wall else 0.0
@@ -598,6 +602,10 @@ def render(report: dict[str, Any]) -> str:
         render_cpu(report["cpu"]),
         f"final states         {t['final_states']}",
     ]
+    if report.get("passes"):
+        from bench.pipeline.passes import render as render_passes
+
+        lines.append(render_passes(report["passes"], report["floor"]))
     lat = report.get("latency")
     if lat:
         lines += [
@@ -633,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="no warm embedding service (kbindex dev starts one): every run loads its own model")
     parser.add_argument("--no-bare-parallel", dest="bare_parallel", action="store_false",
                         help="measure bare model.encode in one process only (not also one process per core)")
+    parser.add_argument("--passes", type=int, default=3,
+                        help="interleaved passes of pipeline, bare encode and bare system (medians reported)")
     parser.add_argument("--peers", action="store_true",
                         help="afterwards run bench.peers (LlamaIndex) on the same documents; needs .[peers]")
     args = parser.parse_args(argv)
@@ -651,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run(corpus=args.corpus, docs=args.docs, latency_samples=args.latency_samples,
                      fake_model=args.fake_model, warmup=args.warmup, timeout=args.timeout,
                      bare_parallel=args.bare_parallel, embed_service=args.embed_service, peers=args.peers,
-                     out=out)
+                     passes=args.passes, out=out)
     except BenchSkipped as exc:
         out(f"bench.pipeline skipped: {exc}")
         return 0

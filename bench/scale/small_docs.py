@@ -57,14 +57,23 @@ def per_version_seconds(runs: dict[str, Any], versions: int) -> dict[str, float]
 
 
 def run(corpus: Path, docs: int, *, fake_model: bool = False, embed_service: bool = True,
-        timeout: float = 3600.0, out: Any = print) -> dict[str, Any]:
-    from bench import server_url, share_built_models
-    from bench.pipeline.__main__ import Bench, dagster_dev, scratch_databases
-    from pipelines import event_batching
-    from bench.pipeline.bare import bare_encode, bare_encode_parallel
+        timeout: float = 3600.0, passes: int = 3, out: Any = print) -> dict[str, Any]:
+    from bench import share_built_models
 
     share_built_models()
-    documents = paragraph_documents(corpus, docs)
+    return run_documents(paragraph_documents(corpus, docs), fake_model=fake_model, embed_service=embed_service,
+                         timeout=timeout, passes=passes, out=out)
+
+
+def run_documents(documents: list[tuple[str, bytes]], *, fake_model: bool = False, embed_service: bool = True,
+                  timeout: float = 3600.0, passes: int = 3, out: Any = print) -> dict[str, Any]:
+    """The bench on these documents: ``passes`` interleaved rounds of pipeline, bare encode and bare system
+    (bench/pipeline/passes.py); pass 1's figures are the detailed report."""
+    from bench import server_url
+    from bench.pipeline.__main__ import Bench, dagster_dev, scratch_databases
+    from bench.pipeline.passes import interleaved_passes, summary
+    from pipelines import event_batching
+
     embed_batch = int(os.environ.get("KBINDEX_EMBED_BATCH", "64"))
     report: dict[str, Any] = {"cpus": os.cpu_count(), "docs": len(documents)}
     with server_url() as admin_url, scratch_databases(admin_url) as (kb_url, dg_url):
@@ -88,9 +97,11 @@ def run(corpus: Path, docs: int, *, fake_model: bool = False, embed_service: boo
             out(f"dagster dev answered in {dagster.wait_ready():.1f} s; warm-up document…")
             bench.warm_up(300.0)
             report["model"] = bench.model_name()
-            report["throughput"] = bench.throughput(documents, timeout)
-            report["throughput"]["dagster"] = bench.runs(TENANT)
-            texts = list(dict.fromkeys(bench.embed_texts(TENANT)))  # unique texts, in order
+            report["passes"] = interleaved_passes(
+                bench, documents, passes=max(1, passes), admin_url=admin_url, model=report["model"],
+                embed_batch=embed_batch, tenant=TENANT, timeout=timeout, out=out,
+                pause=lambda: [dagster.proc.pid if dagster.proc else None, service.pid if service else None])
+            report["floor"] = summary(report["passes"])
         finally:
             dagster.stop()
             if service is not None:
@@ -98,12 +109,10 @@ def run(corpus: Path, docs: int, *, fake_model: bool = False, embed_service: boo
                 service.wait(30)
             bench.close()
             shutil.rmtree(root, ignore_errors=True)
-    out(f"dagster stopped; bare model.encode on the same {len(texts)} unique chunk texts…")
-    bares = [bare_encode(texts, report["model"], embed_batch),
-             bare_encode_parallel(texts, report["model"], embed_batch, os.cpu_count() or 1)]
-    report["bare"] = max((b for b in bares if b), key=lambda b: b["chunks_per_second"])
-    report["bare_unique_chunks"] = len(texts)
-    t = report["throughput"]
+    first = report["passes"][0]
+    report["throughput"] = t = first["throughput"]
+    report["bare"] = first["bare_encode"]
+    report["bare_unique_chunks"] = first["distinct_texts"]
     report["ratio"] = round(t["chunks_per_second"] / report["bare"]["chunks_per_second"], 3)
     report["cpu"] = cpu_budget(t["cpu_seconds"], t["wall_seconds"], report["bare"]["cpu_seconds"], report["cpus"])
     versions = max(1, t["succeeded_docs"])
@@ -116,6 +125,8 @@ def run(corpus: Path, docs: int, *, fake_model: bool = False, embed_service: boo
 
 
 def render(report: dict[str, Any]) -> str:
+    from bench.pipeline.passes import render as render_passes
+
     t, b, d = report["throughput"], report["bare"], report["throughput"]["dagster"]
     return "\n".join([
         f"model {report['model']}, {report['cpus']} cpus; {t['docs']} one-paragraph documents "
@@ -129,6 +140,7 @@ def render(report: dict[str, Any]) -> str:
         f"median phases    {t['stages']}",
         render_cpu(report["cpu"]),
         f"final states     {t['final_states']}",
+        render_passes(report["passes"], report["floor"]),
     ])
 
 
@@ -139,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fake-model", action="store_true", help="fake-384 embedder (smoke runs; no torch)")
     parser.add_argument("--no-embed-service", dest="embed_service", action="store_false")
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--passes", type=int, default=3,
+                        help="interleaved passes of pipeline, bare encode and bare system (medians reported)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -147,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.scale.small_docs skipped: corpus {args.corpus} not found")
         return 0
     report = run(args.corpus, args.docs, fake_model=args.fake_model, embed_service=args.embed_service,
-                 timeout=args.timeout, out=lambda line: print(line, flush=True))
+                 timeout=args.timeout, passes=args.passes, out=lambda line: print(line, flush=True))
     print(render(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))

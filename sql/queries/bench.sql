@@ -21,3 +21,37 @@ UPDATE index_task t
 SET status = 'SUCCEEDED', finished_at = t.created_at + make_interval(secs => mod(t.task_id, 600)::float8),
     updated_at = now()
 WHERE t.tenant_id = %(tenant)s AND t.status = 'PENDING';
+
+-- name: bench_bare_records
+-- Benchmark only (bench/pipeline/bare_system.py): the rows the bare system's pointers and chunks refer to, for
+-- a batch of first versions of one tenant, in one statement: documents, their versions and each version's
+-- INDEX task already SUCCEEDED (no queue, no events). The foreign keys are checked at the end of the
+-- statement, so the three inserts may run as sibling parts of one WITH. Returns each version's task id.
+WITH r AS (
+    SELECT * FROM unnest(%(document_ids)s::text[], %(content_hashes)s::text[], %(byte_sizes)s::bigint[],
+                         %(media_types)s::text[], %(partition_keys)s::text[], %(chunk_counts)s::integer[])
+         AS r (document_id, content_hash, byte_size, media_type, partition_key, chunk_count)
+),
+docs AS (
+    INSERT INTO document (tenant_id, document_id, latest_version)
+    SELECT %(tenant_id)s, r.document_id, 1 FROM r
+),
+versions AS (
+    INSERT INTO document_version (tenant_id, document_id, version_number, content_hash, byte_size, filename,
+                                  media_type, partition_key)
+    SELECT %(tenant_id)s, r.document_id, 1, r.content_hash, r.byte_size, r.document_id, r.media_type,
+           r.partition_key
+    FROM r
+)
+INSERT INTO index_task (tenant_id, document_id, version_number, profile, status, chunk_count, finished_at)
+SELECT %(tenant_id)s, r.document_id, 1, %(profile)s, 'SUCCEEDED', r.chunk_count, now()
+FROM r
+RETURNING task_id, document_id;
+
+-- name: bench_rows_of_tenant
+-- Benchmark only: how many chunk rows, lexical rows and search pointers a tenant has (the bare system and the
+-- pipeline must end with the same counts: equal work on both sides).
+SELECT (SELECT count(*) FROM chunk WHERE tenant_id = %(tenant_id)s)::integer AS chunks,
+       (SELECT count(*) FROM lexical_chunk WHERE tenant_id = %(tenant_id)s)::integer AS lexical,
+       (SELECT count(*) FROM lexical_posting WHERE tenant_id = %(tenant_id)s)::integer AS postings,
+       (SELECT count(*) FROM search_pointer WHERE tenant_id = %(tenant_id)s)::integer AS pointers;

@@ -28,7 +28,7 @@ from resources.task_queue import TaskQueue
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_bench_pipeline_smoke_reports_every_phase_and_all_documents_succeed(pg_server_url, tmp_path, monkeypatch, capsys):
     from bench.pipeline.__main__ import main
 
@@ -36,13 +36,14 @@ def test_bench_pipeline_smoke_reports_every_phase_and_all_documents_succeed(pg_s
     report_path = tmp_path / "report.json"
     started = time.monotonic()
     code = main(["--docs", "6", "--latency-samples", "3", "--fake-model", "--no-warmup", "--timeout", "150",
-                 "--json", str(report_path)])
+                 "--passes", "3", "--json", str(report_path)])
     took = time.monotonic() - started
     assert code == 0
     report = json.loads(report_path.read_text())
     printed = capsys.readouterr().out
     for label in ("end-to-end", "reuse", "bare model.encode", "ratio e2e/bare", "latency p50", "runs launched",
-                  "final states", "CPU (core-seconds)", "CPU bound"):
+                  "final states", "CPU (core-seconds)", "CPU bound", "pipeline / bare encode",
+                  "pipeline / bare system", "equal work           yes"):
         assert label in printed
 
     t = report["throughput"]
@@ -65,6 +66,16 @@ def test_bench_pipeline_smoke_reports_every_phase_and_all_documents_succeed(pg_s
     assert cpu["core_seconds"] == t["cpu_seconds"] and report["bare"]["cpu_seconds"] > 0
     assert cpu["ratio_cpu_allows"] == pytest.approx(report["bare"]["cpu_seconds"] / cpu["total_core_seconds"], rel=1e-9)
     assert cpu["cores_busy"] == pytest.approx(cpu["total_core_seconds"] / t["wall_seconds"], abs=0.01)
+
+    floor = report["floor"]  # issue #34: both floors over interleaved passes, on equal work
+    assert floor["passes"] == len(report["passes"]) == 3 and floor["equal_work"]
+    for key in ("ratio_encode", "ratio_system"):
+        assert len(floor[key]["values"]) == 3 and floor[key]["min"] <= floor[key]["median"] <= floor[key]["max"]
+    for p in report["passes"]:
+        assert p["throughput"]["final_states"] == {"SUCCEEDED": 6}
+        assert p["rows"]["pipeline"] == p["rows"]["bare_system"]
+        assert p["rows"]["bare_system"]["pointers"] == 6 and p["rows"]["bare_system"]["chunks"] == t["chunks"]
+    assert report["passes"][0]["ratio_encode"] == pytest.approx(report["ratio"], rel=0.02, abs=1e-3)
 
     lat = report["latency"]
     assert len(lat["samples"]) == 3 and all(s > 0 for s in lat["samples"])

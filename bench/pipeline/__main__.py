@@ -520,7 +520,7 @@ def run(
             report["passes"] = interleaved_passes(
                 bench, documents, passes=max(1, passes), admin_url=admin_url, model=report["model"],
                 embed_batch=embed_batch, tenant=TENANT, timeout=timeout, bare_parallel=bare_parallel, out=out,
-                pause=lambda: [dagster.proc.pid if dagster.proc else None, service.pid if service else None])
+                idle_pids=lambda: [dagster.proc.pid if dagster.proc else None, service.pid if service else None])
             report["floor"] = summary(report["passes"])
             first = report["passes"][0]
             report["throughput"] = first["throughput"]

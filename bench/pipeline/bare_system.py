@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -292,39 +291,3 @@ def rows_of_tenant(url: str, tenant: str) -> dict[str, int]:
         cur = conn.execute(queries["bench_rows_of_tenant"], {"tenant_id": tenant})
         names = [d.name for d in cur.description]
         return dict(zip(names, cur.fetchone(), strict=True))
-
-
-# --------------------------------------------------------------------------------------------------
-# keeping the pipeline's processes off the cores while the bare sides run
-
-
-@contextmanager
-def paused(pids: Sequence[int | None]) -> Iterator[None]:
-    """SIGSTOP these process trees (Dagster idling between passes, the embedding service) and resume them
-    after: the bare sides run on cores nothing else of the bench uses, as they did when Dagster was stopped."""
-    import psutil
-
-    procs: list[Any] = []
-    for pid in pids:
-        if not pid:
-            continue
-        try:
-            root = psutil.Process(pid)
-            procs.extend([root, *root.children(recursive=True)])
-        except psutil.Error:
-            continue
-    stopped = []
-    try:
-        for proc in procs:
-            try:
-                proc.suspend()
-                stopped.append(proc)
-            except psutil.Error:
-                pass
-        yield
-    finally:
-        for proc in reversed(stopped):
-            try:
-                proc.resume()
-            except psutil.Error:
-                pass

@@ -2,7 +2,8 @@
 
 Each pass publishes the same documents to a tenant of its own (embedding reuse and chunk ids are per
 tenant, so every pass does the same work) through the running ``dagster dev``; then, with Dagster and the
-embedding service paused (SIGSTOP), bare ``model.encode`` of the pass's distinct texts (bench/pipeline/bare.py:
+embedding service left idle (not paused: a SIGSTOPped code server
+misses its heartbeats and shuts down; their idle CPU over the bare phases is reported), bare ``model.encode`` of the pass's distinct texts (bench/pipeline/bare.py:
 one process, and one process per core; the faster is the yardstick) and the bare system (bare_system.py:
 the same documents into the same tenant of a fresh scratch database, plain SQL, no Dagster, no queue).
 Both databases then hold the tenant's rows; the counts are compared (equal work on both sides).
@@ -21,7 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.pipeline.bare import bare_encode, bare_encode_parallel
-from bench.pipeline.bare_system import BareSystem, paused, rows_of_tenant
+from bench.cpu import CpuMeter
+from bench.pipeline.bare_system import BareSystem, rows_of_tenant
 
 ROWS = ("chunks", "lexical", "postings", "pointers")
 
@@ -33,7 +35,7 @@ def pass_tenant(base: str, i: int) -> str:
 
 def interleaved_passes(bench: Any, documents: Sequence[tuple[str, bytes]], *, passes: int, admin_url: str,
                        model: str, embed_batch: int, tenant: str, timeout: float,
-                       pause: Callable[[], list[int | None]], bare_parallel: bool = True,
+                       idle_pids: Callable[[], list[int | None]], bare_parallel: bool = True,
                        out: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """``passes`` rounds of (pipeline burst, bare encode, bare system); one dict per pass."""
     bare = BareSystem(admin_url, model)
@@ -46,14 +48,18 @@ def interleaved_passes(bench: Any, documents: Sequence[tuple[str, bytes]], *, pa
             t["dagster"] = bench.runs(name)
             texts = bench.embed_texts(name)
             unique = list(dict.fromkeys(texts))
-            with paused(pause()):
-                out(f"pass {i + 1}/{passes}: bare model.encode of {len(unique)} distinct texts…")
-                one = bare_encode(unique, model, embed_batch)
-                many = bare_encode_parallel(unique, model, embed_batch, os.cpu_count() or 1) if bare_parallel else None
-                out(f"pass {i + 1}/{passes}: bare system ({len(documents)} documents into a scratch database)…")
-                system = bare.run(name, documents)
+            idle = CpuMeter(dict(zip(("Dagster", "embedding service"), idle_pids(), strict=True)))
+            idle.start()
+            out(f"pass {i + 1}/{passes}: bare model.encode of {len(unique)} distinct texts…")
+            one = bare_encode(unique, model, embed_batch)
+            many = bare_encode_parallel(unique, model, embed_batch, os.cpu_count() or 1) if bare_parallel else None
+            out(f"pass {i + 1}/{passes}: bare system ({len(documents)} documents into a scratch database)…")
+            system = bare.run(name, documents)
+            spent = idle.spent()
+            spent.pop("bench client", None)
             results.append(pass_figures(t, texts, one, many, system,
                                         rows_of_tenant(bench.kb_url, name), bare.rows(name)))
+            results[-1]["idle_during_bare"] = spent
     finally:
         bare.close()
     return results
@@ -109,7 +115,9 @@ def render(passes: list[dict[str, Any]], floor: dict[str, Any]) -> str:
             f"{e.get('processes', 1)} process(es)) | bare system {s['seconds']:.1f} s ("
             + ", ".join(f"{k} {v:.2f}" for k, v in s["core_seconds"].items())
             + " core-s; " + ", ".join(f"{k} {v:.2f} s" for k, v in s["part_seconds"].items()) + ")"
-            f" | ratios encode {p['ratio_encode']} system {p['ratio_system']}")
+            f" | ratios encode {p['ratio_encode']} system {p['ratio_system']}"
+            + (f" | idle meanwhile " + ", ".join(f"{k} {v:.1f} core-s" for k, v in p["idle_during_bare"].items())
+               if p.get("idle_during_bare") else ""))
     for key, label in (("ratio_encode", "pipeline / bare encode"), ("ratio_system", "pipeline / bare system")):
         r = floor[key]
         lines.append(f"{label:<22} median {r['median']}  (min {r['min']} - max {r['max']} over {floor['passes']} passes)")

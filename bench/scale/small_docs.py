@@ -100,7 +100,7 @@ def run_documents(documents: list[tuple[str, bytes]], *, fake_model: bool = Fals
             report["passes"] = interleaved_passes(
                 bench, documents, passes=max(1, passes), admin_url=admin_url, model=report["model"],
                 embed_batch=embed_batch, tenant=TENANT, timeout=timeout, out=out,
-                pause=lambda: [dagster.proc.pid if dagster.proc else None, service.pid if service else None])
+                idle_pids=lambda: [dagster.proc.pid if dagster.proc else None, service.pid if service else None])
             report["floor"] = summary(report["passes"])
         finally:
             dagster.stop()

@@ -15,11 +15,15 @@ BM25 (Lucene's idf, always positive): ``idf(t) = ln(1 + (N - df + 0.5) / (df + 0
 ``w(t, d) = idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(d) / avglen))``, summed over the distinct
 query terms. N, df and avglen count only the current versions of one tenant under one profile.
 
-Fusion (``fuse``): ``lexical_weight * bm25 / max_bm25 + (1 - lexical_weight) * max(cosine, 0)``. Measured
-against reciprocal rank fusion on the eval sets: RRF (k=60, equal weights) lets a model that does not
-read the language drag the ranking down (xquad-zh 0.57), and weighted RRF needs a weight per language;
-the score sum keeps the cosine unstretched, so a model that sees noise adds little (xquad-en 0.978,
-xquad-zh 0.967 at weight 0.5).
+Fusion, per profile (``fusion``, migration 0044), query-time only:
+
+- ``weighted`` (``fuse``, the default): ``lexical_weight * bm25 / max_bm25 + (1 - lexical_weight) *
+  max(cosine, 0)`` over both sides' candidates, each scored by both measures. The score sum keeps the
+  cosine unstretched, so a model that sees noise adds little.
+- ``rrf`` (``fuse_rrf``): reciprocal rank fusion, ``(1 - lexical_weight) / (rrf_k + dense rank) +
+  lexical_weight / (rrf_k + lexical rank)``; a chunk outside one side's candidate list gets nothing from
+  that side. Ranks only, so it needs no score normalisation, but a model that does not read the language
+  ranks noise as confidently as signal and drags the order down.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ CJK_BASE = 1 << 24
 BIGRAM_BASE = 1 << 30
 BIGRAM_SPACE = (1 << 30) - 1
 MODES = ("hybrid", "dense", "lexical")
+FUSIONS = ("weighted", "rrf")
+DEFAULT_RRF_K = 60
+MAX_RRF_K = 100_000
 
 
 class PieceTokenizer(Protocol):
@@ -51,6 +58,10 @@ class LexicalParams:
     lexical_weight: float = 0.5
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
+    fusion: str = "weighted"
+    """How hybrid fuses its two sides: ``weighted`` (``fuse``) or ``rrf`` (``fuse_rrf``); migration 0044."""
+    rrf_k: int = DEFAULT_RRF_K
+    """RRF's rank constant (used when ``fusion`` is ``rrf``): larger flattens the top ranks' advantage."""
 
     @classmethod
     def of(cls, profile: Mapping[str, object]) -> LexicalParams:
@@ -60,6 +71,8 @@ class LexicalParams:
             lexical_weight=float(profile.get("lexical_weight", cls.lexical_weight)),  # type: ignore[arg-type]
             bm25_k1=float(profile.get("bm25_k1", cls.bm25_k1)),  # type: ignore[arg-type]
             bm25_b=float(profile.get("bm25_b", cls.bm25_b)),  # type: ignore[arg-type]
+            fusion=str(profile.get("fusion") or cls.fusion),
+            rrf_k=int(profile.get("rrf_k", cls.rrf_k)),  # type: ignore[call-overload]
         )
 
 
@@ -163,6 +176,41 @@ def fuse(
     return scored
 
 
+def competition_ranks(scores: Mapping[str, float]) -> dict[str, int]:
+    """Id -> 1 + how many ids score strictly higher: tied scores share a rank, so the fusion of a tie does
+    not depend on how either side happened to order it."""
+    ordered = sorted(scores.values(), reverse=True)
+    ranks: dict[float, int] = {}
+    for i, value in enumerate(ordered):
+        ranks.setdefault(value, i + 1)
+    return {cid: ranks[value] for cid, value in scores.items()}
+
+
+def fuse_rrf(
+    dense: Mapping[str, float], lexical: Mapping[str, float], rrf_k: int, lexical_weight: float = 0.5
+) -> list[tuple[str, float]]:
+    """Chunk ids by reciprocal rank fusion, best first (ties by id).
+
+    ``dense``: each dense candidate's cosine, ``lexical``: each lexical candidate's BM25 (each side's own
+    candidate list, not cross-scored). A chunk's score is ``(1 - lexical_weight) / (rrf_k + its dense rank)
+    + lexical_weight / (rrf_k + its lexical rank)``, ranks from 1 (``competition_ranks``); a side that did
+    not bring the chunk adds nothing. With one side empty the order is the other side's.
+    """
+    if rrf_k < 1:
+        raise ValueError("rrf_k must be >= 1")
+    dense_ranks, lexical_ranks = competition_ranks(dense), competition_ranks(lexical)
+    scored = [
+        (
+            cid,
+            ((1.0 - lexical_weight) / (rrf_k + dense_ranks[cid]) if cid in dense_ranks else 0.0)
+            + (lexical_weight / (rrf_k + lexical_ranks[cid]) if cid in lexical_ranks else 0.0),
+        )
+        for cid in set(dense_ranks) | set(lexical_ranks)
+    ]
+    scored.sort(key=lambda item: (-item[1], item[0]))
+    return scored
+
+
 def check_params(params: LexicalParams) -> LexicalParams:
     """``params`` if every field is in range (the index_profile CHECKs); ValueError naming the field otherwise."""
     check_mode(params.search_mode)
@@ -172,7 +220,17 @@ def check_params(params: LexicalParams) -> LexicalParams:
         raise ValueError("bm25_k1 must be >= 0")
     if not 0.0 <= params.bm25_b <= 1.0:
         raise ValueError("bm25_b must be between 0 and 1")
+    check_fusion(params.fusion)
+    if isinstance(params.rrf_k, bool) or not isinstance(params.rrf_k, int) or not 1 <= params.rrf_k <= MAX_RRF_K:
+        raise ValueError(f"rrf_k must be an integer between 1 and {MAX_RRF_K}")
     return params
+
+
+def check_fusion(fusion: str) -> str:
+    """``fusion`` if it is one of FUSIONS; ValueError otherwise."""
+    if fusion not in FUSIONS:
+        raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}")
+    return fusion
 
 
 def check_mode(mode: str) -> str:
@@ -226,3 +284,21 @@ def fuse_matrix(cosines, bm25, lexical_weight: float):  # numpy arrays (queries 
     top = bm25.max(axis=1, keepdims=True) if bm25.size else np.zeros((bm25.shape[0], 1))
     lexical = np.divide(bm25, top, out=np.zeros_like(bm25, dtype=np.float64), where=top > 0)
     return lexical_weight * lexical + (1.0 - lexical_weight) * np.clip(cosines, 0.0, None)
+
+
+def rrf_matrix(cosines, bm25, rrf_k: int, lexical_weight: float, depth: int):  # numpy (queries x chunks) -> same
+    """``fuse_rrf`` over whole score matrices (the quality gate scores every chunk), as search fuses: each side
+    contributes only for its ``depth`` best chunks (search's candidate lists, ``hybrid_depth``), ranks shared by
+    ties (``competition_ranks``), and the lexical side only for chunks with a BM25 above 0 (a chunk sharing no
+    term with the query is not a lexical candidate)."""
+    import numpy as np
+    from scipy.stats import rankdata
+
+    out = np.zeros(cosines.shape, dtype=np.float64)
+    if not cosines.size:
+        return out
+    dense_rank = rankdata(-cosines, method="min", axis=1)
+    out += np.where(dense_rank <= depth, (1.0 - lexical_weight) / (rrf_k + dense_rank), 0.0)
+    lexical_rank = rankdata(-bm25, method="min", axis=1)
+    out += np.where((lexical_rank <= depth) & (bm25 > 0), lexical_weight / (rrf_k + lexical_rank), 0.0)
+    return out

@@ -34,12 +34,21 @@ import numpy as np
 from pipelines.domain.chunking import VersionIdentity, chunk_document
 from pipelines.domain.errors import EmbeddingError, IllegalTransition, InvalidRequest
 from pipelines.domain.identifiers import validate_profile_name
-from pipelines.domain.lexical import LexicalParams, bm25_matrix, check_mode, check_params, fuse_matrix, term_counts
+from pipelines.domain.lexical import (
+    LexicalParams,
+    bm25_matrix,
+    check_mode,
+    check_params,
+    fuse_matrix,
+    rrf_matrix,
+    term_counts,
+)
 from pipelines.domain.parsing.model import ParsedDocument, TextBlock
 from pipelines.domain.retrieval_metrics import DEFAULT_K, RetrievalScores, evaluate, gate_passed
 from resources.database import Database
 from resources.embedder import PACKAGED_MODEL_NAME, Embedder, checked_embed, embedder_for_model, tokenizer_for_model
 from resources.lexical import lexical_text
+from resources.search import hybrid_depth
 
 INDEX_DIMENSION = 384  # chunk.embedding is vector(384)
 MIN_CHUNK_TOKENS = 16  # index_profile CHECK
@@ -133,8 +142,8 @@ def create_profile(
 ) -> dict[str, Any]:
     """Insert a building profile and a REINDEX task for every current document version, in one transaction.
 
-    ``lexical``: the profile's search mode and BM25/fusion parameters (default: hybrid, weight 0.5, k1 1.2,
-    b 0.75), so a migration can change how search ranks and the quality gate judges that change.
+    ``lexical``: the profile's search mode and BM25/fusion parameters (default: hybrid, weighted fusion at
+    weight 0.5, RRF k 60, k1 1.2, b 0.75), so a migration can change how search ranks and the quality gate judges that change.
 
     Returns the profile row plus ``reindex_tasks`` (how many tasks were created). InvalidRequest for a
     bad name, model or chunking; IllegalTransition if the name is taken. With ``provider`` (an
@@ -157,7 +166,7 @@ def create_profile(
                 "dimension": info.dimension,
                 "chunk_tokens": chunk_tokens,
                 "chunk_overlap": overlap,
-                **dataclasses.asdict(lexical),  # search_mode, lexical_weight, bm25_k1, bm25_b
+                **dataclasses.asdict(lexical),  # search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k
             },
         )
         if row is None:
@@ -326,7 +335,71 @@ def why_not_activatable(session: Any, name: str, active: str | None) -> list[str
         )
     elif gate["baseline_profile"] != active:
         reasons.append(f"its latest gate was against {gate['baseline_profile']!r}, not the active {active!r}: gate it again")
+    else:
+        profile = session.fetch_one("index_profile_get", {"name": name})
+        if profile is not None and not gate_scored_fusion(gate, profile):
+            reasons.append("its fusion changed after its latest gate (`kbindex profile fusion`): gate it again")
     return reasons
+
+
+def _fusion_of(params: LexicalParams) -> tuple[str, int | None, float]:
+    """What decides a hybrid ranking besides BM25's k1 and b: the fusion, RRF's k (rrf only) and the weight."""
+    return (params.fusion, params.rrf_k if params.fusion == "rrf" else None, round(params.lexical_weight, 9))
+
+
+def gate_scored_fusion(gate: Mapping[str, Any], profile: Mapping[str, Any]) -> bool:
+    """Whether a gate row scored the profile with the fusion it has now (a row from before migration 0044
+    has no fusion recorded: it scored the weighted sum, at a weight it did not record)."""
+    now = LexicalParams.of(profile)
+    if gate.get("fusion") is None:
+        return now.fusion == "weighted"
+    scored = LexicalParams(fusion=gate["fusion"], rrf_k=int(gate["rrf_k"]), lexical_weight=float(gate["lexical_weight"]))
+    return _fusion_of(scored) == _fusion_of(now)
+
+
+def set_fusion(db: Database, name: str, *, fusion: str, rrf_k: int | None = None, lexical_weight: float | None = None,
+               force: bool = False) -> dict[str, Any]:
+    """Change how profile ``name`` fuses hybrid search: ``weighted`` or ``rrf``, RRF's ``rrf_k``, the ``lexical_weight``
+    (None keeps the profile's). Query-time only: nothing is re-indexed, the change takes effect at the next search.
+
+    A shadow profile: its latest gate no longer counts (it scored the old fusion), so activation asks for a new
+    gate. The active profile: refused (IllegalTransition; search would change ungated) unless ``force``, which
+    is recorded in the profile history. InvalidRequest for an unknown profile or a parameter out of range.
+    """
+    validate_profile_name(name)
+    with db.transaction() as tx:
+        rows = tx.fetch_all("index_profile_lock_all")
+        if _find(rows, name) is None:
+            raise InvalidRequest(f"no index profile named {name!r} (see `kbindex profile list`)")
+        current = LexicalParams.of(tx.fetch_one("index_profile_get", {"name": name}))
+        try:
+            wanted = check_params(dataclasses.replace(
+                current, fusion=fusion, rrf_k=current.rrf_k if rrf_k is None else rrf_k,
+                lexical_weight=current.lexical_weight if lexical_weight is None else lexical_weight))
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
+        active = _find(rows, name)["is_active"]  # type: ignore[index]
+        if active and not force and _fusion_of(wanted) != _fusion_of(current):
+            raise IllegalTransition(
+                f"profile {name!r} is active: a fusion change would alter search without a quality gate. Score it "
+                "first (`python -m bench.retrieval --fusion both`, or a shadow profile with this fusion and "
+                "`kbindex profile gate`), then repeat with --force",
+                profile=name,
+            )
+        row = tx.fetch_one("index_profile_fusion_set", {"name": name, "fusion": wanted.fusion, "rrf_k": wanted.rrf_k,
+                                                        "lexical_weight": wanted.lexical_weight})
+        tx.execute(
+            "index_profile_event_insert",
+            {
+                "profile": name,
+                "action": "fusion",
+                "from_profile": None,
+                "forced": bool(active and force),
+                "detail": json.dumps({"from": dataclasses.asdict(current), "to": dataclasses.asdict(wanted)}),
+            },
+        )
+    assert row is not None
+    return dict(row)
 
 
 def request_backfill(db: Database, name: str) -> dict[str, Any]:
@@ -495,8 +568,9 @@ def evaluate_profile(
     Each paragraph is chunked as a one-section document (its title as the heading) with the profile's
     chunker and tokenizer and a paragraph scores the best of its chunks, ranked as search ranks in
     ``mode`` (default: the profile's ``search_mode``, the one search uses): cosine of the profile's
-    model (dense), BM25 with the profile's k1 and b over the eval corpus (lexical), or their fusion with
-    the profile's ``lexical_weight`` (hybrid), every chunk scored exactly.
+    model (dense), BM25 with the profile's k1 and b over the eval corpus (lexical), or their fusion as the
+    profile's ``fusion`` says (hybrid: the weighted sum with ``lexical_weight``, or RRF with ``rrf_k`` over each
+    side's ``hybrid_depth(k)`` best chunks, as search fuses), every chunk scored exactly.
     """
     params = LexicalParams.of(profile)
     mode = check_mode(mode or params.search_mode)
@@ -533,7 +607,12 @@ def evaluate_profile(
             params.bm25_k1,
             params.bm25_b,
         )
-        scores = bm25 if scores is None else fuse_matrix(scores, bm25, params.lexical_weight)
+        if scores is None:
+            scores = bm25
+        elif params.fusion == "rrf":  # each side's ranks among its search-depth candidates, as search fuses
+            scores = rrf_matrix(scores, bm25, params.rrf_k, params.lexical_weight, hybrid_depth(k))
+        else:
+            scores = fuse_matrix(scores, bm25, params.lexical_weight)
     assert scores is not None
     per_paragraph = np.maximum.reduceat(scores, np.asarray(starts), axis=1)
     doc_ids = [d for d, _, _ in eval_set.corpus]
@@ -553,7 +632,8 @@ def run_gate(
     """Evaluate profile ``name`` and the active profile on the eval set and record the result.
 
     Each profile is scored in its own ``search_mode`` (the mode search will use once it is active; the
-    row records both modes), with its own lexical and fusion parameters.
+    row records both modes), with its own lexical and fusion parameters (the row records the shadow's
+    fusion: changing it afterwards makes the gate stale for activation).
 
     passed = shadow nDCG@10 >= active nDCG@10 - tolerance and shadow recall@10 >= active recall@10 - tolerance.
     Returns the recorded ``profile_gate`` row. ``embedders`` (by model name) overrides the model loading (tests).
@@ -594,6 +674,9 @@ def run_gate(
             "seconds": round(time.perf_counter() - started, 3),
             "mode": LexicalParams.of(shadow).search_mode,
             "baseline_mode": LexicalParams.of(active).search_mode,
+            "fusion": LexicalParams.of(shadow).fusion,
+            "rrf_k": LexicalParams.of(shadow).rrf_k,
+            "lexical_weight": LexicalParams.of(shadow).lexical_weight,
         },
     )
     assert row is not None
@@ -613,4 +696,5 @@ __all__ = [
     "probe_model",
     "rollback_profile",
     "run_gate",
+    "set_fusion",
 ]

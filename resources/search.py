@@ -1,8 +1,9 @@
 """Search: a tenant's best chunks under the ACTIVE profile, over CURRENT versions only (invariant 4).
 
 Three modes (``mode``; default: the profile's ``search_mode``, hybrid): dense (cosine, below), lexical
-(BM25 over the lexical index, resources/lexical.py) and hybrid (both sides' candidates, each scored by
-both, fused with the profile's ``lexical_weight``). The lexical side joins the same search pointer and
+(BM25 over the lexical index, resources/lexical.py) and hybrid (both sides' candidates fused as the
+profile's ``fusion`` says: the weighted sum of both scores with ``lexical_weight``, or reciprocal rank fusion
+with ``rrf_k``; pipelines/domain/lexical.py). The lexical side joins the same search pointer and
 filters the same tenant and profile as the vectors.
 
 Only chunks whose (tenant, document, profile, version) is named by a search pointer can match, so a
@@ -21,7 +22,7 @@ from typing import Any
 
 from pipelines.domain.errors import InvalidRequest
 from pipelines.domain.identifiers import validate_tenant
-from pipelines.domain.lexical import MODES, LexicalParams, fuse
+from pipelines.domain.lexical import MODES, LexicalParams, fuse, fuse_rrf
 from pipelines.domain.metadata import NO_FILTERS, ReadScope
 from resources.database import Database, Session
 from resources.embedder import Embedder, ProfileEmbedders, checked_embed
@@ -186,15 +187,20 @@ def _hybrid_rows(
     tx: Session, vector: Any, weights: dict[str, Any] | None, params: LexicalParams, scope: dict[str, Any],
     visible: dict[str, Any], k: int,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Both sides' candidates, each scored by BOTH measures (the lexical rows carry their cosine, the dense
-    ones get their BM25 by primary key), fused: the same scores the quality gate computes in memory."""
+    """Both sides' candidates fused by the profile's ``fusion``: the same scores the quality gate computes
+    in memory. ``weighted``: each candidate scored by BOTH measures (the lexical rows carry their cosine,
+    the dense ones get their BM25 by primary key). ``rrf``: each side's own ranking of its own candidates."""
     depth = hybrid_depth(k)
     dense = _dense_rows(tx, vector, scope, visible, depth)
     lexical = lexical_search(tx, weights, params, k=depth, read=visible, query_vector=vector, **scope) if weights else []
     rows = {r["chunk_id"]: r for r in dense}
     rows.update({r["chunk_id"]: r for r in lexical if r["chunk_id"] not in rows})
-    cosines = {cid: 1.0 - float(r["distance"]) for cid, r in rows.items()}
     bm25 = {r["chunk_id"]: float(r["bm25"]) for r in lexical}
+    if params.fusion == "rrf":  # ranks only: no cross-scoring query
+        ranked = fuse_rrf({r["chunk_id"]: 1.0 - float(r["distance"]) for r in dense}, bm25, params.rrf_k,
+                          params.lexical_weight)[:k]
+        return [rows[cid] for cid, _ in ranked], dict(ranked)
+    cosines = {cid: 1.0 - float(r["distance"]) for cid, r in rows.items()}
     if weights:
         missing = [r["chunk_id"] for r in dense if r["chunk_id"] not in bm25]
         bm25.update(lexical_scores(tx, weights, params, missing, read=visible, **scope))

@@ -57,6 +57,8 @@ def create_command(
     max_batch: int = typer.Option(64, "--max-batch", help="Texts per provider request."),
     search_mode: str = typer.Option("hybrid", "--search-mode", help="How search ranks once this profile is active: hybrid, dense or lexical."),
     lexical_weight: float = typer.Option(0.5, "--lexical-weight", help="Hybrid fusion: the BM25 share of the score (0..1)."),
+    fusion: str = typer.Option("weighted", "--fusion", help="Hybrid fusion: weighted (score sum) or rrf (reciprocal rank fusion)."),
+    rrf_k: int = typer.Option(60, "--rrf-k", help="RRF rank constant (1..100000; with --fusion rrf)."),
     bm25_k1: float = typer.Option(1.2, "--bm25-k1", help="BM25 term-frequency saturation (>= 0)."),
     bm25_b: float = typer.Option(0.75, "--bm25-b", help="BM25 length normalisation (0..1)."),
     as_json: bool = JsonOption,
@@ -77,7 +79,8 @@ def create_command(
                                       max_batch=max_batch)
         elif not model:
             raise InvalidRequest("--model (or --provider-url with --provider-model) is required")
-        lexical = LexicalParams(search_mode=search_mode, lexical_weight=lexical_weight, bm25_k1=bm25_k1, bm25_b=bm25_b)
+        lexical = LexicalParams(search_mode=search_mode, lexical_weight=lexical_weight, bm25_k1=bm25_k1, bm25_b=bm25_b,
+                                fusion=fusion, rrf_k=rrf_k)
         row = create_profile(db, name, model=model, chunk_tokens=chunk_tokens, overlap=overlap, provider=provider,
                              lexical=lexical)
     if as_json:
@@ -85,11 +88,40 @@ def create_command(
         return
     console.print(
         f"profile {row['name']} created (building): model {row['model']}, {row['chunk_tokens']} tokens, "
-        f"overlap {row['chunk_overlap']}, search {row['search_mode']}; {row['reindex_tasks']} REINDEX tasks queued.\n"
+        f"overlap {row['chunk_overlap']}, search {row['search_mode']} ({_fusion_text(row)}); "
+        f"{row['reindex_tasks']} REINDEX tasks queued.\n"
         f"  next: `kbindex profile backfill {row['name']}` (or the backfill_profile job in the Dagster UI), "
         f"then `kbindex profile gate {row['name']} --eval DIR`",
         highlight=False,
     )
+
+
+def _fusion_text(row: dict) -> str:
+    if row["fusion"] == "rrf":
+        return f"rrf k {row['rrf_k']}, lexical weight {row['lexical_weight']:g}"
+    return f"weighted, lexical weight {row['lexical_weight']:g}"
+
+
+@profile_app.command("fusion")
+def fusion_command(
+    name: str = typer.Argument(...),
+    fusion: str = typer.Option(..., "--fusion", help="weighted (score sum) or rrf (reciprocal rank fusion)."),
+    rrf_k: int = typer.Option(None, "--rrf-k", help="RRF rank constant (1..100000); default: the profile's."),
+    lexical_weight: float = typer.Option(None, "--lexical-weight", help="BM25 share (0..1); default: the profile's."),
+    force: bool = typer.Option(False, "--force", help="Change the ACTIVE profile's fusion without a gate (recorded)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Change how NAME fuses hybrid search; query-time only, nothing is re-indexed (a shadow profile needs a new gate;
+    the active profile only with --force, exit 3 otherwise)."""
+    from resources.profiles import set_fusion
+
+    with open_database(writes=True) as db, errors_to_exit():
+        row = set_fusion(db, name, fusion=fusion, rrf_k=rrf_k, lexical_weight=lexical_weight, force=force)
+    if as_json:
+        print_json(row)
+        return
+    state = "active: search uses it now" if row["is_active"] else "gate it again before activating"
+    console.print(f"profile {row['name']}: fusion {_fusion_text(row)} ({state})", highlight=False)
 
 
 @profile_app.command("list")

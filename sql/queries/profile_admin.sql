@@ -5,12 +5,12 @@
 -- A new shadow profile: building (publishes index under it too), not active, with its search mode and
 -- BM25/fusion parameters (a migration may change them; the gate scores them). No row back: the name is taken.
 INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, is_active, building,
-                           search_mode, lexical_weight, bm25_k1, bm25_b)
+                           search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k)
 VALUES (%(name)s, %(model)s, %(dimension)s, %(chunk_tokens)s, %(chunk_overlap)s, false, true,
-        %(search_mode)s, %(lexical_weight)s, %(bm25_k1)s, %(bm25_b)s)
+        %(search_mode)s, %(lexical_weight)s, %(bm25_k1)s, %(bm25_b)s, %(fusion)s, %(rrf_k)s)
 ON CONFLICT (name) DO NOTHING
 RETURNING name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, created_at,
-          search_mode, lexical_weight, bm25_k1, bm25_b;
+          search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k;
 
 -- name: document_table_lock
 -- Wait for in-flight publishes and hold new ones until commit, so a version published meanwhile is
@@ -232,18 +232,27 @@ ORDER BY b.created_at, b.name;
 -- Record one quality-gate evaluation.
 INSERT INTO profile_gate (profile, baseline_profile, eval_set, eval_digest, documents, queries, k,
                           shadow_ndcg, shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds,
-                          mode, baseline_mode)
+                          mode, baseline_mode, fusion, rrf_k, lexical_weight)
 VALUES (%(profile)s, %(baseline_profile)s, %(eval_set)s, %(eval_digest)s, %(documents)s, %(queries)s, %(k)s,
         %(shadow_ndcg)s, %(shadow_recall)s, %(active_ndcg)s, %(active_recall)s, %(tolerance)s, %(passed)s,
-        %(seconds)s, %(mode)s, %(baseline_mode)s)
+        %(seconds)s, %(mode)s, %(baseline_mode)s, %(fusion)s, %(rrf_k)s, %(lexical_weight)s)
 RETURNING gate_id, profile, baseline_profile, eval_set, eval_digest, documents, queries, k, shadow_ndcg,
-          shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds, created_at, mode, baseline_mode;
+          shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds, created_at, mode, baseline_mode,
+          fusion, rrf_k, lexical_weight;
 
 -- name: profile_gate_latest
 -- The profile's latest gate result (activation requires it to have passed against the active profile).
 SELECT gate_id, profile, baseline_profile, eval_set, eval_digest, documents, queries, k, shadow_ndcg,
-       shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds, created_at
+       shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds, created_at, fusion, rrf_k, lexical_weight
 FROM profile_gate
 WHERE profile = %(profile)s
 ORDER BY gate_id DESC
 LIMIT 1;
+
+-- name: index_profile_fusion_set
+-- Change how a profile fuses hybrid search (query-time only: nothing is re-indexed). No row back: no such profile.
+UPDATE index_profile
+   SET fusion = %(fusion)s, rrf_k = %(rrf_k)s, lexical_weight = %(lexical_weight)s
+ WHERE name = %(name)s
+RETURNING name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, created_at,
+          search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k;

@@ -17,12 +17,13 @@ tenant's current chunks gives the exact answer, which is cheap precisely because
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipelines.domain.errors import InvalidRequest
 from pipelines.domain.identifiers import validate_tenant
-from pipelines.domain.lexical import MODES, LexicalParams, fuse, fuse_rrf
+from pipelines.domain.lexical import MODES, LexicalParams, check_params, fuse, fuse_rrf
 from pipelines.domain.metadata import NO_FILTERS, ReadScope
 from resources.database import Database, Session
 from resources.embedder import Embedder, ProfileEmbedders, checked_embed
@@ -84,6 +85,7 @@ def search(
     mode: str | None = None,
     max_scan_tuples: int = DEFAULT_MAX_SCAN_TUPLES,
     read: ReadScope | None = None,
+    fusion: str | None = None,
 ) -> list[SearchHit]:
     """The ``k`` best chunks of ``tenant_id``'s current versions for ``query``, best first.
 
@@ -100,6 +102,9 @@ def search(
     ``read``: on whose behalf, with which metadata filters (pipelines/domain/metadata.py ``ReadScope``). The
     default sees only versions without an allow list (fail-closed); ``EVERYTHING`` is the operator override.
     Scope and filters are applied inside each mode's SQL, before k (DESIGN.md invariant 8).
+
+    ``fusion``: ``weighted`` or ``rrf`` for this query instead of the profile's (``python -m bench.retrieval``
+    compares both on one index); None = the profile's ``fusion``.
     """
     validate_tenant(tenant_id)
     if not isinstance(k, int) or not 1 <= k <= MAX_K:
@@ -114,6 +119,11 @@ def search(
     if profile is None:
         raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
     params = LexicalParams.of(profile)
+    if fusion is not None:
+        try:
+            params = check_params(dataclasses.replace(params, fusion=fusion))
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
     mode = mode or params.search_mode
     vector = None
     if mode != "lexical":

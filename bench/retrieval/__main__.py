@@ -29,16 +29,24 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from resources.blob_store import BlobStore  # noqa: E402
 from resources.database import Database  # noqa: E402
-from resources.embedder import SentenceTransformerEmbedder, checked_embed  # noqa: E402
+from resources.embedder import Embedder, checked_embed, embedder_for_profile  # noqa: E402
 from resources.index_sink import IndexSink  # noqa: E402
 from resources.migrations import migrate  # noqa: E402
 from resources.publisher import Publisher  # noqa: E402
-from pipelines.domain.lexical import MODES  # noqa: E402
 from resources.search import search  # noqa: E402
 from resources.task_queue import TaskQueue  # noqa: E402
 
 TENANT = "bench"
 K = 10
+REGRESSION_SETS = {"xquad-en", "xquad-zh", "cmrc2018-dev"}
+"""Shared-corpus sets on which any decent BM25 scores 0.95-0.99 (../shared/corpus/README.md): they catch
+regressions and broken Chinese handling; they do not rank models or fusions."""
+ROWS = ("bm25-stock", "lexical", "dense", "hybrid-weighted", "hybrid-rrf")
+"""What each corpus prints, in order: bm25s with its stock tokenizer over whole paragraphs (the baseline any
+lexical engine should reach; absent when bm25s is not installed), then resources.search.search in each mode,
+hybrid once per fusion (pipelines/domain/lexical.py)."""
+SEARCHED = {"lexical": ("lexical", None), "dense": ("dense", None), "hybrid-weighted": ("hybrid", "weighted"),
+            "hybrid-rrf": ("hybrid", "rrf")}
 console = Console(stderr=True)
 
 
@@ -93,18 +101,6 @@ def score(rankings: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str
     ndcg = sum(ndcg_at_k(rankings.get(q, []), qrels[q]) for q in ids) / len(ids)
     recall = sum(recall_at_k(rankings.get(q, []), qrels[q]) for q in ids) / len(ids)
     return ndcg, recall
-
-
-RRF_K = 60  # the usual reciprocal rank fusion constant (Cormack et al. 2009)
-
-
-def rrf(*rankings: Sequence[str], k: int = RRF_K) -> list[str]:
-    """Reciprocal rank fusion of best-first rankings: sum of 1 / (k + rank), rank from 1; ties by id."""
-    scores: dict[str, float] = {}
-    for ranking in rankings:
-        for rank, item in enumerate(ranking, start=1):
-            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
-    return sorted(scores, key=lambda item: (-scores[item], item))
 
 
 def top_documents(chunk_docs: Sequence[str], k: int = K) -> list[str]:
@@ -167,17 +163,30 @@ def _progress() -> Progress:
 # -- the run --------------------------------------------------------------------------------------
 
 
-def index_corpus(db: Database, corpus: Corpus, embedder: SentenceTransformerEmbedder, batch_size: int, work: Path) -> dict[str, Any]:
+def use_model(db: Database, model: str | None) -> dict[str, Any]:
+    """The scratch database's active profile, first switched to ``model`` if one is given (a profile created
+    and force-activated on the empty database: what a model migration does, with nothing to re-index)."""
+    from resources.profiles import activate_profile, create_profile
+
+    profile = db.fetch_one("index_profile_active")
+    assert profile is not None
+    if model and model != profile["model"]:
+        create_profile(db, "bench", model=model, chunk_tokens=profile["chunk_tokens"], overlap=profile["chunk_overlap"])
+        activate_profile(db, "bench", force=True)
+        profile = db.fetch_one("index_profile_active")
+    return dict(profile)
+
+
+def index_corpus(db: Database, corpus: Corpus, embedder: Embedder, batch_size: int, work: Path) -> dict[str, Any]:
     """Publish, claim, parse, chunk, checked-embed and fenced-publish every paragraph; returns chunks + timings."""
     from pipelines.domain.chunking import VersionIdentity, chunk_document
     from pipelines.domain.parsing import parse_document
-    from resources.tokenizer import ModelTokenizer
+    from resources.embedder import tokenizer_for_model
 
     blobs = BlobStore(str(work / "blobs"))
     publisher = Publisher(db, blobs)
     queue = TaskQueue(db, lease_seconds=3600)
     sink = IndexSink(db, queue)
-    tokenizer = ModelTokenizer()
     profile = db.fetch_one("index_profile_active")
     assert profile is not None
     chunks_by_doc: dict[str, list[Any]] = {}
@@ -199,7 +208,7 @@ def index_corpus(db: Database, corpus: Corpus, embedder: SentenceTransformerEmbe
                 identity = VersionIdentity(task.tenant_id, task.document_id, task.version_number, task.profile)
                 chunks = chunk_document(
                     parsed,
-                    tokenizer=tokenizer,
+                    tokenizer=tokenizer_for_model(profile["model"]),
                     chunk_tokens=profile["chunk_tokens"],
                     overlap=profile["chunk_overlap"],
                     identity=identity,
@@ -220,13 +229,14 @@ def index_corpus(db: Database, corpus: Corpus, embedder: SentenceTransformerEmbe
     return {"chunks_by_doc": chunks_by_doc, "chunks": n_chunks, "index_embed_chunks_per_s": n_chunks / embed_seconds}
 
 
-def throughput(embedder: SentenceTransformerEmbedder, texts: list[str], batch_size: int, repeats: int) -> dict[str, float]:
-    """chunks/s of checked_embed and of bare model.encode on the same texts, interleaved, best of ``repeats``."""
-    model = embedder.model
+def throughput(embedder: Embedder, texts: list[str], batch_size: int, repeats: int) -> dict[str, float]:
+    """chunks/s of checked_embed and of the bare ``embedder.embed`` on the same texts, interleaved, best of
+    ``repeats``: what the checks (model, dimension, finite, unit length) cost on the profile's own backend."""
     best_checked = best_bare = math.inf
     for _ in range(repeats):
         started = time.perf_counter()
-        model.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+        for i in range(0, len(texts), batch_size):
+            embedder.embed(texts[i : i + batch_size])
         best_bare = min(best_bare, time.perf_counter() - started)
         started = time.perf_counter()
         checked_embed(embedder, texts, expected_model=embedder.model_name, expected_dim=embedder.dimension, batch_size=batch_size)
@@ -238,7 +248,35 @@ def throughput(embedder: SentenceTransformerEmbedder, texts: list[str], batch_si
     }
 
 
-def run_corpus(folder: Path, args: argparse.Namespace, embedder: SentenceTransformerEmbedder) -> dict[str, Any] | None:
+def stock_bm25(corpus: Corpus, qids: list[str]) -> tuple[dict[str, list[str]], list[float]] | None:
+    """bm25s (Lucene BM25, k1 1.5, b 0.75) with its stock tokenizer (lower-case, ``\\w\\w+`` words, English stop
+    words) over whole paragraphs, in memory: per-query rankings and ms. None when bm25s is not installed.
+    Its tokenizer keeps a run of CJK characters as one word, so on Chinese it shows what a stock engine
+    without CJK handling does."""
+    try:
+        import bm25s
+    except ImportError:
+        console.print("[yellow]bm25s is not installed[/]: no stock BM25 row (pip install bm25s)")
+        return None
+    doc_ids = list(corpus.docs)
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize([corpus.docs[d] for d in doc_ids], show_progress=False), show_progress=False)
+    rankings: dict[str, list[str]] = {}
+    latencies: list[float] = []
+    k = min(K, len(doc_ids))
+    for q in qids:
+        started = time.perf_counter()
+        tokens = bm25s.tokenize([corpus.queries[q]], show_progress=False)
+        if not tokens.vocab:  # every query word unknown or a stop word: no ranking
+            rankings[q] = []
+        else:
+            docs, scores = retriever.retrieve(tokens, k=k, show_progress=False, n_threads=1)
+            rankings[q] = [doc_ids[int(j)] for j, sc in zip(docs[0], scores[0], strict=True) if sc > 0]
+        latencies.append(1000 * (time.perf_counter() - started))
+    return rankings, latencies
+
+
+def run_corpus(folder: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     if not (folder / "corpus.jsonl").is_file():
         console.print(f"[yellow]skip[/] {folder}: no corpus.jsonl there (the shared corpus is optional)")
         return None
@@ -250,33 +288,43 @@ def run_corpus(folder: Path, args: argparse.Namespace, embedder: SentenceTransfo
     work = Path(tempfile.mkdtemp(prefix="kbindex-bench-blobs-"))
     try:
         with scratch_database(f"bench_retrieval_{os.getpid()}") as url, Database(url, max_size=4) as db:
+            profile = use_model(db, args.model)
+            embedder = embedder_for_profile(profile, batch_size=args.batch_size)  # as indexing and search pick it
             indexed = index_corpus(db, corpus, embedder, args.batch_size, work)
             doc_of_chunk = [d for d, chunks in indexed["chunks_by_doc"].items() for _ in chunks]
             texts = [c.embed_text for chunks in indexed["chunks_by_doc"].values() for c in chunks]
             nan = {"checked_chunks_per_s": math.nan, "bare_chunks_per_s": math.nan, "ratio": math.nan}
             speed = throughput(embedder, texts, args.batch_size, args.repeats) if args.repeats else nan
 
-            # Brute force: bare model.encode on the same chunks and the queries, a document = its best chunk.
-            model = embedder.model
-            chunk_vecs = model.encode(texts, batch_size=args.batch_size, normalize_embeddings=True, show_progress_bar=False)
+            # Brute force: the same embedder on the same chunks and the queries, in memory, a document = its best chunk.
             qids = list(corpus.queries)
-            query_vecs = model.encode([corpus.queries[q] for q in qids], batch_size=args.batch_size, normalize_embeddings=True, show_progress_bar=False)
-            sims = query_vecs @ chunk_vecs.T
+
+            def embed(items: list[str]) -> np.ndarray:
+                return checked_embed(embedder, items, expected_model=profile["model"], expected_dim=profile["dimension"],
+                                     batch_size=args.batch_size)
+
+            sims = embed([corpus.queries[q] for q in qids]) @ embed(texts).T
             brute = {q: top_documents([doc_of_chunk[j] for j in np.argsort(-sims[i], kind="stable")]) for i, q in enumerate(qids)}
 
-            by_mode = rank_queries(db, embedder, corpus, qids, args.chunk_k)
+            by_row = rank_queries(db, embedder, corpus, qids, args.chunk_k)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    stock = stock_bm25(corpus, qids)
+    if stock is not None:
+        by_row = {"bm25-stock": stock, **by_row}
     b_ndcg, b_recall = score(brute, corpus.qrels)
-    out: dict[str, Any] = {"corpus": corpus.name, "paragraphs": len(corpus.docs), "chunks": indexed["chunks"], "queries": len(qids)}
-    for mode, (rankings, latencies) in by_mode.items():
+    out: dict[str, Any] = {
+        "corpus": corpus.name, "regression_check": corpus.name in REGRESSION_SETS, "model": profile["model"],
+        "paragraphs": len(corpus.docs), "chunks": indexed["chunks"], "queries": len(qids), "chunk_k": args.chunk_k,
+    }
+    for row, (rankings, latencies) in by_row.items():
         ndcg, recall = score(rankings, corpus.qrels)
-        out[mode] = {
+        out[row] = {
             "ndcg@10": round(ndcg, 4),
             "recall@10": round(recall, 4),
             "p50_ms": round(float(np.percentile(latencies, 50)), 1),
             "p95_ms": round(float(np.percentile(latencies, 95)), 1),
-        } if latencies else {"ndcg@10": round(ndcg, 4), "recall@10": round(recall, 4)}
+        }
     out.update(
         {
             "stored_ndcg@10": out["dense"]["ndcg@10"],
@@ -284,10 +332,11 @@ def run_corpus(folder: Path, args: argparse.Namespace, embedder: SentenceTransfo
             "ndcg_gap": round(b_ndcg - out["dense"]["ndcg@10"], 4),
             "stored_recall@10": out["dense"]["recall@10"],
             "brute_recall@10": round(b_recall, 4),
-            "hybrid_minus_dense_p95_ms": round(out["hybrid"]["p95_ms"] - out["dense"]["p95_ms"], 1),
+            "rrf_minus_weighted_ndcg@10": round(out["hybrid-rrf"]["ndcg@10"] - out["hybrid-weighted"]["ndcg@10"], 4),
+            "hybrid_minus_dense_p95_ms": round(out["hybrid-weighted"]["p95_ms"] - out["dense"]["p95_ms"], 1),
             "index_embed_chunks_per_s": round(indexed["index_embed_chunks_per_s"], 1),
             "checked_embed_chunks_per_s": round(speed["checked_chunks_per_s"], 1),
-            "bare_encode_chunks_per_s": round(speed["bare_chunks_per_s"], 1),
+            "bare_embed_chunks_per_s": round(speed["bare_chunks_per_s"], 1),
             "throughput_ratio": round(speed["ratio"], 3),
         }
     )
@@ -295,72 +344,69 @@ def run_corpus(folder: Path, args: argparse.Namespace, embedder: SentenceTransfo
 
 
 def rank_queries(
-    db: Database, embedder: SentenceTransformerEmbedder, corpus: Corpus, qids: list[str], chunk_k: int
+    db: Database, embedder: Embedder, corpus: Corpus, qids: list[str], chunk_k: int
 ) -> dict[str, tuple[dict[str, list[str]], list[float]]]:
-    """Every query through resources.search.search in every mode: document rankings and per-query ms per mode
-    (embedding included for dense and hybrid). The modes take turns on each query, in a rotating order, so
-    load from anything else on the machine falls on all of them alike; one warm-up query is not timed."""
-    for mode in MODES:
-        search(db, embedder, corpus.queries[qids[0]], tenant_id=TENANT, k=chunk_k, mode=mode)
-    out: dict[str, tuple[dict[str, list[str]], list[float]]] = {mode: ({}, []) for mode in MODES}
-    # The yardstick the hybrid fusion is compared with: RRF of the same query's dense and lexical chunk
-    # rankings (chunk_k each), a document = its best chunk; untimed (it runs no query of its own).
-    chunks: dict[str, dict[str, list[str]]] = {"dense": {}, "lexical": {}}
-    docs: dict[str, str] = {}
+    """Every query through resources.search.search for every searched row (hybrid once per fusion): document
+    rankings and per-query ms (embedding included where the mode embeds). The rows take turns on each query,
+    in a rotating order, so load from anything else on the machine falls on all of them alike; one warm-up
+    query is not timed."""
+    names = list(SEARCHED)
+    for mode, fusion in SEARCHED.values():
+        search(db, embedder, corpus.queries[qids[0]], tenant_id=TENANT, k=chunk_k, mode=mode, fusion=fusion)
+    out: dict[str, tuple[dict[str, list[str]], list[float]]] = {name: ({}, []) for name in names}
     with _progress() as progress:
-        bar = progress.add_task(f"{corpus.name}: search (all modes)", total=len(qids))
+        bar = progress.add_task(f"{corpus.name}: search (every mode and fusion)", total=len(qids))
         for i, q in enumerate(qids):
-            for mode in MODES[i % len(MODES) :] + MODES[: i % len(MODES)]:
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                mode, fusion = SEARCHED[name]
                 started = time.perf_counter()
-                hits = search(db, embedder, corpus.queries[q], tenant_id=TENANT, k=chunk_k, mode=mode)
-                out[mode][1].append(1000 * (time.perf_counter() - started))
-                out[mode][0][q] = top_documents([h.document_id for h in hits])
-                if mode in chunks:
-                    chunks[mode][q] = [h.chunk_id for h in hits]
-                    docs.update((h.chunk_id, h.document_id) for h in hits)
+                hits = search(db, embedder, corpus.queries[q], tenant_id=TENANT, k=chunk_k, mode=mode, fusion=fusion)
+                out[name][1].append(1000 * (time.perf_counter() - started))
+                out[name][0][q] = top_documents([h.document_id for h in hits])
             progress.advance(bar)
-    out["rrf(dense,lexical)"] = ({q: top_documents([docs[c] for c in rrf(chunks["dense"][q], chunks["lexical"][q])])
-                                  for q in qids}, [])
     return out
+
+
+def report(r: dict[str, Any]) -> str:
+    """The side-by-side table of one corpus, as printed."""
+    label = "  [regression check: stock BM25 scores 0.95-0.99 here; it catches breakage, it does not rank]" if r["regression_check"] else ""
+    lines = [f"{r['corpus']}: {r['paragraphs']} paragraphs, {r['chunks']} chunks, {r['queries']} queries, model {r['model']}{label}",
+             f"  {'row':<16} {'nDCG@10':>8} {'recall@10':>10} {'p50 ms':>8} {'p95 ms':>8}"]
+    for row in ROWS:
+        if row in r:
+            m = r[row]
+            lines.append(f"  {row:<16} {m['ndcg@10']:>8.4f} {m['recall@10']:>10.4f} {m['p50_ms']:>8.1f} {m['p95_ms']:>8.1f}")
+    lines += [
+        f"  rrf - weighted nDCG@10 {r['rrf_minus_weighted_ndcg@10']:+.4f}; hybrid (weighted) - dense at p95 "
+        f"{r['hybrid_minus_dense_p95_ms']:+.1f} ms (bm25-stock: bm25s in memory, whole paragraphs, no database)",
+        f"  dense stored vs brute force nDCG@10 {r['stored_ndcg@10']:.4f} / {r['brute_ndcg@10']:.4f}  gap {r['ndcg_gap']:+.4f}",
+        f"  embed     checked_embed {r['checked_embed_chunks_per_s']:.1f} chunks/s  bare embed "
+        f"{r['bare_embed_chunks_per_s']:.1f} chunks/s  ratio {r['throughput_ratio']:.3f}"
+        f"  (per-document indexing path {r['index_embed_chunks_per_s']:.1f} chunks/s)",
+    ]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.retrieval", description=__doc__)
     parser.add_argument("--corpus", action="append", type=Path, required=True, help="BEIR folder (repeatable)")
-    parser.add_argument("--batch-size", type=int, default=64, help="embedding batch (checked_embed and encode)")
+    parser.add_argument("--model", default=None,
+                        help="the profile's model (default: the default profile's, all-MiniLM-L6-v2-int8); "
+                             "indexing, brute force and search embed with that profile's embedder")
+    parser.add_argument("--batch-size", type=int, default=64, help="embedding batch (checked_embed and embed)")
     parser.add_argument("--chunk-k", type=int, default=50, help="chunks fetched per query before taking 10 documents")
     parser.add_argument("--repeats", type=int, default=2, help="throughput passes (best of; 0 skips)")
     parser.add_argument("--max-queries", type=int, default=0, help="score only the first N judged queries (0: all)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per corpus")
     args = parser.parse_args(argv)
 
-    embedder = SentenceTransformerEmbedder(batch_size=args.batch_size)
     results = []
     for folder in args.corpus:  # report each corpus as soon as it is measured
-        r = run_corpus(folder, args, embedder)
+        r = run_corpus(folder, args)
         if r is None:
             continue
         results.append(r)
-        if args.json:
-            print(json.dumps(r), flush=True)
-            continue
-        print(
-            f"{r['corpus']}: {r['paragraphs']} paragraphs, {r['chunks']} chunks, {r['queries']} queries\n"
-            + "".join(
-                f"  {mode:<8} nDCG@10 {r[mode]['ndcg@10']:.4f}  recall@10 {r[mode]['recall@10']:.4f}  "
-                f"p50 {r[mode]['p50_ms']:.1f} ms  p95 {r[mode]['p95_ms']:.1f} ms\n"
-                for mode in MODES
-            )
-            + f"  rrf(dense,lexical) nDCG@10 {r['rrf(dense,lexical)']['ndcg@10']:.4f}  recall@10 "
-            f"{r['rrf(dense,lexical)']['recall@10']:.4f}  (k={RRF_K}, the yardstick hybrid's fusion is compared with)\n"
-            + f"  hybrid - dense at p95: {r['hybrid_minus_dense_p95_ms']:+.1f} ms\n"
-            f"  dense stored vs brute force nDCG@10 {r['stored_ndcg@10']:.4f} / {r['brute_ndcg@10']:.4f}  "
-            f"gap {r['ndcg_gap']:+.4f}\n"
-            f"  embed     checked_embed {r['checked_embed_chunks_per_s']:.1f} chunks/s  bare encode "
-            f"{r['bare_encode_chunks_per_s']:.1f} chunks/s  ratio {r['throughput_ratio']:.3f}"
-            f"  (per-document indexing path {r['index_embed_chunks_per_s']:.1f} chunks/s)",
-            flush=True,
-        )
+        print(json.dumps(r) if args.json else report(r), flush=True)
     if not results:
         console.print("no corpus found: nothing measured")
     return 0

@@ -1,22 +1,30 @@
 """Retrieval benchmark: does the stored index rank as well as the model itself, and is the embed path fast?
 
-``python -m bench.retrieval --corpus ../shared/corpus/eval/xquad-en [--corpus .../xquad-zh]``
+``python -m bench.retrieval --corpus ../shared/corpus/eval/xquad-en [--corpus .../xquad-zh] [--model M]``
 
 For each BEIR-layout corpus (corpus.jsonl {_id,title,text}, queries.jsonl, qrels/test.tsv) it indexes
 every paragraph through the project's own path: Publisher (version + PENDING task) -> TaskQueue.claim
-(a real lease) -> parse_document -> chunk_document (the model's tokenizer, the profile's parameters)
--> checked_embed with the packaged all-MiniLM-L6-v2 -> IndexSink.publish (the fenced transaction) into a
-throwaway PostgreSQL; then it answers every query with resources.search.search in each mode (dense,
-lexical, hybrid: issue #13). It prints:
+(a real lease) -> parse_document -> chunk_document (the profile's tokenizer and parameters) -> checked_embed
+with the profile's own embedder (``embedder_for_profile``, as indexing and search pick it: the default
+profile's all-MiniLM-L6-v2-int8 unless ``--model`` names another) -> IndexSink.publish (the fenced
+transaction) into a throwaway PostgreSQL; then it answers every query with resources.search.search. It
+prints, side by side, nDCG@10, recall@10 and query latency p50/p95 (embedding included where the mode
+embeds) of:
 
-- per mode, nDCG@10, recall@10 and query latency p50/p95 (embedding included where the mode embeds),
-  and how much hybrid adds to dense at p95 (target: <= 15 ms on the largest set);
+- ``bm25-stock``: bm25s with its stock tokenizer over whole paragraphs, in memory (the baseline any
+  lexical engine should reach; needs ``pip install bm25s``, a test dependency);
+- ``lexical``, ``dense``: search's two sides;
+- ``hybrid-weighted``, ``hybrid-rrf``: hybrid search fused by the weighted score sum and by reciprocal rank
+  fusion (the profile's ``lexical_weight`` and ``rrf_k``; pipelines/domain/lexical.py), and their nDCG@10
+  difference;
 
-- nDCG@10 and recall@10 of the stored index beside the same model scored by brute force in memory on
-  the same chunks (bare ``model.encode``; a document scores the max over its chunks), and the gap
-  (target: stored within 0.01 nDCG@10 of brute force on xquad-en);
-- embedding throughput, chunks/s through checked_embed beside bare ``model.encode`` on the same texts,
-  interleaved in the same run (best of ``--repeats``), as a ratio (target: >= 0.9).
+then dense nDCG@10 and recall@10 of the stored index beside the same embedder scored by brute force in
+memory on the same chunks (a document scores the max over its chunks), and the gap (target: within 0.01
+nDCG@10 on xquad-en); and embedding throughput, chunks/s through checked_embed beside the bare
+``embedder.embed`` on the same texts, interleaved (best of ``--repeats``), as a ratio (target: >= 0.9).
 
-A missing corpus folder is skipped with a message (the shared corpus is optional).
+xquad-en, xquad-zh and cmrc2018-dev (../shared/corpus/eval) are labelled regression checks: stock BM25
+scores 0.95-0.99 on them, so they catch breakage (and broken Chinese handling), not rank models.
+A missing corpus folder is skipped with a message (the shared corpus is optional); the CI-sized round on
+tests/fixtures/eval/small-en is tests/integration/test_bench_retrieval.py.
 """

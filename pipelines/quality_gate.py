@@ -3,7 +3,8 @@
 Materialize ``profile_quality_gate`` (or launch ``profile_gate_job``) with config ``profile`` (default: the
 single building profile), ``eval_dir`` (default: KBINDEX_EVAL_DIR) and ``tolerance``. It scores the shadow
 profile and the active one on the eval set (nDCG@10, recall@10), each in the search mode it will serve
-(its ``search_mode``: hybrid unless a migration changed it), records the result in ``profile_gate``
+(its ``search_mode``: hybrid unless a migration changed it) with its own fusion (``fusion``, ``rrf_k``,
+``lexical_weight``), records the result in ``profile_gate``
 (activation requires the latest one to have passed) and reports the numbers as metadata; the asset check
 ``gate_passed`` turns red when the shadow profile is worse than the tolerance allows.
 """

@@ -382,8 +382,8 @@ def set_fusion(db: Database, name: str, *, fusion: str, rrf_k: int | None = None
         if active and not force and _fusion_of(wanted) != _fusion_of(current):
             raise IllegalTransition(
                 f"profile {name!r} is active: a fusion change would alter search without a quality gate. Score it "
-                "first (`python -m bench.retrieval --fusion both`, or a shadow profile with this fusion and "
-                "`kbindex profile gate`), then repeat with --force",
+                "first (`python -m bench.retrieval` prints both fusions on your eval set; or gate a shadow profile "
+                "with this fusion), then repeat with --force",
                 profile=name,
             )
         row = tx.fetch_one("index_profile_fusion_set", {"name": name, "fusion": wanted.fusion, "rrf_k": wanted.rrf_k,

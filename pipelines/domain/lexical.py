@@ -24,6 +24,10 @@ Fusion, per profile (``fusion``, migration 0044), query-time only:
   lexical_weight / (rrf_k + lexical rank)``; a chunk outside one side's candidate list gets nothing from
   that side. Ranks only, so it needs no score normalisation, but a model that does not read the language
   ranks noise as confidently as signal and drags the order down.
+
+Measured with ``python -m bench.retrieval`` (the default int8 profile, k 60, weight 0.5, through the real
+index and search): xquad-en nDCG@10 weighted 0.9796, RRF 0.9691 (recall@10 0.9966 / 0.9975), so the
+default stays ``weighted``.
 """
 
 from __future__ import annotations

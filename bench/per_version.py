@@ -45,6 +45,8 @@ class Counts:
     asset_event_tags: int = 0
     dagster_event_bytes: int = 0
     run_seconds: float = 0.0
+    metadata_labels: set = field(default_factory=set)
+    """The metadata labels of the run's materializations (all assets)."""
     task_events: Counter = field(default_factory=Counter)
     statements: Counter = field(default_factory=Counter)
     publish_statements: Counter = field(default_factory=Counter)
@@ -118,7 +120,7 @@ def documents(n: int) -> list[tuple[str, bytes]]:
             for i in range(n)]
 
 
-def measure_run(kb_url: str, dagster_url: str, workdir: Path, n: int) -> Counts:
+def measure_run(kb_url: str, dagster_url: str, workdir: Path, n: int, tenant: str = "acme") -> Counts:
     """Publish ``n`` small documents into ``kb_url`` (migrated, fake profile), run them as one run on a Dagster
     instance stored at ``dagster_url`` (psycopg2 URL) and count what the run wrote."""
     import dagster as dg
@@ -136,7 +138,7 @@ def measure_run(kb_url: str, dagster_url: str, workdir: Path, n: int) -> Counts:
     try:
         publisher = Publisher(db, BlobStore(os.environ["KBINDEX_BLOB_URL"]))
         for name, body in documents(n):
-            publisher.publish("acme", name, body, name)
+            publisher.publish(tenant, name, body, name)
         queue = TaskQueue(db, lease_seconds=600)
         owner = "bench-per-version"
         claimed = queue.claim(owner, limit=n)
@@ -156,7 +158,12 @@ def measure_run(kb_url: str, dagster_url: str, workdir: Path, n: int) -> Counts:
                                         tags=tags, raise_on_error=False)
             counts.run_seconds = time.perf_counter() - started
             run_id = result.run_id
-        counts.succeeded = int(db.fetch_one("task_stats", {"now": None})["succeeded"])
+            for asset in indexing_assets:
+                for record in instance.fetch_materializations(asset.key, limit=n).records:
+                    counts.metadata_labels.update(record.asset_materialization.metadata)
+        with psycopg.connect(kb_url) as conn:
+            counts.succeeded = conn.execute("SELECT count(*) FROM index_task WHERE tenant_id = %s AND "
+                                            "status = 'SUCCEEDED'", [tenant]).fetchone()[0]
         with psycopg.connect(kb_url) as conn:
             for kind, c in conn.execute("SELECT kind, count(*) FROM task_event GROUP BY kind"):
                 if c - before.get(kind, 0):

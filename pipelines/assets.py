@@ -3,7 +3,7 @@
 Each asset is a thin adapter: it hands its partition keys to the run's ``IndexingRun``
 (resources/indexing_run.py), which does the work per index task (one per profile of a version),
 and reports what happened per version as materialization metadata: outcome, task ids, profiles,
-and the step's figures. Run state lives in the IndexingRun, keyed by task, not in Dagster's IO
+and the step's figures (the run's counts per outcome are one log line per step). Run state lives in the IndexingRun, keyed by task, not in Dagster's IO
 managers. Only ``search_index`` writes to the index, through the fenced publish transaction.
 
 ``context.partition_keys`` and Dagster's own per-step uses of the run's key range cost O(run), not
@@ -36,7 +36,8 @@ COMMON = dict(
 
 def _report(context: dg.AssetExecutionContext, keys: list[str], results: dict[str, list[StepResult]],
             why_skipped: Any) -> dg.MaterializeResult:
-    """Per-version metadata (O(run), see ``dagster_private.add_partition_metadata``) and the run-level counts."""
+    """Per-version metadata (O(run), see ``dagster_private.add_partition_metadata``); the run-level counts in
+    the step's log."""
     counts: dict[str, int] = {}
     for key in keys:
         tasks = results.get(key) or []
@@ -50,7 +51,10 @@ def _report(context: dg.AssetExecutionContext, keys: list[str], results: dict[st
             description=f"this run holds no lease for any of its {len(keys)} version(s); nothing was built",
             metadata={"first_reason": why_skipped(keys[0])},
         )
-    return dg.MaterializeResult(metadata={f"tasks_{k}": v for k, v in sorted(counts.items())})
+    # The run's counts go in one log line per step, not in the result's metadata: Dagster copies a
+    # partitioned result's metadata into every version's materialization, n copies of one run figure.
+    context.log.info("tasks: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())))
+    return dg.MaterializeResult()
 
 
 def _version_metadata(key: str, tasks: list[StepResult], why_skipped: Any) -> dict[str, Any]:

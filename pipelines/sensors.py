@@ -41,13 +41,20 @@ from resources.dagster_resources import (
 from resources.partition_keys import record_added
 from resources.task_queue import ClaimedTask, RunLeases, TaskQueue
 
-BATCH_MAX = int(os.environ.get("KBINDEX_RUN_BATCH", "320"))  # versions per run, at most (see RUN_BYTES)
-# A run is sized by its documents' bytes, not their number: a run pays a fixed cost (process start,
-# imports, Dagster's step events: seconds), which 160 long documents spread thin and 160 abstracts do
-# not (issue #14: small documents ran at ~0.3 of bare encode). ~160 documents of the shared corpus.
-# Versions per run stay capped (KBINDEX_RUN_BATCH, 320): Dagster writes events per partition and step, and a
-# 1,000-version run of abstracts took ~3 minutes where ~300-version runs took ~20 s (bench.scale.small_docs).
+# A run is sized by its work, not its number of versions: a run pays a fixed cost (process start, imports,
+# Dagster's step events: seconds), which 160 long documents spread thin and 160 abstracts do not (issue #14:
+# small documents ran at ~0.3 of bare encode). ~160 documents of the shared corpus.
 RUN_BYTES = int(os.environ.get("KBINDEX_RUN_BYTES", str(5 * 1024 * 1024)))
+# What a version costs besides its text, in bytes of text: per version a run writes 4 materializations,
+# 4 progress rows, an adoption and a transition, whatever its size (bench/per_version.py; the counts do
+# not grow with the run's versions: 500 in one run cost less per version than 50). A version weighs its
+# bytes plus this, so a run of tiny documents is bounded by that fixed cost, not by a count (issue #34).
+VERSION_BYTES = int(os.environ.get("KBINDEX_RUN_VERSION_BYTES", "2048"))
+# Versions per run, at most: the count that fills RUN_BYTES with empty versions (2,560 by default), a
+# ceiling only tiny documents reach. It was a flat 320 because a 1,000-version run of abstracts once took
+# ~3 minutes where ~300-version runs took ~20 s; per-version event batching and O(run) key ranges (issue
+# #14) removed what grew, and bench/per_version.py pins that nothing a run writes per version grows with N.
+BATCH_MAX = int(os.environ.get("KBINDEX_RUN_BATCH", str(max(1, RUN_BYTES // max(1, VERSION_BYTES)))))
 # Versions per run of lease takeovers, whose sizes are unknown before the claim.
 BATCH_UNSIZED = int(os.environ.get("KBINDEX_RUN_BATCH_UNSIZED", "160"))
 # A tick's fresh versions of one tenant are spread over this many runs (the per-tenant run limit in
@@ -78,12 +85,13 @@ ASSET_JOB_NAME = "__ASSET_JOB"  # UI materializations; a re-execution keeps the 
 PARTITION_TAGS = ("dagster/partition", "dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
 
 
-def claim_count(due_bytes: list[int], budget: int, floor: int) -> int:
+def claim_count(due_bytes: list[int], budget: int, floor: int, version_bytes: int = 0) -> int:
     """How many of the due versions (byte sizes, in claim order) to claim: as many as fit ``budget``
-    bytes, at least ``floor`` (or all of them, if fewer are due)."""
+    bytes, at least ``floor`` (or all of them, if fewer are due); each version weighs ``version_bytes``
+    more than its size (its fixed cost)."""
     total = count = 0
     for size in due_bytes:
-        total += max(1, size)
+        total += max(1, size) + version_bytes
         if total > budget and count >= floor:
             break
         count += 1
@@ -153,6 +161,7 @@ def plan_runs(
     pinned: set[str] = frozenset(),  # type: ignore[assignment]
     run_bytes: int = 0,
     split_bytes: int = 0,
+    version_bytes: int = 0,
 ) -> RunPlan:
     """Group claimed tasks into run requests over contiguous partition-key ranges.
 
@@ -164,7 +173,8 @@ def plan_runs(
     always share a run. Tasks with a crash-bisection cap (``caps``) run in groups of the same cap,
     at most that many tasks per run. ``run_bytes`` (with ``weights``, the versions' byte sizes): no run
     carries much more than that many bytes; ``split_bytes``: the versions are spread over ``spread`` runs
-    only as far as each run gets that many bytes.
+    only as far as each run gets that many bytes; ``version_bytes``: what each version weighs besides
+    its bytes (its fixed cost), so a run of tiny versions is bounded by their number times that.
     """
     caps = caps or {}
     plan = RunPlan()
@@ -182,7 +192,8 @@ def plan_runs(
                 plan.delete.append(key)
             task_caps = [c for c in (caps.get(t.lease.task_id) for t in tasks) if c]
             (capped[min(task_caps)] if task_caps else free).append(key)
-        unit_weights = [sum(max(1, (weights or {}).get(t.lease.task_id, 1)) for t in units[k]) for k in free]
+        unit_weights = [sum(max(1, (weights or {}).get(t.lease.task_id, 1)) + version_bytes for t in units[k])
+                        for k in free]
         by_bytes = -(-sum(unit_weights) // run_bytes) if weights and run_bytes > 0 else 1
         worth = max(1, sum(unit_weights) // split_bytes) if weights and split_bytes > 0 else spread
         sizes = split_sizes(len(free), batch_max, min(spread, worth), batch_min, min_runs=by_bytes)
@@ -280,7 +291,8 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
     pinned = (existing if dagster_private.backfill_in_progress(context.instance) else live_run_keys(live, database)
               ) if existing else set()
     plan = plan_runs(claimed, keys, existing, owner, BATCH_MAX, spread=RUN_SPREAD, batch_min=BATCH_MIN,
-                     weights=weights, caps=caps, pinned=pinned, run_bytes=RUN_BYTES, split_bytes=RUN_SPLIT_BYTES)
+                     weights=weights, caps=caps, pinned=pinned, run_bytes=RUN_BYTES, split_bytes=RUN_SPLIT_BYTES,
+                     version_bytes=VERSION_BYTES)
     # Moved keys are deleted here and re-added, in plan order, by the add request below. One
     # SensorResult may not both delete and add a key (Dagster refuses it). If the tick dies in
     # between, the keys are simply missing: the reservations are orphaned and the next claim adds them afresh.
@@ -317,10 +329,10 @@ def claim_limit(database: DatabaseResource, queue_full: bool) -> tuple[int, int]
         return unsized, 0
     budget = RUN_BYTES * spread
     due = [r["byte_size"] for r in database.db.fetch_all("task_due_sizes", {"limit": BATCH_MAX * spread})]
-    count = claim_count(due, budget, min(len(due), BATCH_MIN * spread))
+    count = claim_count(due, budget, min(len(due), BATCH_MIN * spread), VERSION_BYTES)
     if count < len(due):
         return count, 0
-    return max(count, unsized), max(0, budget - sum(max(1, b) for b in due))
+    return max(count, unsized), max(0, budget - sum(max(1, b) + VERSION_BYTES for b in due))
 
 
 def backfill_limit(database: DatabaseResource, slots: int, budget: int, claimed_any: bool) -> int:
@@ -330,7 +342,7 @@ def backfill_limit(database: DatabaseResource, slots: int, budget: int, claimed_
         return 0
     sizes = [r["byte_size"] for r in database.db.fetch_all("task_backfill_sizes", {"limit": slots})]
     floor = 0 if claimed_any else min(len(sizes), BATCH_MIN * max(1, RUN_SPREAD))
-    return claim_count(sizes, budget, floor)
+    return claim_count(sizes, budget, floor, VERSION_BYTES)
 
 
 @dataclass(frozen=True)

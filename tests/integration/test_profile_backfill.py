@@ -129,6 +129,7 @@ def test_a_tick_claims_by_bytes_and_leaves_the_rest_due(db, db_url, publish_task
     monkeypatch.setattr(sensors, "RUN_SPREAD", 2)
     monkeypatch.setattr(sensors, "BATCH_MIN", 3)
     monkeypatch.setattr(sensors, "RUN_BYTES", 2_000)
+    monkeypatch.setattr(sensors, "VERSION_BYTES", 0)  # bytes alone here; the fixed cost: the test below
     for i in range(40):
         publish_task(data=f"Document {i:03d} ".encode() * 20)  # 260 bytes each
     first = tick(instance, db_url)
@@ -140,11 +141,26 @@ def test_a_tick_claims_by_bytes_and_leaves_the_rest_due(db, db_url, publish_task
     assert len(claimed_task_ids(tick(instance, db_url))) == 19
 
 
+def test_a_tick_weighs_each_version_its_fixed_cost_besides_its_bytes(db, db_url, publish_task, instance,
+                                                                     monkeypatch):
+    """Issue #34: a version weighs its bytes plus VERSION_BYTES, in the claim and in the runs' sizes alike."""
+    monkeypatch.setattr(sensors, "RUN_SPREAD", 2)
+    monkeypatch.setattr(sensors, "BATCH_MIN", 3)
+    monkeypatch.setattr(sensors, "RUN_BYTES", 2_000)
+    monkeypatch.setattr(sensors, "VERSION_BYTES", 100)
+    for i in range(40):
+        publish_task(data=f"Document {i:03d} ".encode() * 20)  # 260 bytes each, 360 with the fixed cost
+    first = tick(instance, db_url)
+    assert len(claimed_task_ids(first)) == 11  # 2 runs x 2,000 fit 11 (15 by bytes alone)
+    assert [len(leases_of(r.tags)) for r in first.run_requests] == [6, 5]
+
+
 def test_a_backfill_claim_is_sized_by_bytes_too(db, db_url, publish_task, instance, monkeypatch):
     monkeypatch.setattr(sensors, "RUN_SPREAD", 1)
     monkeypatch.setattr(sensors, "BATCH_MIN", 2)
     monkeypatch.setattr(sensors, "MAX_WAITING_RUNS", 100)
     monkeypatch.setattr(sensors, "RUN_BYTES", 1_000)
+    monkeypatch.setattr(sensors, "VERSION_BYTES", 0)
     finish(db, [publish_task(data=f"Document {i:03d} ".encode() * 20).task_id for i in range(12)])  # 260 B each
     create_profile(db, "shadow-bytes", model="fake-384", chunk_tokens=64, overlap=8)
     request_backfill(db, "shadow-bytes")

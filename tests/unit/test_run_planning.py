@@ -138,3 +138,27 @@ def test_a_tick_is_spread_over_runs_only_as_far_as_each_run_gets_enough_bytes():
     assert sizes(plan(256 * 1024)) == [39]  # 58 KB: one run
     assert sizes(plan(256 * 1024, weight=20_000)) == [20, 19]  # 780 KB: worth two runs
     assert sizes(plan(256 * 1024, weight=1)) == [39]
+
+
+def test_a_run_of_tiny_versions_is_bounded_by_their_fixed_cost_not_by_a_count():
+    """Issue #34: a version weighs its bytes plus its fixed cost (``version_bytes``); thousands of tiny
+    versions fill one run each slot, and the count ceiling only stops what the weight would not."""
+    from pipelines import sensors
+
+    claimed = [task(i) for i in range(1, 3001)]
+    keys = {t.lease.task_id: f"acme/doc-{t.lease.task_id}/v1" for t in claimed}
+    tiny = {t.lease.task_id: 300 for t in claimed}  # one-paragraph FAQ entries
+
+    def plan(version_bytes: int, run_bytes: int = 5_000_000, batch_max: int = 2_500):
+        return plan_runs(claimed, keys, set(), "batch-x", batch_max, spread=2, batch_min=12, weights=tiny,
+                         run_bytes=run_bytes, split_bytes=256 * 1024, version_bytes=version_bytes)
+
+    assert sizes(plan(2_048)) == [1_500, 1_500]  # 7 MB of work: the two run slots, 1,500 versions each
+    assert sizes(plan(2_048, run_bytes=2_000_000)) == [750] * 4  # no run over its work budget
+    assert sizes(plan(0, run_bytes=200_000)) == [600] * 5  # bytes alone: 900 KB would make 5 runs...
+    fixed = sizes(plan(2_048, run_bytes=200_000))  # ...their fixed cost makes 36 (7 MB / 200 KB)
+    assert len(fixed) == 36 and sum(fixed) == 3_000 and max(fixed) <= 200_000 // 2_348 + 1
+    # The defaults: a run holds thousands of tiny versions (the ceiling was a flat 320), and a claim takes them.
+    assert sensors.BATCH_MAX == sensors.RUN_BYTES // sensors.VERSION_BYTES >= 2_000
+    assert sensors.claim_count([300] * 10_000, sensors.RUN_BYTES * 2, 24, sensors.VERSION_BYTES) > 4_000
+    assert sensors.claim_count([300] * 10_000, 1_000_000, 24, 2_048) == 1_000_000 // 2_348

@@ -31,7 +31,8 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
@@ -120,7 +121,7 @@ def documents(n: int) -> list[tuple[str, bytes]]:
             for i in range(n)]
 
 
-def measure_run(kb_url: str, dagster_url: str, workdir: Path, n: int, tenant: str = "acme") -> Counts:
+def measure_run(kb_url: str, dagster_url: str, n: int, tenant: str = "acme") -> Counts:
     """Publish ``n`` small documents into ``kb_url`` (migrated, fake profile), run them as one run on a Dagster
     instance stored at ``dagster_url`` (psycopg2 URL) and count what the run wrote."""
     import dagster as dg
@@ -199,7 +200,7 @@ def measure(admin_url: str, n: int, workdir: Path) -> Counts:
         conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
     os.environ.update(KBINDEX_DATABASE_URL=kb_url, KBINDEX_BLOB_URL=str(workdir / f"blobs-{n}"),
                       KBINDEX_ARTIFACTS=str(workdir / f"artifacts-{n}"), KBINDEX_HOME=str(workdir / "home"))
-    return measure_run(kb_url, psycopg2_url(with_database(admin_url, dg_db)), workdir, n)
+    return measure_run(kb_url, psycopg2_url(with_database(admin_url, dg_db)), n)
 
 
 def render(reports: list[dict[str, Any]]) -> str:

@@ -17,8 +17,8 @@ STAGES = 4  # parse, chunk, embed, publish
 
 
 @pytest.fixture
-def counts_of(db_url, dagster_pg_url, kb_env, fake_profile, tmp_path):
-    return lambda n, tenant: measure_run(db_url, dagster_pg_url, tmp_path, n, tenant=tenant)
+def counts_of(db_url, dagster_pg_url, kb_env, fake_profile):
+    return lambda n, tenant: measure_run(db_url, dagster_pg_url, n, tenant=tenant)
 
 
 @pytest.mark.timeout(300)

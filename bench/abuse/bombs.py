@@ -215,33 +215,42 @@ def markdown_million_inline(folder: Path) -> tuple[Path, str]:
     return path, "inline.md"
 
 
+def one_page_pdf(content_dict: bytes, content: bytes, extra: list[bytes] | None = None) -> bytes:
+    """A one-page PDF written by hand (no generator library): its content stream (object 4) is ``content``
+    under ``content_dict`` (its /Length added), in Helvetica (object 5); ``extra`` objects are numbered from 6.
+    The bombs below and the parser tests build their PDFs with it."""
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d " % len(content) + content_dict + b" >>\nstream\n" + content + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        *(extra or []),
+    ]
+    out = io.BytesIO()
+    out.write(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(out.tell())
+        out.write(b"%d 0 obj\n" % number + body + b"\nendobj\n")
+    xref = out.tell()
+    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
+    for offset in offsets:
+        out.write(b"%010d 00000 n \n" % offset)
+    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
+    return out.getvalue()
+
+
 def pdf_flate_bomb(folder: Path) -> tuple[Path, str]:
     """A one-page PDF whose content stream inflates to 1 GB of spaces (about 1 MB compressed)."""
     compressor = zlib.compressobj(9)
     chunk = b" " * MB
     body = b"".join(compressor.compress(chunk) for _ in range(1024)) + compressor.compress(
         b"BT /F1 12 Tf 72 720 Td (Refunds) Tj ET") + compressor.flush()
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-        b"/Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(body) + body + b"\nendstream",
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    out = io.BytesIO()
-    out.write(b"%PDF-1.4\n")
-    offsets = []
-    for number, obj in enumerate(objects, 1):
-        offsets.append(out.tell())
-        out.write(b"%d 0 obj\n" % number + obj + b"\nendobj\n")
-    xref = out.tell()
-    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
-    for offset in offsets:
-        out.write(b"%010d 00000 n \n" % offset)
-    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
+    pdf = one_page_pdf(b"/Filter /FlateDecode", body)
     path = folder / "flate-bomb.pdf"
-    path.write_bytes(out.getvalue())
+    path.write_bytes(pdf)
     return path, "flate-bomb.pdf"
 
 

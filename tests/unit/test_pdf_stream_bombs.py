@@ -13,6 +13,7 @@ import zlib
 
 import pytest
 
+from bench.abuse.bombs import one_page_pdf
 from pipelines.domain.errors import DocumentTooLarge
 from pipelines.domain.parsing import ParseLimits, parse_document
 
@@ -23,30 +24,7 @@ PADDING = b" " * (3 * MB)
 """3 MB of spaces before the text: over TIGHT's 2 MB a stream, harmless to PDFium."""
 
 
-def _pdf(content_dict: bytes, content: bytes, extra: list[bytes] | None = None) -> bytes:
-    """A one-page PDF whose content stream (object 4) is ``content`` under ``content_dict`` (its /Length added);
-    ``extra`` objects are numbered from 6."""
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-        b"/Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d " % len(content) + content_dict + b" >>\nstream\n" + content + b"\nendstream",
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-        *(extra or []),
-    ]
-    out = io.BytesIO()
-    out.write(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, 1):
-        offsets.append(out.tell())
-        out.write(b"%d 0 obj\n" % number + body + b"\nendobj\n")
-    xref = out.tell()
-    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
-    for offset in offsets:
-        out.write(b"%010d 00000 n \n" % offset)
-    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
-    return out.getvalue()
+_pdf = one_page_pdf
 
 
 def _flate(data: bytes, level: int = 9) -> bytes:

@@ -22,3 +22,29 @@ def share_built_models() -> None:
     from resources.settings import Settings
 
     os.environ.setdefault("KBINDEX_MODELS_DIR", str(Settings.from_env().home / "models"))
+
+
+def fresh_fake_model_databases(admin_url: str, kb: str, dagster: str, workdir, tag: str) -> tuple[str, str]:
+    """(Re)create a kbindex database ``kb`` (migrated, its active profile on the fake model) and a Dagster
+    database ``dagster`` on the server at ``admin_url``; point KBINDEX_* at the first and at folders under
+    ``workdir`` named by ``tag``. Returns the kbindex URL and the Dagster storage's psycopg2 URL."""
+    import os
+
+    import psycopg
+    from psycopg import sql as pgsql
+
+    from pipelines.cli.dev_command import psycopg2_url
+    from resources.local_postgres import with_database
+    from resources.migrations import migrate
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        for name in (kb, dagster):
+            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+            conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    kb_url = with_database(admin_url, kb)
+    migrate(kb_url)
+    with psycopg.connect(kb_url, autocommit=True) as conn:
+        conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+    os.environ.update(KBINDEX_DATABASE_URL=kb_url, KBINDEX_BLOB_URL=str(workdir / f"blobs-{tag}"),
+                      KBINDEX_ARTIFACTS=str(workdir / f"artifacts-{tag}"), KBINDEX_HOME=str(workdir / "home"))
+    return kb_url, psycopg2_url(with_database(admin_url, dagster))

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql as pgsql
 
 
 @dataclass
@@ -185,22 +184,10 @@ def measure_run(kb_url: str, dagster_url: str, n: int, tenant: str = "acme") -> 
 
 def measure(admin_url: str, n: int, workdir: Path) -> Counts:
     """``measure_run`` on fresh databases of the server at ``admin_url``."""
-    from pipelines.cli.dev_command import psycopg2_url
-    from resources.local_postgres import with_database
-    from resources.migrations import migrate
+    from bench import fresh_fake_model_databases
 
-    kb, dg_db = f"pv_kb_{n}", f"pv_dg_{n}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        for name in (kb, dg_db):
-            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
-            conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    kb_url = with_database(admin_url, kb)
-    migrate(kb_url)
-    with psycopg.connect(kb_url, autocommit=True) as conn:
-        conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
-    os.environ.update(KBINDEX_DATABASE_URL=kb_url, KBINDEX_BLOB_URL=str(workdir / f"blobs-{n}"),
-                      KBINDEX_ARTIFACTS=str(workdir / f"artifacts-{n}"), KBINDEX_HOME=str(workdir / "home"))
-    return measure_run(kb_url, psycopg2_url(with_database(admin_url, dg_db)), n)
+    kb_url, dagster_url = fresh_fake_model_databases(admin_url, f"pv_kb_{n}", f"pv_dg_{n}", workdir, str(n))
+    return measure_run(kb_url, dagster_url, n)
 
 
 def render(reports: list[dict[str, Any]]) -> str:

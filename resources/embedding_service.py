@@ -134,23 +134,27 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
+def embedder_on_threads(model: str, threads: int) -> Any:
+    """An embedder for ``model`` whose runtime uses ``threads`` threads: a service worker's share of the cores
+    (and the layout bench.pipeline's bare system copies)."""
+    from resources.derived_models import DERIVED_MODELS, DerivedModelEmbedder
+    from resources.embedder import FakeEmbedder, embedder_for_model
+
+    if model in DERIVED_MODELS:
+        return DerivedModelEmbedder(model, threads=threads)
+    embedder = embedder_for_model(model)
+    if not isinstance(embedder, FakeEmbedder):
+        import torch
+
+        torch.set_num_threads(threads)
+    return embedder
+
+
 def _worker_embedder(model: str) -> Any:
     """This worker's embedder for ``model``, its runtime limited to the worker's share of the cores."""
     embedders = _WORKER.setdefault("embedders", {})
     if model not in embedders:
-        from resources.derived_models import DERIVED_MODELS, DerivedModelEmbedder
-        from resources.embedder import FakeEmbedder, embedder_for_model
-
-        threads = int(_WORKER.get("threads") or 1)
-        if model in DERIVED_MODELS:
-            embedder: Any = DerivedModelEmbedder(model, threads=threads)
-        else:
-            embedder = embedder_for_model(model)
-            if not isinstance(embedder, FakeEmbedder):
-                import torch
-
-                torch.set_num_threads(threads)
-        embedders[model] = embedder
+        embedders[model] = embedder_on_threads(model, int(_WORKER.get("threads") or 1))
     return embedders[model]
 
 

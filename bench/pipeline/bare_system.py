@@ -51,17 +51,9 @@ def _encoder_start(model: str, threads: int) -> None:
     """Load the model as a service worker does (its share of the cores) and warm it up."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from resources.derived_models import DERIVED_MODELS, DerivedModelEmbedder
-    from resources.embedder import FakeEmbedder, embedder_for_model
+    from resources.embedding_service import embedder_on_threads
 
-    if model in DERIVED_MODELS:
-        embedder: Any = DerivedModelEmbedder(model, threads=threads)
-    else:
-        embedder = embedder_for_model(model)
-        if not isinstance(embedder, FakeEmbedder):
-            import torch
-
-            torch.set_num_threads(threads)
+    embedder = embedder_on_threads(model, threads)
     embedder.embed(["warm-up text for the bare system's encoder"] * 8)
     _ENCODER["embedder"] = embedder
 

@@ -27,8 +27,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
-from psycopg import sql as pgsql
 
 ADD_BATCH = 10_000
 
@@ -47,29 +45,18 @@ def measure(admin_url: str, keys: int, versions: int, workdir: Path, tag: str = 
     tells repeated rounds' databases and folders apart."""
     import dagster as dg
 
+    from bench import fresh_fake_model_databases
     from pipelines import sensors
     from pipelines.assets import indexing_assets
-    from pipelines.cli.dev_command import psycopg2_url
     from pipelines.partitions import VERSIONS_PARTITIONS_NAME
     from resources.blob_store import BlobStore
     from resources.dagster_resources import DatabaseResource, default_resources
     from resources.database import Database
-    from resources.local_postgres import with_database
-    from resources.migrations import migrate
     from resources.publisher import Publisher
 
-    kb, dg_db = f"kb_{keys}{tag}", f"dg_{keys}{tag}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        for name in (kb, dg_db):
-            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
-            conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    kb_url = with_database(admin_url, kb)
-    migrate(kb_url)
-    with psycopg.connect(kb_url, autocommit=True) as conn:
-        conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
-    os.environ.update(KBINDEX_DATABASE_URL=kb_url, KBINDEX_BLOB_URL=str(workdir / f"blobs-{keys}{tag}"),
-                      KBINDEX_ARTIFACTS=str(workdir / f"artifacts-{keys}{tag}"), KBINDEX_HOME=str(workdir / "home"))
-    overrides = {"storage": {"postgres": {"postgres_url": psycopg2_url(with_database(admin_url, dg_db))}}}
+    kb_url, dagster_url = fresh_fake_model_databases(admin_url, f"kb_{keys}{tag}", f"dg_{keys}{tag}", workdir,
+                                                     f"{keys}{tag}")
+    overrides = {"storage": {"postgres": {"postgres_url": dagster_url}}}
     with dg.instance_for_test(overrides=overrides) as instance:
         started = time.perf_counter()
         for start in range(0, keys, ADD_BATCH):  # the older versions of a large corpus

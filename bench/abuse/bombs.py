@@ -41,6 +41,9 @@ except KbindexError as exc:
 else:
     answer = {"code": "OK", "message": f"{len(doc.blocks)} blocks, {doc.char_count} characters"}
 answer["seconds"] = time.monotonic() - started
+with open("/proc/self/status") as status:  # this interpreter's own high-water mark (see parse_in_child)
+    hwm = [line.split()[1] for line in status if line.startswith("VmHWM:")]
+answer["peak_rss_mb"] = int(hwm[0]) / 1024 if hwm else None
 json.dump(answer, sys.stdout)
 """
 
@@ -74,7 +77,9 @@ def parse_in_child(path: Path, filename: str, timeout: float = 600.0, address_sp
         killer.start()
         try:
             # Reaped here, not by Popen.wait: wait4 gives this child's own rusage (RUSAGE_CHILDREN is a max
-            # over every child this process ever waited for).
+            # over every child this process ever waited for). Its ru_maxrss still counts the memory the
+            # child had before exec, a copy of this process (a pytest session can be 1.6 GB), so a child
+            # that finishes reports its own VmHWM instead; wait4's figure serves for one that was killed.
             _, status, usage = os.wait4(child.pid, 0)
         finally:
             killer.cancel()
@@ -89,7 +94,7 @@ def parse_in_child(path: Path, filename: str, timeout: float = 600.0, address_sp
         tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
         return Outcome(code, f"exit {child.returncode}: {tail[0][:200]}", seconds, peak)
     answer = json.loads(stdout)
-    return Outcome(answer["code"], answer["message"], seconds, peak)
+    return Outcome(answer["code"], answer["message"], seconds, answer.get("peak_rss_mb") or peak)
 
 
 # --- the bombs ----------------------------------------------------------------------------------------

@@ -117,14 +117,12 @@ def publish(client, document_id: str, data: bytes, headers=ACME, filename: str =
 
 
 def claim_task(queue, task_id: int, owner: str = "test-worker"):
-    """Claim due work one task at a time (oldest first) until ``task_id`` is leased; returns its lease."""
-    for _ in range(50):
-        claimed = queue.claim(owner, limit=1)
-        if not claimed:
-            break
-        if claimed[0].lease.task_id == task_id:
-            return claimed[0].lease
-    raise AssertionError(f"task {task_id} was not claimable")
+    """Lease ``task_id`` itself (the named-task claim), leaving every other task as it was; returns its lease.
+    (Claiming due work until it came up leased the tasks before it too, in an order the fair claim changed.)"""
+    claimed = queue.claim_task(task_id, owner)
+    if claimed is None:
+        raise AssertionError(f"task {task_id} was not claimable")
+    return claimed.lease
 
 
 def fake_chunks(task: dict[str, Any], texts: list[str]) -> list[Chunk]:

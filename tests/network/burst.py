@@ -46,6 +46,9 @@ CHUNKS_PER_VERSION = 12  # tests/network/client.chunks_of
 class BurstReport:
     tasks: int
     wall_s: float
+    """Until every task had ended and a frozen worker had woken and reported."""
+    done_s: float
+    """Until every task had ended."""
     statuses: Counter
     succeeded_events: dict[int, int]
     """Task id -> its SUCCEEDED transitions (exactly 1 each when nothing was published twice)."""
@@ -82,8 +85,9 @@ class BurstReport:
 
     def lines(self) -> list[str]:
         return [
-            f"versions {self.tasks}: {dict(self.statuses)} in {self.wall_s:.1f} s",
-            f"takeovers {len(self.takeovers)} (reported {len(self.takeovers & self.reported)}, silent "
+            f"versions {self.tasks}: {dict(self.statuses)} in {self.done_s:.1f} s",
+            f"takeovers {len(self.takeovers)} (of the frozen worker's leases {len(self.frozen)}; reported "
+            f"{len(self.takeovers & self.reported)}, silent "
             f"{len(self.silent_takeovers)}), publishes failed and retried {self.failed}, claim errors "
             f"{self.claim_errors}, packets dropped {self.dropped}",
             f"claim -> publish p50 {self.percentile(0.5):.2f} s, p95 {self.percentile(0.95):.2f} s, "
@@ -141,6 +145,7 @@ def run_burst(hosts: Hosts, database: str, blobs: Path, *, versions: int, docume
     task_ids = publish_versions(local, blobs, versions, documents)
     relay = start_relay(hosts, delay_ms)
     started = time.monotonic()
+    done: float | None = None
     running: list[_Worker] = []
     try:
         if loss_percent:
@@ -158,8 +163,10 @@ def run_burst(hosts: Hosts, database: str, blobs: Path, *, versions: int, docume
             while time.monotonic() - started < timeout:
                 left = conn.execute("SELECT count(*) FROM index_task WHERE status NOT IN ('SUCCEEDED', 'DEAD')"
                                     ).fetchone()[0]
-                frozen_done = not freeze or any(line.startswith("LOST") for line in running[0].lines)
-                if left == 0 and frozen_done:  # and the frozen worker has woken and said what it lost
+                woke = not running[0].frozen.is_set() or any(line.startswith("LOST") for line in running[0].lines)
+                if left == 0 and done is None:
+                    done = time.monotonic() - started
+                if left == 0 and woke:  # and a frozen worker has woken and said what it lost
                     break
                 time.sleep(0.5)
         wall = time.monotonic() - started
@@ -173,6 +180,7 @@ def run_burst(hosts: Hosts, database: str, blobs: Path, *, versions: int, docume
         relay.communicate(timeout=30)
         stop_losing(hosts)
     report = _read_result(local, task_ids, [line for w in running for line in w.lines], wall, dropped)
+    report.done_s = wall if done is None else done
     if freeze and running:
         report.frozen = [int(t) for line in running[0].lines if line.startswith("FROZEN")
                          for t in line.split()[1:]]
@@ -214,7 +222,7 @@ def _read_result(local: str, task_ids: list[int], lines: list[str], wall: float,
     with Database(local, max_size=1) as db:
         result = verify(db)
     return BurstReport(
-        tasks=len(task_ids), wall_s=wall, statuses=statuses, succeeded_events=succeeded, done_lines=done,
+        tasks=len(task_ids), wall_s=wall, done_s=wall, statuses=statuses, succeeded_events=succeeded, done_lines=done,
         takeovers=takeovers, reported=reported, failed=failed, claim_errors=claim_errors, chunk_rows=chunk_rows,
         pointers=pointers, newest=newest, verify_ok=result.ok, violations=[v.check for v in result.violations],
         latencies=latencies, dropped=dropped)
@@ -222,7 +230,7 @@ def _read_result(local: str, task_ids: list[int], lines: list[str], wall: float,
 
 def summary(report: BurstReport) -> dict[str, Any]:
     return {
-        "versions": report.tasks, "wall_s": round(report.wall_s, 1), "statuses": dict(report.statuses),
+        "versions": report.tasks, "wall_s": round(report.done_s, 1), "statuses": dict(report.statuses),
         "takeovers": len(report.takeovers), "silent_takeovers": len(report.silent_takeovers),
         "failed_and_retried": report.failed, "claim_errors": report.claim_errors,
         "p50_claim_to_publish_s": round(report.percentile(0.5), 2),

@@ -19,7 +19,8 @@ from tests.network.relay import relay_url, start_relay
 
 DELAY_MS = 250  # each way: 500 ms added to every round trip
 VERSIONS, DOCUMENTS, WORKERS = 24, 8, 3
-LEASE_S = 8.0
+LEASE_S = 6.0
+"""Shorter than most claim -> publish times over this link (~7 s): only the heartbeats keep those leases."""
 
 PROBE = """
 import sys, time, psycopg
@@ -66,7 +67,8 @@ def test_a_burst_over_a_slow_lossy_link_succeeds_once_each_and_reports_its_takeo
     assert set(report.succeeded_events.values()) == {1}
     assert set(report.done_lines.values()) == {1} and len(report.done_lines) == VERSIONS
     # The frozen worker's leases were taken over, it said so when it woke, and no takeover went unreported.
-    assert report.frozen and {t for t, _ in report.takeovers} >= set(report.frozen)
+    # No other lease was: the heartbeats got through the delay and the loss and kept every other lease alive.
+    assert report.frozen and {t for t, _ in report.takeovers} == set(report.frozen)
     assert report.takeovers and not report.silent_takeovers, (report.takeovers, report.reported)
     # Each document points at its newest version with all its chunks; a version's rows are all or none.
     assert report.pointers == {d: (v, CHUNKS_PER_VERSION) for d, v in report.newest.items()}

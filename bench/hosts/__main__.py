@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delay-ms", type=float, default=250.0, help="added each way (default %(default)s: 500 ms RTT)")
     p.add_argument("--loss", type=int, default=5, help="percent of packets dropped each way")
     p.add_argument("--lease-seconds", type=float, default=15.0)
+    p.add_argument("--embed-seconds", type=float, default=0.0,
+                   help="time the fake embedding takes per version (as KBINDEX_FAKE_DELAY)")
     p.add_argument("--no-freeze", dest="freeze", action="store_false", help="no worker freezes past its lease")
     p.add_argument("--no-clean", dest="clean", action="store_false", help="skip the clean-link round")
     p.add_argument("--seconds-limit", type=float, default=900.0, help="per round")
@@ -49,10 +51,12 @@ def main(argv: list[str] | None = None) -> int:
                 conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(database)))
             migrate(hosts.local_url(database))
             print(f"-- {name}: {args.versions} versions, {args.workers} workers x batch {args.batch}, "
-                  f"+{delay:g} ms each way, {loss} % loss, lease {args.lease_seconds:g} s", flush=True)
+                  f"+{delay:g} ms each way, {loss} % loss, lease {args.lease_seconds:g} s, embedding "
+                  f"{args.embed_seconds:g} s per version", flush=True)
             report = run_burst(hosts, database, Path(tmp) / name, versions=args.versions, documents=args.documents,
                                workers=args.workers, delay_ms=delay, loss_percent=loss, lease_s=args.lease_seconds,
-                               batch=args.batch, freeze=args.freeze, timeout=args.seconds_limit)
+                               batch=args.batch, embed_s=args.embed_seconds, freeze=args.freeze,
+                               timeout=args.seconds_limit)
             for line in report.lines():
                 print("   ", line, flush=True)
             figures[name] = summary(report)

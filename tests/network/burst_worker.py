@@ -1,8 +1,9 @@
 """A kbindex worker for the burst over a slow, lossy link (tests/network/burst.py runs several in namespace B).
 
-``burst_worker.py URL OWNER LEASE_SECONDS BATCH [freeze]`` loops until a line arrives on stdin: claim up to
+``burst_worker.py URL OWNER LEASE_SECONDS BATCH EMBED_SECONDS [freeze]`` loops until a line arrives on stdin: claim up to
 BATCH due or lease-expired tasks (the real ``TaskQueue.claim``), keep their leases with a ``LeaseKeeper``
-(its heartbeat thread), chunk and embed each with the fake embedder, check each lease, and publish them
+(its heartbeat thread), chunk and embed each with the fake embedder (taking EMBED_SECONDS per version, as a real model would take
+some: the time the heartbeats must bridge), check each lease, and publish them
 with ``IndexSink.publish_many`` (the fenced publish transaction, a batch per transaction). One line per event:
 
 ``DONE <task> <attempt> <claim-to-publish seconds> <superseded 0|1>``
@@ -46,7 +47,7 @@ def stopped() -> bool:
     return bool(select.select([sys.stdin], [], [], 0)[0])
 
 
-def main(url: str, owner: str, lease_seconds: float, batch: int, freeze: bool) -> None:
+def main(url: str, owner: str, lease_seconds: float, batch: int, embed_seconds: float, freeze: bool) -> None:
     db = Database(url, min_size=1, max_size=3, timeout=10.0, role="run")
     queue = TaskQueue(db, lease_seconds=lease_seconds, backoff_base=0.25, backoff_cap=1.0)
     sink = IndexSink(db, queue)
@@ -76,6 +77,7 @@ def main(url: str, owner: str, lease_seconds: float, batch: int, freeze: bool) -
             chunks = chunks_of(task)
             vectors = checked_embed(embedder, [c.text for c in chunks], expected_model=DEFAULT_MODEL_NAME,
                                     expected_dim=384, batch_size=8)
+            time.sleep(embed_seconds)
             try:
                 lease = keeper.check(key)
             except FenceRejected as exc:
@@ -104,5 +106,5 @@ def main(url: str, owner: str, lease_seconds: float, batch: int, freeze: bool) -
 
 
 if __name__ == "__main__":
-    url, owner, lease_s, batch, *flags = sys.argv[1:]
-    main(url, owner, float(lease_s), int(batch), "freeze" in flags)
+    url, owner, lease_s, batch, embed_s, *flags = sys.argv[1:]
+    main(url, owner, float(lease_s), int(batch), float(embed_s), "freeze" in flags)

@@ -18,9 +18,11 @@ from tests.network.harness import ROOT
 from tests.network.relay import relay_url, start_relay
 
 DELAY_MS = 250  # each way: 500 ms added to every round trip
-VERSIONS, DOCUMENTS, WORKERS = 24, 8, 3
-LEASE_S = 6.0
-"""Shorter than most claim -> publish times over this link (~7 s): only the heartbeats keep those leases."""
+VERSIONS, DOCUMENTS, WORKERS, BATCH = 18, 6, 3, 2
+EMBED_S = 2.0
+"""Per version: a claim of two waits ~4 s for its embeddings, then ~1.5 s (three round trips) to lock its rows."""
+LEASE_S = 5.0
+"""Shorter than that: only heartbeats that get through the delay and the loss keep those leases."""
 
 PROBE = """
 import sys, time, psycopg
@@ -57,7 +59,8 @@ def test_the_relay_adds_its_delay_to_every_round_trip_and_keeps_the_bytes_in_ord
 def test_a_burst_over_a_slow_lossy_link_succeeds_once_each_and_reports_its_takeovers(hosts, net_db, tmp_path):
     started = time.monotonic()
     report = run_burst(hosts, net_db, tmp_path / "blobs", versions=VERSIONS, documents=DOCUMENTS, workers=WORKERS,
-                       delay_ms=DELAY_MS, loss_percent=5, lease_s=LEASE_S, timeout=100)
+                       delay_ms=DELAY_MS, loss_percent=5, lease_s=LEASE_S, batch=BATCH, embed_s=EMBED_S,
+                       timeout=100)
     for line in report.lines():
         print(line)
     print(f"test wall {time.monotonic() - started:.1f} s")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
-import statistics
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -72,6 +72,8 @@ class BurstReport:
     dropped: int = 0
     frozen: list[int] = field(default_factory=list)
     """Tasks the frozen worker held when it froze."""
+    errors: list[str] = field(default_factory=list)
+    """The last lines each worker wrote to stderr."""
 
     @property
     def silent_takeovers(self) -> set[tuple[int, int]]:
@@ -103,9 +105,12 @@ class _Worker:
         args = [url, owner, str(lease_s), str(batch), str(embed_s)] + (["freeze"] if freeze else [])
         self.proc = hosts.client(WORKER, *args, env=env)
         self.lines: list[str] = []
+        self.errors: list[str] = []
         self.frozen = threading.Event()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        self.readers = [threading.Thread(target=self._read, daemon=True),
+                        threading.Thread(target=self._read_errors, daemon=True)]  # a full pipe would block it
+        for reader in self.readers:
+            reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -113,6 +118,11 @@ class _Worker:
             self.lines.append(line.strip())
             if line.startswith("FROZEN"):
                 self.frozen.set()
+
+    def _read_errors(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.errors.append(line.rstrip())
 
     def stop(self) -> str:
         try:
@@ -122,12 +132,13 @@ class _Worker:
         except OSError:
             pass
         try:
-            _, err = self.proc.communicate(timeout=30)
-        except Exception:  # noqa: BLE001 - a worker that does not stop is killed
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # a worker that does not stop is killed
             self.proc.kill()
-            _, err = self.proc.communicate(timeout=30)
-        self.reader.join(timeout=5)
-        return err
+            self.proc.wait(timeout=30)
+        for reader in self.readers:
+            reader.join(timeout=5)
+        return "\n".join(self.errors[-20:])
 
 
 def publish_versions(url: str, blobs: Path, versions: int, documents: int) -> list[int]:
@@ -185,7 +196,7 @@ def run_burst(hosts: Hosts, database: str, blobs: Path, *, versions: int, docume
     if freeze and running:
         report.frozen = [int(t) for line in running[0].lines if line.startswith("FROZEN")
                          for t in line.split()[1:]]
-    report.errors = errors  # type: ignore[attr-defined]
+    report.errors = errors
     return report
 
 

@@ -18,7 +18,7 @@ from tests.network.harness import ROOT
 from tests.network.relay import relay_url, start_relay
 
 DELAY_MS = 250  # each way: 500 ms added to every round trip
-VERSIONS, DOCUMENTS, WORKERS, BATCH = 18, 6, 3, 2
+VERSIONS, DOCUMENTS, WORKERS, BATCH = 12, 4, 3, 2
 EMBED_S = 2.0
 """Per version: a claim of two waits ~4 s for its embeddings, then ~1.5 s (three round trips) to lock its rows."""
 LEASE_S = 5.0

@@ -10,6 +10,6 @@ lease right after its first claim, so the takeover path runs in every round.
 Printed per round: wall time, task statuses, takeovers (and how many no worker reported: must be 0),
 publishes that failed and were retried, claim -> publish p50/p95, double publishes (must be 0) and
 ``kbindex verify``'s result; then the slow round's wall time and p50 as a ratio of the clean round's.
-Exit 1 if any task did not SUCCEEDED, anything was published twice, a takeover went unreported or verify
+Exit 1 if any task did not end SUCCEEDED, anything was published twice, a takeover went unreported or verify
 failed.
 """

@@ -347,16 +347,13 @@ class IndexingRun:
                 totals[work.task_id] = len(self._chunks(work))
             except Exception:  # noqa: BLE001 - the per-task step classifies it
                 continue
+        lost = self._announce(works, Stage.EMBED, totals)
         ahead = None
         if self._ahead is not None:
             ahead = self._ahead.shared
             while not self._ahead.wait_embedded(PASS_PROGRESS_SECONDS):  # progress while it finishes
                 live = [w for w in works if w.task_id in totals and self.alive(w)]
                 self._report_pass_progress(live, {w.task_id: self._chunks(w) for w in live}, ahead)
-        # Announced after the run-ahead pass, with what it embedded: a small version it embedded whole gets
-        # one progress row for this stage ("embed n/n"), not "embed 0/n" and then "embed n/n" (issue #34).
-        done = {w.task_id: self._embedded_ahead(w, ahead) for w in works if w.task_id in totals} if ahead else {}
-        lost = self._announce(works, Stage.EMBED, totals, done)
         shared = self._embed_shared([w for w in works if w.task_id not in self._stopped and self._copy(w) is None],
                                     ahead)
         covered: list[TaskWork] = []  # tasks the shared pass embedded entirely: their "n/n" goes in one statement
@@ -379,16 +376,8 @@ class IndexingRun:
 
         results = {key: [lost.get(w.task_id) or self._guarded(w, Stage.EMBED, step) for w in ws]
                    for key, ws in self.acquire(keys).items()}
-        unfinished = [w for w in covered if done.get(w.task_id) != totals.get(w.task_id, 0)]  # n/n not yet written
-        self._progress_many(unfinished, Stage.EMBED, {w.task_id: totals.get(w.task_id, 0) for w in unfinished})
+        self._progress_many(covered, Stage.EMBED, {w.task_id: totals.get(w.task_id, 0) for w in covered})
         return results
-
-    def _embedded_ahead(self, work: TaskWork, ahead: SharedVectors) -> int:
-        """How many of the task's chunks the run-ahead pass has a vector for (0 for a task it cannot read)."""
-        try:
-            return sum(1 for c in self._chunks(work) if ahead.get(work, c.embed_text) is not None)
-        except Exception:  # noqa: BLE001 - the per-task step classifies it
-            return 0
 
     def publish(self, keys: list[str]) -> dict[str, list[StepResult]]:
         """Every live task's version through ``IndexSink.publish_many``: batches of versions per fenced
@@ -510,11 +499,9 @@ class IndexingRun:
         return {key: [lost.get(work.task_id) or self._guarded(work, stage, fn) for work in works]
                 for key, works in by_key.items()}
 
-    def _announce(self, works: list[TaskWork], stage: Stage, totals: dict[int, int] | None = None,
-                  done: dict[int, int] | None = None) -> dict[int, StepResult]:
-        """Fenced ``stage done/total`` (``done`` defaults to 0) for every live task in one statement; a lease
-        found lost stops its task (returned as its ``lease_lost`` result). Database trouble is left to the
-        per-task steps."""
+    def _announce(self, works: list[TaskWork], stage: Stage, totals: dict[int, int] | None = None) -> dict[int, StepResult]:
+        """Fenced ``stage 0/total`` for every live task in one statement; a lease found lost stops its task
+        (returned as its ``lease_lost`` result). Database trouble is left to the per-task steps."""
         out: dict[int, StepResult] = {}
         live, leases = [], []
         for work in works:
@@ -527,7 +514,7 @@ class IndexingRun:
                 out[work.task_id] = self._lost(work, exc, stage)
         totals = totals or {}
         try:
-            refused = self.queue.progress_many(leases, stage, [(done or {}).get(w.task_id, 0) for w in live],
+            refused = self.queue.progress_many(leases, stage, [0] * len(leases),
                                                [totals.get(w.task_id, 1) for w in live])
         except KbindexError as exc:
             log.warning("could not announce %s for %d tasks (%s); each step checks its lease", stage.value,
@@ -655,7 +642,7 @@ class IndexingRun:
         for (model_name, dimension), members in by_model.items():
             if len(members) < 2:
                 continue
-            live = [w for w in members if self.alive(w)]  # announced (embed done/total) by the step
+            live = [w for w in members if self.alive(w)]  # announced (embed 0/total) by the step
             self.embed_group(model_name, dimension, live, chunks_of, shared, report=True)
         return shared
 

@@ -172,6 +172,7 @@ def test_a_deep_queue_becomes_one_big_run_per_tenant_slot_and_a_lone_publish_one
                               f"doc-{i:02d}.txt")
         instance = dg.DagsterInstance.ephemeral()
         monkeypatch.setattr(sensors, "RUN_SPLIT_BYTES", 1_000)  # tiny documents, still worth two runs here
+        monkeypatch.setattr(sensors, "VERSION_BYTES", 0)  # by bytes alone (a version's fixed cost: test_run_planning)
         with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
             result = claim_index_tasks(ctx)
         sizes = [len(leases_of(r.tags)) for r in result.run_requests]

@@ -27,12 +27,12 @@ run_launcher:
   config:
     kill_grace_seconds: 10
 """
-"""The block dagster.yaml keeps commented out: it swaps the default run launcher for the warm one."""
+"""dagster.yaml's run_launcher block: the warm launcher, the project's default (removed for ``default``)."""
 
 
 def run_launcher_choice() -> str:
     """``default`` or ``warm``: the run launcher tests and benches put into their dagster.yaml (KBINDEX_RUN_LAUNCHER)."""
-    choice = os.environ.get("KBINDEX_RUN_LAUNCHER", "default")
+    choice = os.environ.get("KBINDEX_RUN_LAUNCHER", "warm")
     if choice not in ("default", "warm"):
         raise ValueError(f"KBINDEX_RUN_LAUNCHER={choice!r}: expected 'default' or 'warm'")
     return choice
@@ -41,9 +41,10 @@ def run_launcher_choice() -> str:
 def dagster_yaml(text: str | None = None, launcher: str | None = None) -> str:
     """The project's dagster.yaml (or ``text``) with the run launcher ``launcher`` (default: run_launcher_choice())."""
     text = (PROJECT_ROOT / "dagster.yaml").read_text() if text is None else text
+    has_block = WARM_LAUNCHER_BLOCK.strip() in text
     if (launcher or run_launcher_choice()) == "warm":
-        text += WARM_LAUNCHER_BLOCK
-    return text
+        return text if has_block else text + WARM_LAUNCHER_BLOCK
+    return text.replace(WARM_LAUNCHER_BLOCK.strip(), "# run_launcher: Dagster's DefaultRunLauncher") if has_block else text
 
 
 def write_dagster_yaml(home: Path, launcher: str | None = None) -> Path:

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# A soak round: tests/acceptance/test_bench_pipeline_smoke.py runs the same passes and floors in the default run.
+pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 
 @pytest.mark.timeout(300)

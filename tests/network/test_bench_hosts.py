@@ -13,6 +13,9 @@ import pytest
 
 from tests.network.harness import ROOT, unavailable
 
+# A soak round: tests/network/test_slow_link.py runs the same burst through the relay in the default run.
+pytestmark = pytest.mark.soak
+
 
 def test_bench_hosts_prints_both_rounds_and_exits_0(tmp_path):
     if reason := unavailable():

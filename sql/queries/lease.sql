@@ -26,8 +26,8 @@
 --   'task'     the one task %(task_id)s, if it is claimable now (operator-launched runs).
 -- %(reserve)s: the lease is a reservation for a run yet to start, lasting %(lease_seconds)s.
 -- Fairness ('queue'): up to half of the claim goes first to the oldest due task of each tenant that has due
--- work (tenants in name order, at most %(limit)s / 2 of them), the rest by age, so one tenant's bulk backlog
--- does not hold another tenant's task until it drains.
+-- work (tenants in name order, at most %(limit)s / 2 of them; none for a claim of one), the rest by age, so
+-- one tenant's bulk backlog does not hold another tenant's task until it drains.
 WITH RECURSIVE
 clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
@@ -51,7 +51,7 @@ due AS (
 tenant_walk AS (
     (SELECT t.tenant_id, 1 AS n
      FROM index_task t
-     WHERE %(source)s::text = 'queue'
+     WHERE %(source)s::text = 'queue' AND %(limit)s >= 2  -- a claim of one goes by age alone
        AND t.status IN ('PENDING', 'RETRY_WAIT') AND (t.task_type = 'INDEX' OR t.attempts > 0)
      ORDER BY t.tenant_id
      LIMIT 1)
@@ -66,7 +66,7 @@ tenant_walk AS (
          ORDER BY t.tenant_id
          LIMIT 1
      ) nx
-     WHERE w.n < greatest(1, %(limit)s / 2))
+     WHERE w.n < %(limit)s / 2)
 ),
 -- Each of those tenants' oldest due task (none when its work is not due yet, or another claimer holds it).
 heads AS (

@@ -69,6 +69,8 @@ HOST_TAG = "kbindex/run_worker_host"
 SERVER_TAG = "kbindex/run_worker_server"
 """The fork server's pid (the run process's parent)."""
 STOP_GRACE_SECONDS = 15
+REPORT_RETRY_SECONDS = 2.0
+"""How often the fork server tries again to record a run's exit that PostgreSQL could not take."""
 """A fork server told to stop (SIGTERM) SIGKILLs the runs still alive this long after."""
 SOCKET_PATH_MAX = 100
 """Unix socket paths longer than this (the limit is 108 bytes) move to a short folder under the temp dir."""
@@ -153,7 +155,9 @@ class WarmRunLauncher(_api.RunLauncher, _api.ConfigurableClass):
             try:
                 request(path, {"op": "ping"}, 5)
                 return
-            except OSError:
+            except TimeoutError:  # alive but busy (warming up, reporting an exit): the launch waits its turn
+                return
+            except OSError:  # no socket, or nobody listening on it
                 pass
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -164,6 +168,8 @@ class WarmRunLauncher(_api.RunLauncher, _api.ConfigurableClass):
             while True:
                 try:
                     request(path, {"op": "ping"}, 5)
+                    return
+                except TimeoutError:  # it accepted the connection: started, busy warming up
                     return
                 except OSError:
                     if proc.poll() is not None:
@@ -269,6 +275,8 @@ class ForkServer:
         self.parent = os.getppid()
         self.children: dict[int, tuple[str, str]] = {}  # pid -> (run id, serialized instance ref)
         self.kill_at: dict[int, float] = {}
+        self.unreported: dict[int, tuple[str, str, int]] = {}  # exits PostgreSQL could not take yet
+        self.next_report = 0.0
         self.warm: set[str] = set()
         self.accepting = True
         self.stop_requested = False
@@ -290,6 +298,7 @@ class ForkServer:
             if self.accepting and (self.stop_requested or os.getppid() != self.parent):
                 self._stop_accepting()
             if not self.accepting and not self.children:
+                self._retry_reports()  # a last try for exits PostgreSQL could not take
                 return
             for _key, _ in self.selector.select(timeout=0.2) if self.accepting else []:
                 self._accept()
@@ -297,6 +306,7 @@ class ForkServer:
                 time.sleep(0.2)
             self._reap()
             self._escalate()
+            self._retry_reports()
 
     def _on_term(self, *_: object) -> None:
         self.stop_requested = True
@@ -410,10 +420,23 @@ class ForkServer:
                 continue
             run_id, ref = self.children.pop(pid)
             self.kill_at.pop(pid, None)
+            self.unreported[pid] = (run_id, ref, status)
+        self._retry_reports(force=True)
+
+    def _retry_reports(self, force: bool = False) -> None:
+        """Report exits not yet recorded, every REPORT_RETRY_SECONDS: one that failed (PostgreSQL away) is tried
+        again, since run monitoring cannot rescue a run that never left STARTING."""
+        if not self.unreported or (not force and time.monotonic() < self.next_report):
+            return
+        self.next_report = time.monotonic() + REPORT_RETRY_SECONDS
+        for pid, (run_id, ref, status) in list(self.unreported.items()):
             try:
                 _report_exit(run_id, ref, pid, status)
-            except Exception:  # noqa: BLE001 - run monitoring is the backstop
-                traceback.print_exc()
+            except Exception as exc:  # noqa: BLE001 - kept and tried again
+                print(f"warm launcher: could not record the exit of run {run_id} yet ({type(exc).__name__}: {exc})",
+                      file=sys.stderr)
+            else:
+                del self.unreported[pid]
 
 
 def _report_exit(run_id: str, ref: str, pid: int, status: int) -> None:

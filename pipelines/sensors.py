@@ -54,7 +54,9 @@ VERSION_BYTES = int(os.environ.get("KBINDEX_RUN_VERSION_BYTES", "2048"))
 # ceiling only tiny documents reach. It was a flat 320 because a 1,000-version run of abstracts once took
 # ~3 minutes where ~300-version runs took ~20 s; per-version event batching and O(run) key ranges (issue
 # #14) removed what grew, and bench/per_version.py pins that nothing a run writes per version grows with N.
-BATCH_MAX = int(os.environ.get("KBINDEX_RUN_BATCH", str(max(1, RUN_BYTES // max(1, VERSION_BYTES)))))
+# With VERSION_BYTES 0 (bytes alone) the ceiling stays the old 320: RUN_BYTES // 1 would let a tick ask for
+# millions of due rows.
+BATCH_MAX = int(os.environ.get("KBINDEX_RUN_BATCH", str(RUN_BYTES // VERSION_BYTES if VERSION_BYTES > 0 else 320)))
 # Versions per run of lease takeovers, whose sizes are unknown before the claim.
 BATCH_UNSIZED = int(os.environ.get("KBINDEX_RUN_BATCH_UNSIZED", "160"))
 # A tick's fresh versions of one tenant are spread over this many runs (the per-tenant run limit in

@@ -159,6 +159,19 @@ def test_a_run_of_tiny_versions_is_bounded_by_their_fixed_cost_not_by_a_count():
     fixed = sizes(plan(2_048, run_bytes=200_000))  # ...their fixed cost makes 36 (7 MB / 200 KB)
     assert len(fixed) == 36 and sum(fixed) == 3_000 and max(fixed) <= 200_000 // 2_348 + 1
     # The defaults: a run holds thousands of tiny versions (the ceiling was a flat 320), and a claim takes them.
-    assert sensors.BATCH_MAX == sensors.RUN_BYTES // sensors.VERSION_BYTES >= 2_000
+    assert sensors.BATCH_MAX >= 2_000
     assert sensors.claim_count([300] * 10_000, sensors.RUN_BYTES * 2, 24, sensors.VERSION_BYTES) > 4_000
     assert sensors.claim_count([300] * 10_000, 1_000_000, 24, 2_048) == 1_000_000 // 2_348
+
+
+def test_bytes_alone_keeps_the_old_ceiling_instead_of_asking_a_tick_for_millions_of_rows():
+    """KBINDEX_RUN_VERSION_BYTES=0 sizes runs by bytes alone; the count ceiling must not become RUN_BYTES // 1
+    (5,242,880), which claim_limit would pass as the LIMIT of its due-sizes read every tick."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "from pipelines import sensors; print(sensors.BATCH_MAX)"],
+                         env={**os.environ, "KBINDEX_RUN_VERSION_BYTES": "0"},
+                         capture_output=True, text=True, check=True)
+    assert int(out.stdout.strip().splitlines()[-1]) == 320

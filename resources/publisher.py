@@ -166,10 +166,10 @@ class Publisher:
         if self.quota_versions is not None and versions > self.quota_versions:
             raise self._over_versions(tenant_id, versions)
 
-    def _is_latest(self, tenant_id: str, document_id: str, data: bytes) -> bool:
-        """Whether ``data`` are the document's latest bytes (publishing them again stores nothing new)."""
+    def _is_latest(self, tenant_id: str, document_id: str, digest: str) -> bool:
+        """Whether ``digest`` names the document's latest bytes (publishing them again stores nothing new)."""
         latest = self.db.fetch_one("document_version_latest", {"tenant_id": tenant_id, "document_id": document_id})
-        return latest is not None and latest["content_hash"] == content_hash(data)
+        return latest is not None and latest["content_hash"] == digest
 
     def publish(
         self, tenant_id: str, document_id: str, data: bytes, filename: str, media_type: str | None = None, *,
@@ -186,20 +186,27 @@ class Publisher:
         if len(data) > self.max_bytes:
             raise InvalidRequest(f"file is larger than the {self.max_bytes // (1024 * 1024)} MB limit")
         name = safe_filename(filename)
+        digest = content_hash(data)
         if self.quota_bytes is not None or self.quota_versions is not None:
             # Before the bytes are stored: a refused publish leaves no file.
-            row = self.db.fetch_one("tenant_storage_get", {"tenant_id": tenant_id}) or {}
-            stored, versions = int(row.get("stored_bytes") or 0) + len(data), int(row.get("live_versions") or 0) + 1
-            if ((self.quota_bytes is not None and stored > self.quota_bytes)
-                    or (self.quota_versions is not None and versions > self.quota_versions)) \
-                    and not self._is_latest(tenant_id, document_id, data):
+            row = self.db.fetch_one("tenant_storage_get", {"tenant_id": tenant_id})
+            stored, versions = int(row["stored_bytes"]) + len(data), int(row["live_versions"]) + 1
+            try:
                 self._check_quotas(tenant_id, stored, versions)
+            except QuotaExceeded:
+                if not self._is_latest(tenant_id, document_id, digest):
+                    raise
+        # Bytes first, outside the transaction (a slow store never holds a connection or nears the server's
+        # idle-in-transaction limit): a failed transaction leaves only an unreferenced blob.
+        self.blobs.put(data)
         key = {"tenant_id": tenant_id, "document_id": document_id}
         with self.db.transaction() as tx:
             # Held until the version commits: blob garbage collection cannot delete these bytes in between
-            # (resources/blob_gc.py takes the same lock, exclusive, around its re-check and delete).
-            tx.fetch_one("blob_hold", {"content_hash": content_hash(data)})
-            digest = self.blobs.put(data)  # bytes first: a failed transaction leaves only an unreferenced blob
+            # (resources/blob_gc.py takes the same lock, exclusive, around its re-check and delete). It may have
+            # deleted them before the lock: then they are stored again, under it.
+            tx.fetch_one("blob_hold", {"content_hash": digest})
+            if not self.blobs.exists(digest):
+                self.blobs.put(data)
             tx.fetch_one("document_lock", key)
             latest = tx.fetch_one("document_version_latest", key)
             if latest is not None and (latest["content_hash"], latest["metadata"], latest["allow_principals"]) == (

@@ -12,8 +12,9 @@ ON CONFLICT (tenant_id) DO UPDATE SET stored_bytes = s.stored_bytes + EXCLUDED.s
 RETURNING s.stored_bytes, s.live_versions;
 
 -- name: tenant_storage_get
-SELECT coalesce((SELECT stored_bytes FROM tenant_storage WHERE tenant_id = %(tenant_id)s), 0)::bigint AS stored_bytes,
-       coalesce((SELECT live_versions FROM tenant_storage WHERE tenant_id = %(tenant_id)s), 0)::bigint AS live_versions;
+SELECT coalesce(max(stored_bytes), 0)::bigint AS stored_bytes, coalesce(max(live_versions), 0)::bigint AS live_versions
+FROM tenant_storage
+WHERE tenant_id = %(tenant_id)s;
 
 -- name: blob_live_hashes
 -- Of the listed content hashes, those some version still needs: its document's latest version, a version a

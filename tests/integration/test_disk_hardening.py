@@ -126,7 +126,7 @@ def test_the_quota_holds_inside_the_publish_transaction(db, tmp_path):
 
     def stale(name, params=None):
         if name == "tenant_storage_get":
-            return {"stored_bytes": 0}
+            return {"stored_bytes": 0, "live_versions": 0}  # the row tenant_storage_get always answers
         return real(name, params)
 
     db.fetch_one = stale

@@ -6,10 +6,11 @@ the retention window, or has an open task. That covers the bytes of long-superse
 the orphans of publishes that failed after storing their bytes (no version at all).
 
 A blob younger than ``grace_seconds`` is never deleted: a publish stores its bytes *before* its
-transaction commits, and ``BlobStore.put`` renews the age of bytes it finds already stored. That alone
+transaction opens, and ``BlobStore.put`` renews the age of bytes it finds already stored. That alone
 left a window (issue #31): a publish of the same bytes that renewed and committed between this pass's
 liveness check and its delete lost its file. So a publish holds its hash (advisory lock ``blob_hold``,
-shared) from before it stores the bytes until it commits, and each blob this pass found dead is deleted
+shared) from inside its transaction until it commits (storing the bytes again under it if they went
+meanwhile), and each blob this pass found dead is deleted
 under the same lock, exclusive (``blob_collect_lock``, not waited for: a blob a publish holds is left for
 the next pass) after its liveness is checked again under it: a publish either committed before (its
 version makes the blob live) or stores the bytes after the delete (a fresh file).
@@ -20,11 +21,13 @@ steps only leaves a file for the next pass.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
 from resources.blob_store import BlobStore
-from resources.database import Database
+from resources.database import Database, Session
 
 DEFAULT_GRACE_SECONDS = 3600.0
 BATCH = 500
@@ -42,6 +45,19 @@ class BlobGcReport:
             "blob_bytes_released": self.bytes_released,
             "blob_temporary_files_deleted": self.temporary_files_deleted,
         }
+
+
+@contextmanager
+def collect_lock(session: Session, digest: str) -> Iterator[bool]:
+    """The blob's exclusive lock against publishes of the same bytes (``blob_collect_lock``, tried, never waited
+    for), held on ``session`` for the block: yields whether it was granted. Every deleter of blobs takes it
+    (this pass, and ``resources/eraser.py``) around its re-check and its delete."""
+    locked = bool(session.fetch_one("blob_collect_lock", {"content_hash": digest})["locked"])
+    try:
+        yield locked
+    finally:
+        if locked:
+            session.fetch_one("blob_collect_unlock", {"content_hash": digest})
 
 
 def collect_blobs(
@@ -63,17 +79,15 @@ def collect_blobs(
         live = {r["content_hash"] for r in db.fetch_all("blob_live_hashes", {"hashes": hashes, **params})}
         with db.session() as s:  # one connection: the session lock is taken and given back on it
             for digest, path in ((h, p) for h, p in batch if h not in live):
-                if not s.fetch_one("blob_collect_lock", {"content_hash": digest})["locked"]:
-                    continue  # a publish of these bytes is in flight
-                try:
+                with collect_lock(s, digest) as locked:
+                    if not locked:
+                        continue  # a publish of these bytes is in flight
                     if s.fetch_all("blob_live_hashes", {"hashes": [digest], **params}):
                         continue  # a publish committed a version that needs them since the batch check
                     rows = s.fetch_all("blob_release_versions", {"hashes": [digest], "now": now})
                     released += sum(int(r["released_bytes"]) for r in rows)
                     blobs.delete(path)
                     deleted += 1
-                finally:
-                    s.fetch_one("blob_collect_unlock", {"content_hash": digest})
         batch.clear()
 
     for digest, age, path in blobs.stored():

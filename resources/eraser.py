@@ -38,6 +38,7 @@ from typing import Any
 
 from pipelines.domain.identifiers import validate_document_id, validate_tenant
 from resources.artifact_store import ArtifactStore
+from resources.blob_gc import collect_lock
 from resources.blob_store import BlobStore
 from resources.database import Database, Session
 from resources.publisher import TOMBSTONE, Publisher
@@ -180,19 +181,33 @@ class Eraser:
         blobs = 0
         for digest in hashes:
             try:
-                outcome = self.blobs.erase(digest, stored_before=started)
+                outcome = self._erase_blob(digest, started)
             except OSError as exc:
                 receipt.not_removed.append({"kind": "blob", "content_hash": digest,
                                             "why": f"could not delete: {type(exc).__name__}"})
                 continue
-            if outcome == "renewed":
+            if outcome in ("renewed", "held"):
                 receipt.not_removed.append({
                     "kind": "blob", "content_hash": digest,
                     "why": "a publish stored the same bytes during the erase; blob garbage collection removes "
                            "them if no version names them",
                 })
+            elif outcome == "named":
+                receipt.not_removed.append({"kind": "blob", "content_hash": digest,
+                                            "why": "a version published since names the same bytes"})
             blobs += outcome == "deleted"
         receipt.removed["blobs"] = blobs
+
+    def _erase_blob(self, digest: str, started: float) -> str:
+        """One blob, under the lock every deleter of blobs takes (resources/blob_gc.py ``collect_lock``): ``held``
+        (a publish of these bytes is between storing and committing), ``named`` (one committed a version that
+        names them since the erase's check), else what ``BlobStore.erase`` says."""
+        with self.db.session() as s, collect_lock(s, digest) as locked:
+            if not locked:
+                return "held"
+            if s.fetch_all("erase_blob_hashes_referenced", {"hashes": [digest]}):
+                return "named"
+            return self.blobs.erase(digest, stored_before=started)
 
 
 __all__ = ["EraseReceipt", "Eraser"]

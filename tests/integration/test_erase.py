@@ -177,6 +177,22 @@ def test_a_blob_shared_with_another_document_stays_and_the_receipt_says_why(db, 
     assert verify(db).ok
 
 
+def test_a_blob_a_publish_of_the_same_bytes_holds_is_not_erased_under_it(db, db_url, kb):
+    """Issue #31's GC race, for erase: another document's publish of the same bytes stored them before the erase
+    began and commits after the erase found nobody else names them. While it holds the bytes (blob_hold, from
+    inside its transaction), the erase must not delete them: the version it is about to commit needs them."""
+    a = kb["publisher"].publish("acme", "a", HANDBOOK, "a.txt")
+    with psycopg.connect(db_url) as publishing:  # the other publish, between storing its bytes and committing
+        publishing.execute("SELECT pg_advisory_xact_lock_shared(hashtextextended('kbindex.blob:' || %s, 0))",
+                           [a.content_hash])
+        receipt = kb["eraser"].erase("acme", "a")
+        assert kb["blobs"].exists(a.content_hash)
+        assert receipt.removed["blobs"] == 0
+        assert [(n["kind"], n["content_hash"]) for n in receipt.not_removed] == [("blob", a.content_hash)]
+    kb["publisher"].publish("acme", "b", HANDBOOK, "b.txt")  # it commits: its bytes are there
+    assert kb["blobs"].get(a.content_hash) == HANDBOOK
+
+
 def test_erasing_what_was_never_published_is_not_found_and_records_nothing(db, db_url, kb):
     receipt = kb["eraser"].erase("acme", "nope")
     assert receipt.outcome == "not_found" and receipt.removed == {}

@@ -161,14 +161,14 @@ class Database:
         self.role = role
         bounds = ConnectionBounds.from_env()
         if timeout is None:
-            timeout = bounds.api_pool_timeout_s if role == "api" else 30.0
+            timeout = (bounds.api_pool_timeout_s or 30.0) if role == "api" else 30.0  # 0: the bound off
         with translate_errors():
             self.pool = ConnectionPool(
                 url,
                 min_size=min_size,
                 max_size=max_size,
                 timeout=timeout,
-                kwargs={"autocommit": True, **connection_params(url, role)},
+                kwargs={"autocommit": True, **connection_params(url, role, bounds)},
                 configure=_configure,
                 open=True,
                 check=ConnectionPool.check_connection,

@@ -622,7 +622,7 @@ def create_app(
             "nothing succeeds). `failures`: documents whose latest version is DEAD or RETRY_WAIT, by error code; "
             "list them with GET /documents?error_code=CODE. A caller who may not read every version (an end-user "
             "token, `as=`) gets the same figures over the versions it may read among the tenant's newest "
-            f"{SCOPED_SCAN_TASKS} tasks: `coverage.complete` is false when the tenant has more tasks than that."
+            f"{SCOPED_SCAN_TASKS} tasks: `coverage.complete` is false when the tenant has that many tasks or more."
         ),
         responses=READ_ERRORS,
     )

@@ -202,7 +202,7 @@ def overview_json(tenant_id: str, row: dict[str, Any], failures: list[dict[str, 
     nothing is open, None while nothing succeeds. ``failures``: documents whose latest version is DEAD or
     waits for a retry, by error code; each code filters GET /documents with ``error_code``.
     ``coverage``: a principal-scoped overview counts over the tenant's newest SCOPED_SCAN_TASKS tasks only
-    (``tasks_read`` of them); ``complete`` says whether that was every task.
+    (``tasks_read`` of them); ``complete`` is false once it read that many, whether or not there were more.
     """
     counts = row.get("tasks_by_status") or {}
     tasks_read = int(row["tasks_read"]) if row.get("tasks_read") is not None else None

@@ -21,9 +21,7 @@ def test_the_bench_prints_every_row_for_the_profiles_model(pg_server_url, monkey
     assert (r["corpus"], r["model"], r["queries"], r["regression_check"]) == ("small-en", "all-MiniLM-L6-v2", 12, False)
     for row in ROWS:  # stock BM25 included: bm25s is a test dependency
         assert 0.5 < r[row]["ndcg@10"] <= 1 and 0 < r[row]["recall@10"] <= 1, (row, r[row])
-        assert r[row]["p95_ms"] >= r[row]["p50_ms"] >= 0
     assert abs(r["ndcg_gap"]) <= 0.01, "the stored index ranks as the same embedder does in memory"
-    assert r["rrf_minus_weighted_ndcg@10"] == round(r["hybrid-rrf"]["ndcg@10"] - r["hybrid-weighted"]["ndcg@10"], 4)
     printed = report(r)
     assert all(f"  {row} " in printed for row in ROWS) and "regression check" not in printed
     assert "regression check" in report({**r, "corpus": "xquad-zh", "regression_check": True})

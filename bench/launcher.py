@@ -6,7 +6,7 @@ warm side) with a gRPC code server for bench/launcher_probe.py, as ``dagster dev
 ``--runs`` one-step runs one after another through ``instance.launch_run`` (what the daemon's run queue
 calls) and reads what the step recorded: start-up = launch call to the first step's wall clock; run
 CPU = the run process's own user+system seconds at its first step (imports, instance, run set-up).
-The warm side's first run also starts the fork server: it is shown apart, the medians leave it out.
+Each side's first run is shown apart and left out of its medians (one-time start-up; the warm one starts the fork server).
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ def measure(admin_url: str, launcher: str, runs: int, workdir: Path) -> dict:
             workspace = context.create_request_context()
             location = workspace.get_code_location("probe")
             remote_job = next(iter(location.get_repositories().values())).get_full_job("warm_job")
-            from bench.launcher_probe import warm_job  # noqa: F401 - the job definition for the run's plan
             from bench.launcher_probe import defs
 
             job_def = defs.resolve_job_def("warm_job")
@@ -91,7 +90,7 @@ def measure(admin_url: str, launcher: str, runs: int, workdir: Path) -> dict:
             pass
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
-    steady = rows[1:] if launcher == "warm" and len(rows) > 1 else rows
+    steady = rows[1:] if len(rows) > 1 else rows  # both sides alike: the first run pays one-time start-up
     return {"first": rows[0], "startup_median_s": statistics.median(r["startup_s"] for r in steady),
             "cpu_median_s": statistics.median(r["cpu_s"] for r in steady), "runs": len(rows)}
 
@@ -104,7 +103,7 @@ def render(sides: dict[str, dict]) -> str:
                      f"{s['first']['startup_s']:>23.3f}")
     lines.append(f"default / warm: start-up {d['startup_median_s'] / w['startup_median_s']:.1f}x, "
                  f"run CPU before the first step {d['cpu_median_s'] / max(w['cpu_median_s'], 1e-3):.1f}x "
-                 "(warm medians leave out the run that started the fork server)")
+                 "(both medians leave out each side's first run: the warm one starts the fork server)")
     return "\n".join(lines)
 
 
@@ -112,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.launcher", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=6)
     args = parser.parse_args(argv)
-    from resources.local_postgres import temporary_server
+    from bench import server_url
 
-    with temporary_server("kbindex-bench-launcher-", external_env="KBINDEX_DATABASE_URL") as admin_url:
+    with server_url() as admin_url:
         with tempfile.TemporaryDirectory(prefix="kbindex-bench-launcher-") as tmp:
             sides = {name: measure(admin_url, name, args.runs, Path(tmp)) for name in ("default", "warm")}
     print(render(sides))

@@ -17,7 +17,7 @@ Then it counts, divided by N:
 
 A per-version figure that is the same at both sizes is a fixed cost per version; one that grows with N is a
 cost per run that grows faster than its work (what keeps runs from holding thousands of small versions).
-tests/integration/test_per_version_costs.py pins the figures at a small N.
+tests/acceptance/test_per_version_costs.py pins the figures at a small N.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loss", type=int, default=5, help="percent of packets dropped each way")
     p.add_argument("--lease-seconds", type=float, default=15.0)
     p.add_argument("--embed-seconds", type=float, default=0.0,
-                   help="time the fake embedding takes per version (as KBINDEX_FAKE_DELAY)")
+                   help="time the fake embedding takes per version (each worker sleeps it)")
     p.add_argument("--no-freeze", dest="freeze", action="store_false", help="no worker freezes past its lease")
     p.add_argument("--no-clean", dest="clean", action="store_false", help="skip the clean-link round")
     p.add_argument("--seconds-limit", type=float, default=900.0, help="per round")

@@ -86,11 +86,9 @@ def errors_to_exit() -> Iterator[None]:
         yield
     except (KbindexError,) as exc:
         raise fail(exc) from None
-    except HomeNotFound as exc:  # one line, never wrapped: the path is the point
-        err_console.print(f"[bold red]error[/] HOME_NOT_FOUND: {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(EXIT_ERROR) from None
-    except HomeNotOwned as exc:  # likewise: whose folder it is, and what to do
-        err_console.print(f"[bold red]error[/] HOME_NOT_OWNED: {escape(str(exc))}", soft_wrap=True)
+    except (HomeNotFound, HomeNotOwned) as exc:  # one line, never wrapped: the path (and whose it is) is the point
+        code = "HOME_NOT_OWNED" if isinstance(exc, HomeNotOwned) else "HOME_NOT_FOUND"
+        err_console.print(f"[bold red]error[/] {code}: {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(EXIT_ERROR) from None
 
 

@@ -96,7 +96,7 @@ def _probe(out: Path, run) -> dict:
 
 
 def test_runs_are_forked_from_one_warm_fork_server_and_materialize(instance, tmp_path):
-    first, second = _launch(instance, tmp_path), None
+    first = _launch(instance, tmp_path)
     assert _finished(instance, first).status == dg.DagsterRunStatus.SUCCESS
     server = _server_pid(instance)
     second = _launch(instance, tmp_path)

@@ -181,8 +181,10 @@ class Hosts:
         self.is_cut = True
 
     def heal(self) -> None:
+        """The link as it was: no cut, and no packet loss (relay.lose_packets' table) left for the next test."""
         for ns in (self.ns_db, self.ns_client):
-            _run("ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "kbcut", check=False)
+            for table in ("kbcut", "kbloss"):
+                _run("ip", "netns", "exec", ns, "nft", "delete", "table", "inet", table, check=False)
         self.is_cut = False
 
     # -- clients --------------------------------------------------------------------------------

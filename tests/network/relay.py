@@ -9,7 +9,7 @@ and one writer per direction, and the same delay for every chunk, so bytes leave
 both. It prints ``LISTENING`` once it accepts connections.
 
 ``lose_packets`` drops a share of the packets arriving over the veth in both namespaces (nftables
-``numgen random``): TCP retransmits them, as on a lossy link. ``stop_losing`` (or ``Hosts.close``) ends it.
+``numgen random``): TCP retransmits them, as on a lossy link. ``stop_losing`` (or ``Hosts.heal``, which every test's teardown calls) ends it.
 """
 
 from __future__ import annotations

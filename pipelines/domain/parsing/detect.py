@@ -41,6 +41,7 @@ _ALIASES = {
     "application/xhtml+xml": HTML, "application/x-pdf": PDF,
     "application/csv": CSV, "text/comma-separated-values": CSV, "text/x-csv": CSV, "application/vnd.ms-excel.sheet.macroenabled.12": XLSX,
 }
+_MAGIC_OLE = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # a Compound File (OLE2) container
 # (prefix, media type): binary signatures that override names. None can start real text.
 _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"\x89PNG\r\n\x1a\n", "image/png"),
@@ -53,11 +54,10 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"\xfd7zXZ\x00", "application/x-xz"),
     (b"7z\xbc\xaf\x27\x1c", "application/x-7z-compressed"),
     (b"Rar!\x1a\x07", "application/vnd.rar"),
-    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", OLE),  # legacy .doc/.xls, or an encrypted OOXML file
+    (_MAGIC_OLE, OLE),  # legacy .doc/.xls, or an encrypted OOXML file
     (b"\x7fELF", "application/x-executable"),
     (b"\x00asm", "application/wasm"),
 )
-_MAGIC_OLE = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _PDF_WINDOW = 1024
 """Readers accept %PDF- anywhere in the first KiB (some files start with junk)."""
 

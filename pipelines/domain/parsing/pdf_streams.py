@@ -153,8 +153,7 @@ def _inflate(source: Iterable[bytes]) -> Iterator[bytes]:
     for chunk in source:
         if inflater is None:
             head = bytes(chunk[:2])
-            wbits = zlib.MAX_WBITS | 32 if len(head) == 2 and (
-                (head[0] << 8 | head[1]) % 31 == 0 and head[0] & 0x0F == 8 or head == b"\x1f\x8b") else -zlib.MAX_WBITS
+            wbits = zlib.MAX_WBITS | 32 if _looks_zlib(head, 0) or head == b"\x1f\x8b" else -zlib.MAX_WBITS
             inflater = zlib.decompressobj(wbits)
         pending = chunk
         while pending:

@@ -87,13 +87,18 @@ ASSET_JOB_NAME = "__ASSET_JOB"  # UI materializations; a re-execution keeps the 
 PARTITION_TAGS = ("dagster/partition", "dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
 
 
+def version_weight(size: int, version_bytes: int) -> int:
+    """What one version weighs in a run's budget: its bytes (at least 1) plus its fixed cost."""
+    return max(1, size) + version_bytes
+
+
 def claim_count(due_bytes: list[int], budget: int, floor: int, version_bytes: int = 0) -> int:
     """How many of the due versions (byte sizes, in claim order) to claim: as many as fit ``budget``
     bytes, at least ``floor`` (or all of them, if fewer are due); each version weighs ``version_bytes``
     more than its size (its fixed cost)."""
     total = count = 0
     for size in due_bytes:
-        total += max(1, size) + version_bytes
+        total += version_weight(size, version_bytes)
         if total > budget and count >= floor:
             break
         count += 1
@@ -194,7 +199,7 @@ def plan_runs(
                 plan.delete.append(key)
             task_caps = [c for c in (caps.get(t.lease.task_id) for t in tasks) if c]
             (capped[min(task_caps)] if task_caps else free).append(key)
-        unit_weights = [sum(max(1, (weights or {}).get(t.lease.task_id, 1)) + version_bytes for t in units[k])
+        unit_weights = [sum(version_weight((weights or {}).get(t.lease.task_id, 1), version_bytes) for t in units[k])
                         for k in free]
         by_bytes = -(-sum(unit_weights) // run_bytes) if weights and run_bytes > 0 else 1
         worth = max(1, sum(unit_weights) // split_bytes) if weights and split_bytes > 0 else spread
@@ -334,7 +339,7 @@ def claim_limit(database: DatabaseResource, queue_full: bool) -> tuple[int, int]
     count = claim_count(due, budget, min(len(due), BATCH_MIN * spread), VERSION_BYTES)
     if count < len(due):
         return count, 0
-    return max(count, unsized), max(0, budget - sum(max(1, b) + VERSION_BYTES for b in due))
+    return max(count, unsized), max(0, budget - sum(version_weight(b, VERSION_BYTES) for b in due))
 
 
 def backfill_limit(database: DatabaseResource, slots: int, budget: int, claimed_any: bool) -> int:

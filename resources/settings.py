@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 DEFAULT_HOME = ".kbindex"
@@ -106,8 +107,11 @@ def _number(env: dict[str, str], name: str, default: float) -> float:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    value = float(raw)
-    if value < 0:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds or milliseconds, not {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be >= 0 (0 turns the bound off), not {raw!r}")
     return value
 
@@ -167,32 +171,19 @@ class ConnectionBounds:
     """KBINDEX_PG_API_POOL_TIMEOUT_S: how long an API request waits for a pooled connection (while the pool
     reconnects to a PostgreSQL that is away, each request gets its 503 after this long)."""
 
+    @staticmethod
+    def env_name(field_name: str) -> str:
+        """The variable that sets a bound: ``KBINDEX_PG_`` and the field's name in capitals."""
+        return "KBINDEX_PG_" + field_name.upper()
+
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ConnectionBounds:
         env = dict(os.environ if env is None else env)
-        d = cls()
-        return cls(
-            connect_timeout_s=_number(env, "KBINDEX_PG_CONNECT_TIMEOUT_S", d.connect_timeout_s),
-            keepalives_idle_s=_number(env, "KBINDEX_PG_KEEPALIVES_IDLE_S", d.keepalives_idle_s),
-            keepalives_interval_s=_number(env, "KBINDEX_PG_KEEPALIVES_INTERVAL_S", d.keepalives_interval_s),
-            keepalives_count=int(_number(env, "KBINDEX_PG_KEEPALIVES_COUNT", d.keepalives_count)),
-            tcp_user_timeout_ms=int(_number(env, "KBINDEX_PG_TCP_USER_TIMEOUT_MS", d.tcp_user_timeout_ms)),
-            idle_in_transaction_ms=int(_number(env, "KBINDEX_PG_IDLE_IN_TRANSACTION_MS", d.idle_in_transaction_ms)),
-            run_statement_timeout_ms=int(_number(env, "KBINDEX_PG_RUN_STATEMENT_TIMEOUT_MS",
-                                                 d.run_statement_timeout_ms)),
-            run_lock_timeout_ms=int(_number(env, "KBINDEX_PG_RUN_LOCK_TIMEOUT_MS", d.run_lock_timeout_ms)),
-            api_statement_timeout_ms=int(_number(env, "KBINDEX_PG_API_STATEMENT_TIMEOUT_MS",
-                                                 d.api_statement_timeout_ms)),
-            api_lock_timeout_ms=int(_number(env, "KBINDEX_PG_API_LOCK_TIMEOUT_MS", d.api_lock_timeout_ms)),
-            client_check_ms=int(_number(env, "KBINDEX_PG_CLIENT_CHECK_MS", d.client_check_ms)),
-            reconnect_s=_number(env, "KBINDEX_PG_RECONNECT_S", d.reconnect_s),
-            api_keepalives_idle_s=_number(env, "KBINDEX_PG_API_KEEPALIVES_IDLE_S", d.api_keepalives_idle_s),
-            api_keepalives_interval_s=_number(env, "KBINDEX_PG_API_KEEPALIVES_INTERVAL_S",
-                                              d.api_keepalives_interval_s),
-            api_tcp_user_timeout_ms=int(_number(env, "KBINDEX_PG_API_TCP_USER_TIMEOUT_MS",
-                                                d.api_tcp_user_timeout_ms)),
-            api_pool_timeout_s=_number(env, "KBINDEX_PG_API_POOL_TIMEOUT_S", d.api_pool_timeout_s),
-        )
+        values: dict[str, float] = {}
+        for f in fields(cls):
+            value = _number(env, cls.env_name(f.name), f.default)
+            values[f.name] = int(value) if isinstance(f.default, int) else value
+        return cls(**values)
 
     def network(self, role: str = "tool") -> tuple[float, float, int, int]:
         """The role's (keepalives_idle_s, keepalives_interval_s, keepalives_count, tcp_user_timeout_ms): the

@@ -67,16 +67,14 @@ def test_a_negative_bound_is_refused():
         ConnectionBounds.from_env({"KBINDEX_PG_CONNECT_TIMEOUT_S": "-1"})
 
 
-@pytest.mark.parametrize(("role", "statement", "idle"), [("run", "5min", "30s"), ("api", "30s", "30s"),
-                                                         ("migration", "0", "0")])
-
-
 @pytest.mark.parametrize("raw", ["nan", "inf", "soon"])
 def test_a_bound_that_is_not_a_finite_number_is_refused_by_name(raw):
     with pytest.raises(ValueError, match="KBINDEX_PG_RECONNECT_S"):
         ConnectionBounds.from_env({"KBINDEX_PG_RECONNECT_S": raw})
 
 
+@pytest.mark.parametrize(("role", "statement", "idle"), [("run", "5min", "30s"), ("api", "30s", "30s"),
+                                                         ("migration", "0", "0")])
 
 def test_the_server_session_gets_the_role_s_settings(db_url, role, statement, idle):
     with Database(db_url, max_size=1, role=role) as db, db.session() as s:

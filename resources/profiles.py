@@ -655,6 +655,7 @@ def run_gate(
     chosen = embedders or {}
     shadow_scores = evaluate_profile(shadow, eval_set, embedder=chosen.get(shadow["model"]), cache=cache)
     active_scores = evaluate_profile(active, eval_set, embedder=chosen.get(active["model"]), cache=cache)
+    scored = LexicalParams.of(shadow)  # the search settings the gate scored the shadow with
     row = db.fetch_one(
         "profile_gate_insert",
         {
@@ -672,11 +673,11 @@ def run_gate(
             "tolerance": tolerance,
             "passed": gate_passed(shadow_scores, active_scores, tolerance),
             "seconds": round(time.perf_counter() - started, 3),
-            "mode": LexicalParams.of(shadow).search_mode,
+            "mode": scored.search_mode,
             "baseline_mode": LexicalParams.of(active).search_mode,
-            "fusion": LexicalParams.of(shadow).fusion,
-            "rrf_k": LexicalParams.of(shadow).rrf_k,
-            "lexical_weight": LexicalParams.of(shadow).lexical_weight,
+            "fusion": scored.fusion,
+            "rrf_k": scored.rrf_k,
+            "lexical_weight": scored.lexical_weight,
         },
     )
     assert row is not None

@@ -177,7 +177,9 @@ class EmbedderResource(dg.ConfigurableResource):
     loaded once in this process.
 
     A run that finds the service (``service_home``) at setup embeds every batch there and never
-    imports torch; it loads its own model only if the service fails mid-run (``ServiceOrLocal``).
+    imports torch; it loads its own model only if the service fails mid-run (``ServiceOrLocal``), unless
+    fallback is ``none`` (a ``tcp://`` service by default): then the embed step fails retryably
+    (``served_embedder``).
     A profile whose model is ``fake-384`` gets the deterministic FakeEmbedder (tests and fault
     injection only; faults from KBINDEX_FAKE_FAULTS, e.g. ``timeout=0.1,wrong_dimension=0.05``).
     """
@@ -185,8 +187,8 @@ class EmbedderResource(dg.ConfigurableResource):
     batch_size: int = 64
     torch_threads: int = 0  # 0: run_torch_threads() (cores divided among the runs that embed at once)
     service_home: Pinned = ""
-    """KBINDEX_EMBED_SERVICE: the folder of a running embedding service (``kbindex embed-service``); "" for none.
-    Pinned: not run config (PINNED_FIELDS)."""
+    """KBINDEX_EMBED_SERVICE: the folder of a running embedding service (``kbindex embed-service``), or
+    ``tcp://HOST:PORT`` for one on another host; "" for none. Pinned: not run config (PINNED_FIELDS)."""
     service_max_versions: int = 0
     """0: every run embeds through the service; n: only runs of at most n leased versions (bigger ones,
     and backfills of unknown size, load their own model)."""
@@ -205,12 +207,17 @@ class EmbedderResource(dg.ConfigurableResource):
         self.preload({m for m in tagged.split(",") if m})
 
     def _service_fits(self, leases: list[tuple[int, int]]) -> bool:
-        from resources.embedding_service import service_available
+        """Whether this run embeds through the service: it answers now, or it must (fallback ``none``, the
+        default for a ``tcp://`` service: the run then fails its embed steps retryably if it does not)."""
+        from resources.embedding_service import service_address, service_available
+        from resources.settings import embed_service_fallback
 
         if not self.service_home:
             return False
         if self.service_max_versions and (not leases or len(leases) > self.service_max_versions):
             return False
+        if embed_service_fallback(service_address(self.service_home).is_tcp) == "none":
+            return True
         return service_available(self.service_home)
 
     def preload(self, models: set[str]) -> None:
@@ -262,13 +269,12 @@ class EmbedderResource(dg.ConfigurableResource):
             return embedder_for_model(model)
         if self._use_service:
             if model not in self._served:  # one connection per model and run, not one per version
-                from resources.embedding_service import ServiceEmbedder, ServiceOrLocal
+                from resources.embedding_service import served_embedder
 
                 def fall_back(exc: Exception) -> None:
                     logging.getLogger("kbindex").warning(f"embedding service unusable ({exc}); loading {model} in this run")
 
-                self._served[model] = ServiceOrLocal(ServiceEmbedder(model, self.service_home),
-                                                     lambda: self._local(model), fall_back)
+                self._served[model] = served_embedder(model, self.service_home, lambda: self._local(model), fall_back)
             return self._served[model]
         return self._local(model)
 

@@ -18,6 +18,20 @@ library would then skip authentication), a symlink, not owned by this user, or r
 writable by group or others; ``home`` is created 0700. Each connection's handshake runs on its own
 thread and must finish within ``HANDSHAKE_TIMEOUT`` seconds: a silent client cannot block the service.
 
+Over TCP (issue #32: the service on its own host): with KBINDEX_EMBED_SERVICE_LISTEN=HOST:PORT it also
+listens there (never by default, never on a wildcard address unless KBINDEX_EMBED_SERVICE_LISTEN_ANY=1;
+pipelines/domain/service_address.py), with the same handshake, and clients name it
+KBINDEX_EMBED_SERVICE=tcp://HOST:PORT. The key then has to reach the other hosts: KBINDEX_EMBED_SERVICE_KEY
+(at least 32 characters, e.g. from a Kubernetes Secret, as the database URL arrives) or
+KBINDEX_EMBED_SERVICE_KEY_FILE (a copy of the key file, held to the same rules), on the service and on its
+clients alike; without either, both use ``KBINDEX_HOME/embedder.key``. The handshake proves the key on
+both sides but does not encrypt: texts and vectors cross the network in clear, so keep the link private
+(a NetworkPolicy, a private subnet) or tunnel it. A client's TCP connection is bounded
+(``EmbedServiceBounds``: connect timeout, keepalives, tcp_user_timeout): a silently dropped link errors
+within about 17 s with EMBEDDING_UNAVAILABLE. A run whose service is remote does not load the model
+itself by default (KBINDEX_EMBED_SERVICE_FALLBACK): its embed step fails with that retryable code and the
+task is retried.
+
 Workers: ``KBINDEX_EMBED_WORKERS`` (``--workers``) spawned processes, default one per core, each with
 ``cores // workers`` threads (on 2 cores, 2 one-thread processes encode 32.5 chunks/s against 29.2 for
 one two-thread process). A request goes to an idle worker; more requests than workers queue, so
@@ -38,6 +52,7 @@ import sys
 import threading
 import time
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
+from dataclasses import replace
 from multiprocessing import AuthenticationError, get_context
 from multiprocessing.connection import Client, Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
@@ -46,7 +61,16 @@ from typing import Any
 import numpy as np
 
 from pipelines.domain.errors import EmbeddingError, EmbeddingInvalidResponse, EmbeddingTimeout, EmbeddingUnavailable
+from pipelines.domain.service_address import ServiceAddress, join_host_port, parse_service_address
 from resources.private_files import make_private_dirs, open_private
+from resources.settings import (
+    EMBED_SERVICE_KEY_ENV,
+    EMBED_SERVICE_KEY_FILE_ENV,
+    EmbedServiceBounds,
+    Settings,
+    embed_service_fallback,
+    embed_service_listen,
+)
 
 SOCKET_NAME = "embedder.sock"
 KEY_NAME = "embedder.key"
@@ -58,14 +82,29 @@ def socket_path(home: str | Path) -> Path:
     return Path(home) / SOCKET_NAME
 
 
-def _key(home: Path, *, create: bool) -> bytes:
-    """The service key, created (0600, in a 0700 home) if asked; refused unless private and not empty."""
+def _key(home: Path, *, create: bool, env: dict[str, str] | None = None) -> bytes:
+    """The service key: KBINDEX_EMBED_SERVICE_KEY, else the file KBINDEX_EMBED_SERVICE_KEY_FILE, else
+    ``home/embedder.key`` (created 0600, in a 0700 home, if asked); refused unless private and long enough."""
+    env = dict(os.environ if env is None else env)
+    given = (env.get(EMBED_SERVICE_KEY_ENV) or "").strip()
+    if given:
+        if len(given) < 32:
+            raise EmbeddingUnavailable(f"{EMBED_SERVICE_KEY_ENV} is too short (want 32+ characters); refused")
+        return given.encode()
+    named = (env.get(EMBED_SERVICE_KEY_FILE_ENV) or "").strip()
+    if named:
+        return _read_key(Path(named))
     path = home / KEY_NAME
     if create and not path.exists():
         make_private_dirs(home)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(secrets.token_hex(32))
+    return _read_key(path)
+
+
+def _read_key(path: Path) -> bytes:
+    """A key file's key, refused if it is a symlink, another user's, open to others, or short."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
@@ -91,6 +130,20 @@ def _set_timeouts(conn: Connection, seconds: float) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
     finally:
         sock.close()
+
+
+def _bound_tcp(sock: socket.socket, bounds: EmbedServiceBounds) -> None:
+    """A TCP connection's network bounds (``EmbedServiceBounds``): keepalives and tcp_user_timeout, so a
+    silently dropped link errors out within ``bounds.silent_bound_s()`` on this end; no Nagle delay."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if bounds.keepalives_idle_s > 0:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", bounds.keepalives_idle_s), ("TCP_KEEPINTVL", bounds.keepalives_interval_s),
+                            ("TCP_KEEPCNT", bounds.keepalives_count)):
+            if hasattr(socket, name):  # Linux; elsewhere the system's keepalive timing
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), max(1, int(-(-value // 1))))
+    if bounds.tcp_user_timeout_ms > 0 and hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(bounds.tcp_user_timeout_ms))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -281,22 +334,67 @@ class _Service:
 
 
 def serve(home: str | Path, *, preload: list[str] | None = None, workers: int | None = None,
-          ready: threading.Event | None = None, stop: threading.Event | None = None) -> None:
+          ready: threading.Event | None = None, stop: threading.Event | None = None,
+          listen: tuple[str, int] | None = None, listening: list[tuple[str, int]] | None = None) -> None:
     """Answer embedding requests on ``home/embedder.sock`` until ``stop`` is set (or forever), with
-    ``workers`` processes (default ``default_workers()``), each holding the ``preload`` models."""
+    ``workers`` processes (default ``default_workers()``), each holding the ``preload`` models.
+
+    ``listen`` (default KBINDEX_EMBED_SERVICE_LISTEN, else none): also answer on that TCP host and port,
+    with the same key; the address bound (its port, for port 0) is appended to ``listening``."""
     from resources.embedder import DEFAULT_MODEL_NAME
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     home = make_private_dirs(Path(home))
     key = _key(home, create=True)
+    listen = listen if listen is not None else embed_service_listen()
     if preload is None:  # KBINDEX_EMBED_SERVICE_PRELOAD: comma-separated models to load at start
         preload = [m for m in os.environ.get("KBINDEX_EMBED_SERVICE_PRELOAD", DEFAULT_MODEL_NAME).split(",") if m]
-    service = _Service(preload, workers or default_workers())
+    tcp = _tcp_listener(listen) if listen is not None else None  # a bad address fails before the models load
     try:
-        _listen(home, service, key, ready, stop)
+        service = _Service(preload, workers or default_workers())
+        try:
+            if tcp is not None:
+                if listening is not None:
+                    listening.append(tcp.getsockname()[:2])
+                threading.Thread(target=_listen_tcp, args=(tcp, service, key, stop), daemon=True,
+                                 name="kbindex-embed-tcp").start()
+            _listen(home, service, key, ready, stop)
+        finally:
+            service.pool.shutdown()
     finally:
-        service.pool.shutdown()
+        if tcp is not None:
+            tcp.close()
+
+
+def _tcp_listener(address: tuple[str, int]) -> socket.socket:
+    """A listening TCP socket on exactly ``address`` (parse_listen refused wildcards without consent)."""
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=64)
+
+
+def _listen_tcp(server: socket.socket, service: _Service, key: bytes, stop: threading.Event | None) -> None:
+    """Accept TCP connections until ``stop``: each gets the network bounds and its own handshake thread."""
+    import select
+
+    bounds = EmbedServiceBounds.from_env()
+    while stop is None or not stop.is_set():
+        try:
+            if not select.select([server], [], [], 0.5)[0]:
+                continue
+            sock, _ = server.accept()
+        except OSError:
+            if server.fileno() < 0:
+                return  # closed by serve
+            continue
+        try:
+            sock.setblocking(True)
+            _bound_tcp(sock, bounds)
+        except OSError:
+            sock.close()
+            continue
+        threading.Thread(target=service.handle, args=(Connection(sock.detach()), key), daemon=True).start()
 
 
 def _listen(home: Path, service: _Service, key: bytes, ready: threading.Event | None,
@@ -346,10 +444,13 @@ class ServiceEmbedder:
     caller falls back to its own model.
     """
 
-    def __init__(self, model_name: str, home: str | Path, *, timeout: float = REQUEST_TIMEOUT) -> None:
+    def __init__(self, model_name: str, home: str | Path | ServiceAddress, *, timeout: float = REQUEST_TIMEOUT,
+                 bounds: EmbedServiceBounds | None = None) -> None:
         self._model = model_name
-        self.home = Path(home)
+        self.address = service_address(home)
+        self.home = self.address  # where it is (``service_available`` takes it back)
         self.timeout = timeout
+        self.bounds = bounds or EmbedServiceBounds.from_env()
         self._conns: list[Connection] = []
         self._dimension: int | None = None
         self._workers: int | None = None
@@ -396,16 +497,24 @@ class ServiceEmbedder:
         """Connect and authenticate, with every socket read and write bounded by ``timeout``.
 
         ``multiprocessing.connection.Client`` would wait forever on a stopped service; this is
-        the same handshake on a socket with SO_RCVTIMEO/SO_SNDTIMEO set, so it cannot hang.
+        the same handshake on a socket with SO_RCVTIMEO/SO_SNDTIMEO set, so it cannot hang. Over TCP
+        the connect has its own timeout and the connection keepalives and tcp_user_timeout (``bounds``).
         """
-        path = socket_path(self.home)
-        key = _key(self.home, create=False)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        key = _client_key(self.address)
         limit = struct.pack("ll", int(self.timeout), int((self.timeout % 1) * 1_000_000))
+        sock: socket.socket | None = None
         try:
+            if self.address.is_tcp:
+                sock = socket.create_connection((self.address.host, self.address.port),
+                                                timeout=self.bounds.connect_timeout_s or None)
+                sock.settimeout(None)  # blocking again: the reads and writes are bounded below
+                _bound_tcp(sock, self.bounds)
+            else:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
-            sock.connect(str(path))
+            if not self.address.is_tcp:
+                sock.connect(str(socket_path(self.address.folder or ".")))
             conn = Connection(sock.detach())
             try:
                 answer_challenge(conn, key)
@@ -414,7 +523,8 @@ class ServiceEmbedder:
                 conn.close()
                 raise
         except Exception as exc:  # noqa: BLE001 - no socket, refused, hung, failed handshake
-            sock.close()
+            if sock is not None:
+                sock.close()
             raise EmbeddingUnavailable(f"the embedding service cannot be reached ({type(exc).__name__})") from exc
         return conn
 
@@ -553,11 +663,29 @@ class ServiceOrLocal:
         self._local = self._local_factory()
 
 
-def service_available(home: str | Path, timeout: float = 2.0) -> bool:
-    """Whether a service answers on ``home``'s socket right now."""
-    if not socket_path(home).exists():
+def service_address(where: str | Path | ServiceAddress) -> ServiceAddress:
+    """A ServiceAddress from a folder or a KBINDEX_EMBED_SERVICE value (``tcp://HOST:PORT``)."""
+    if isinstance(where, ServiceAddress):
+        return where
+    if isinstance(where, Path):
+        return ServiceAddress(folder=str(where))
+    return parse_service_address(where)
+
+
+def _client_key(address: ServiceAddress) -> bytes:
+    """The key a client proves: KBINDEX_EMBED_SERVICE_KEY or _KEY_FILE, else the key file of the service's
+    folder (Unix socket) or of this host's KBINDEX_HOME (TCP: a copy of the service's key placed there)."""
+    home = Path(address.folder) if address.folder is not None else Settings.from_env().home
+    return _key(home, create=False)
+
+
+def service_available(home: str | Path | ServiceAddress, timeout: float = 2.0) -> bool:
+    """Whether a service answers at ``home`` (a folder's socket, or ``tcp://HOST:PORT``) right now."""
+    address = service_address(home)
+    if not address.is_tcp and not socket_path(address.folder or ".").exists():
         return False
-    client = ServiceEmbedder("", home, timeout=timeout)
+    client = ServiceEmbedder("", address, timeout=timeout,
+                             bounds=replace(EmbedServiceBounds.from_env(), connect_timeout_s=timeout))
     try:
         client.ping()
         return True
@@ -565,6 +693,18 @@ def service_available(home: str | Path, timeout: float = 2.0) -> bool:
         return False
     finally:
         client.close()
+
+
+def served_embedder(model: str, where: str | Path | ServiceAddress, local: Any, on_fallback: Any = None) -> Any:
+    """The embedder a run uses for ``model`` through the service at ``where``: with fallback ``local`` (a service
+    on this machine, by default) a ``ServiceOrLocal`` that loads ``local()`` if the service fails; with ``none``
+    (a ``tcp://`` service, by default; KBINDEX_EMBED_SERVICE_FALLBACK) the bare client, whose
+    EmbeddingUnavailable / EmbeddingTimeout fail the embed step with that retryable code: the task is retried."""
+    address = service_address(where)
+    client = ServiceEmbedder(model, address)
+    if embed_service_fallback(address.is_tcp) == "none":
+        return client
+    return ServiceOrLocal(client, local, on_fallback)
 
 
 def warm_embedder(model: str, home: str | Path) -> Any:

@@ -204,3 +204,82 @@ class ConnectionBounds:
         if not (idle and tcp_user_timeout_ms):
             return float("inf")
         return max(tcp_user_timeout_ms / 1000.0, idle) + interval
+
+
+@dataclass(frozen=True)
+class EmbedServiceBounds:
+    """How long a client of the embedding service over TCP waits on the network before it gives up (issue #32).
+
+    The per-batch read deadline (KBINDEX_EMBED_SERVICE_TIMEOUT, 60 s) bounds a service that is reachable but
+    does not answer; it cannot tell a dead link from a busy service, so it stays long. A silently dropped link
+    (a partition, a dead host: no RST) is found by the kernel instead, also while a batch is being computed:
+    TCP keepalives (the service's kernel answers them however busy its workers are) and ``tcp_user_timeout``
+    for sent data left unacknowledged. With the defaults such a client errors within about 17 s
+    (``silent_bound_s``) with the retryable EMBEDDING_UNAVAILABLE, instead of Linux's ~2 hours (idle) or
+    ~15 minutes (retransmits). The service puts the same bounds on the connections it accepts, so the thread
+    of a client that vanished ends too. Each value has a KBINDEX_EMBED_SERVICE_* variable; 0 turns it off.
+    """
+
+    connect_timeout_s: float = 5.0
+    """KBINDEX_EMBED_SERVICE_CONNECT_TIMEOUT_S: opening a TCP connection to the service (0: the kernel's ~2 min)."""
+    keepalives_idle_s: float = 5.0
+    """KBINDEX_EMBED_SERVICE_KEEPALIVES_IDLE_S: silence before the first keepalive probe (0: no keepalives)."""
+    keepalives_interval_s: float = 2.0
+    """KBINDEX_EMBED_SERVICE_KEEPALIVES_INTERVAL_S: between probes."""
+    keepalives_count: int = 3
+    """KBINDEX_EMBED_SERVICE_KEEPALIVES_COUNT: unanswered probes that end the connection (without tcp_user_timeout)."""
+    tcp_user_timeout_ms: int = 15_000
+    """KBINDEX_EMBED_SERVICE_TCP_USER_TIMEOUT_MS: sent data unacknowledged this long ends the connection; it
+    also caps the keepalive probing of a connection waiting for its answer."""
+
+    @staticmethod
+    def env_name(field_name: str) -> str:
+        return "KBINDEX_EMBED_SERVICE_" + field_name.upper()
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> EmbedServiceBounds:
+        env = dict(os.environ if env is None else env)
+        values: dict[str, float] = {}
+        for f in fields(cls):
+            value = _number(env, cls.env_name(f.name), f.default)
+            values[f.name] = int(value) if isinstance(f.default, int) else value
+        return cls(**values)
+
+    def silent_bound_s(self) -> float:
+        """About how long a connection whose link went silent takes to error out (inf: only the read deadline
+        ends it). The same reasoning and formula as ConnectionBounds.silent_bound_s."""
+        if not (self.keepalives_idle_s and self.tcp_user_timeout_ms):
+            return float("inf")
+        return max(self.tcp_user_timeout_ms / 1000.0, self.keepalives_idle_s) + self.keepalives_interval_s
+
+
+EMBED_SERVICE_FALLBACK_ENV = "KBINDEX_EMBED_SERVICE_FALLBACK"
+
+
+def embed_service_fallback(is_tcp: bool, env: dict[str, str] | None = None) -> str:
+    """What a run does when the embedding service fails it: ``local`` loads the model in the run (the default
+    for a service on this machine: it is a shortcut), ``none`` fails the task's embed step with the service's
+    retryable code, so the task is retried later (the default for a ``tcp://`` service: a run host that
+    embeds remotely is sized without the model). KBINDEX_EMBED_SERVICE_FALLBACK overrides either."""
+    env = dict(os.environ if env is None else env)
+    raw = (env.get(EMBED_SERVICE_FALLBACK_ENV) or "").strip().lower()
+    if not raw:
+        return "none" if is_tcp else "local"
+    if raw not in ("local", "none"):
+        raise ValueError(f"{EMBED_SERVICE_FALLBACK_ENV} must be local or none, not {raw!r}")
+    return raw
+
+
+def embed_service_listen(env: dict[str, str] | None = None) -> tuple[str, int] | None:
+    """Where the service also listens on TCP (KBINDEX_EMBED_SERVICE_LISTEN HOST:PORT), or None: Unix socket only."""
+    from pipelines.domain.service_address import LISTEN_ANY_ENV, LISTEN_ENV, parse_listen
+
+    env = dict(os.environ if env is None else env)
+    raw = (env.get(LISTEN_ENV) or "").strip()
+    if not raw:
+        return None
+    return parse_listen(raw, allow_any=(env.get(LISTEN_ANY_ENV) or "").strip() in ("1", "true", "yes"))
+
+
+EMBED_SERVICE_KEY_ENV = "KBINDEX_EMBED_SERVICE_KEY"
+EMBED_SERVICE_KEY_FILE_ENV = "KBINDEX_EMBED_SERVICE_KEY_FILE"

@@ -10,6 +10,10 @@ other host, at the input hook, before TCP sees it. Nothing is refused and no RST
 each side's sends leave and vanish, as on a partition behind a firewall or a dead switch. ``heal()``
 removes the rules; connections that neither side has given up on carry on.
 
+``add_embed_host()`` adds a third host on demand: namespace C for the embedding service, linked to B only,
+by its own veth pair (``EMBED_ADDR`` on C, ``EMBED_CLIENT_ADDR`` on B), so ``cut_embed()`` silences the
+worker <-> embedding service link while B still reaches PostgreSQL.
+
 Everything made is removed in ``close()`` (namespaces, server, data folder), also after a failure.
 ``unavailable()`` says why the machine cannot do this (not root, no ``ip netns``, no ``nft``) for a skip.
 """
@@ -31,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVER_ADDR = "10.77.0.1"
 CLIENT_ADDR = "10.77.0.2"
 PORT = 5432
+EMBED_ADDR = "10.77.1.1"
+EMBED_CLIENT_ADDR = "10.77.1.2"
 PG_USER = "embedded_postgres"
 
 
@@ -64,6 +70,7 @@ class Hosts:
     def __init__(self) -> None:
         tag = f"{os.getpid() % 100000}"
         self.ns_db, self.ns_client = f"kbdb{tag}", f"kbcl{tag}"
+        self.ns_embed: str | None = None  # add_embed_host()
         self.tmp = Path(tempfile.mkdtemp(prefix="kbindex-net-"))
         self.pgdata = self.tmp / "data"
         self.socket_dir = self.tmp / "sock"
@@ -139,9 +146,27 @@ class Hosts:
                 if pid_file.exists():
                     subprocess.run(["kill", "-9", pid_file.read_text().split()[0]], check=False)
             self.started = False
-        for ns in (self.ns_client, self.ns_db):
-            _run("ip", "netns", "delete", ns, check=False)
+        for ns in (self.ns_client, self.ns_db, self.ns_embed):
+            if ns is not None:
+                _run("ip", "netns", "delete", ns, check=False)
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def add_embed_host(self) -> str:
+        """Namespace C for the embedding service, linked to B only (idempotent); returns its name."""
+        if self.ns_embed is None:
+            c, b = f"kbem{os.getpid() % 100000}", self.ns_client
+            _run("ip", "netns", "delete", c, check=False)  # left by a killed run with this pid
+            _run("ip", "netns", "add", c)
+            self.ns_embed = c
+            veth_c, veth_b = f"v{c}"[:15], f"w{b}"[:15]
+            _run("ip", "link", "add", veth_c, "type", "veth", "peer", "name", veth_b)
+            _run("ip", "link", "set", veth_c, "netns", c)
+            _run("ip", "link", "set", veth_b, "netns", b)
+            for ns, dev, addr in ((c, veth_c, EMBED_ADDR), (b, veth_b, EMBED_CLIENT_ADDR)):
+                _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+                _run("ip", "-n", ns, "link", "set", dev, "up")
+            _run("ip", "-n", c, "link", "set", "lo", "up")
+        return self.ns_embed
 
     def __enter__(self) -> Hosts:
         return self.start()
@@ -180,20 +205,36 @@ class Hosts:
                 "}\n"))
         self.is_cut = True
 
+    def cut_embed(self) -> None:
+        """Drop every packet between B and the embedding host C, both directions, silently; B <-> A still works."""
+        assert self.ns_embed is not None, "add_embed_host() first"
+        for ns, peer in ((self.ns_embed, EMBED_CLIENT_ADDR), (self.ns_client, EMBED_ADDR)):
+            _run("ip", "netns", "exec", ns, "nft", "-f", "-", input=(
+                "table inet kbembcut {\n"
+                "  chain input { type filter hook input priority -300; policy accept; "
+                f"ip saddr {peer} drop; }}\n"
+                "}\n"))
+        self.is_cut = True
+
     def heal(self) -> None:
-        """The link as it was: no cut, and no packet loss (relay.lose_packets' table) left for the next test."""
-        for ns in (self.ns_db, self.ns_client):
-            for table in ("kbcut", "kbloss"):
+        """The links as they were: no cut, and no packet loss (relay.lose_packets' table) left for the next test."""
+        for ns in (self.ns_db, self.ns_client, self.ns_embed):
+            if ns is None:
+                continue
+            for table in ("kbcut", "kbloss", "kbembcut"):
                 _run("ip", "netns", "exec", ns, "nft", "delete", "table", "inet", table, check=False)
         self.is_cut = False
 
     # -- clients --------------------------------------------------------------------------------
-    def client(self, script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        """``python script args...`` inside namespace B (this worktree's code), pipes for stdin and stdout."""
+    def client(self, script: str, *args: str, env: dict[str, str] | None = None,
+               namespace: str | None = None) -> subprocess.Popen[str]:
+        """``python script args...`` inside namespace B (or ``namespace``; this worktree's code), pipes for stdin
+        and stdout. ``script`` ``-m`` runs a module."""
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
         return subprocess.Popen(
-            ["ip", "netns", "exec", self.ns_client, sys.executable, script, *args],
+            ["ip", "netns", "exec", namespace or self.ns_client, sys.executable, script, *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+            cwd=str(ROOT),
         )
 
     def wait_ready(self, timeout: float = 30.0) -> None:

@@ -74,7 +74,8 @@ from resources.settings import (
 
 SOCKET_NAME = "embedder.sock"
 KEY_NAME = "embedder.key"
-REQUEST_TIMEOUT = float(os.environ.get("KBINDEX_EMBED_SERVICE_TIMEOUT", "60"))
+REQUEST_TIMEOUT = EmbedServiceBounds.from_env().timeout or 60.0
+"""The per-batch read deadline (KBINDEX_EMBED_SERVICE_TIMEOUT, 60 s): ``EmbedServiceBounds.timeout``."""
 HANDSHAKE_TIMEOUT = 5.0
 
 

@@ -215,9 +215,10 @@ class EmbedServiceBounds:
     (a partition, a dead host: no RST) is found by the kernel instead, also while a batch is being computed:
     TCP keepalives (the service's kernel answers them however busy its workers are) and ``tcp_user_timeout``
     for sent data left unacknowledged. With the defaults such a client errors within about 17 s
-    (``silent_bound_s``) with the retryable EMBEDDING_UNAVAILABLE, instead of Linux's ~2 hours (idle) or
-    ~15 minutes (retransmits). The service puts the same bounds on the connections it accepts, so the thread
-    of a client that vanished ends too. Each value has a KBINDEX_EMBED_SERVICE_* variable; 0 turns it off.
+    (``silent_bound_s``) with the retryable EMBEDDING_UNAVAILABLE, not only at the read deadline (which must
+    leave room for a busy service); a socket with neither would wait on the kernel: ~2 hours idle, ~15 minutes
+    of retransmits. The service puts the same bounds on the connections it accepts, so the thread of a client
+    that vanished ends too. Each value has a KBINDEX_EMBED_SERVICE_* variable; 0 turns it off (but ``timeout``).
     """
 
     connect_timeout_s: float = 5.0
@@ -231,6 +232,10 @@ class EmbedServiceBounds:
     tcp_user_timeout_ms: int = 15_000
     """KBINDEX_EMBED_SERVICE_TCP_USER_TIMEOUT_MS: sent data unacknowledged this long ends the connection; it
     also caps the keepalive probing of a connection waiting for its answer."""
+    timeout: float = 60.0
+    """KBINDEX_EMBED_SERVICE_TIMEOUT: the per-batch read deadline (any socket read or write too), on every
+    transport: a service that does not answer a batch in this long fails it with EMBEDDING_TIMEOUT (0: 60 s;
+    this one is never off)."""
 
     @staticmethod
     def env_name(field_name: str) -> str:
@@ -246,11 +251,12 @@ class EmbedServiceBounds:
         return cls(**values)
 
     def silent_bound_s(self) -> float:
-        """About how long a connection whose link went silent takes to error out (inf: only the read deadline
-        ends it). The same reasoning and formula as ConnectionBounds.silent_bound_s."""
+        """About how long a batch whose link went silent takes to error out: the network bounds (the same
+        reasoning and formula as ConnectionBounds.silent_bound_s), else the read deadline: never infinite."""
+        deadline = self.timeout or 60.0
         if not (self.keepalives_idle_s and self.tcp_user_timeout_ms):
-            return float("inf")
-        return max(self.tcp_user_timeout_ms / 1000.0, self.keepalives_idle_s) + self.keepalives_interval_s
+            return deadline
+        return min(deadline, max(self.tcp_user_timeout_ms / 1000.0, self.keepalives_idle_s) + self.keepalives_interval_s)
 
 
 EMBED_SERVICE_FALLBACK_ENV = "KBINDEX_EMBED_SERVICE_FALLBACK"

@@ -409,12 +409,13 @@ def test_every_postgresql_connection_bound_is_in_the_deployment_and_reaches_the_
     the code's own default (so the file documents what runs), and the code server and run pods read it."""
     from dataclasses import fields
 
-    from resources.settings import ConnectionBounds
+    from resources.settings import ConnectionBounds, EmbedServiceBounds
 
-    names = {ConnectionBounds.env_name(f.name): f.name for f in fields(ConnectionBounds)}
+    names = {cls.env_name(f.name) for cls in (ConnectionBounds, EmbedServiceBounds) for f in fields(cls)}
     (config,) = [m for m in manifests if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "kbindex-connection-bounds"]
-    assert set(config["data"]) == set(names)
+    assert set(config["data"]) == names
     assert ConnectionBounds.from_env(config["data"]) == ConnectionBounds()
+    assert EmbedServiceBounds.from_env(config["data"]) == EmbedServiceBounds()
     assert all(float(v) > 0 for v in config["data"].values())  # none turned off
     code_server = values["dagster-user-deployments"]["deployments"][0]
     launcher = values["runLauncher"]["config"]["k8sRunLauncher"]

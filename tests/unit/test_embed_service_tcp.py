@@ -133,7 +133,10 @@ def test_the_client_network_bounds_are_finite_by_default_and_configurable():
                                         "KBINDEX_EMBED_SERVICE_KEEPALIVES_INTERVAL_S": "1",
                                         "KBINDEX_EMBED_SERVICE_TCP_USER_TIMEOUT_MS": "3000"})
     assert fast.silent_bound_s() == 4.0
-    assert math.isinf(EmbedServiceBounds.from_env({"KBINDEX_EMBED_SERVICE_KEEPALIVES_IDLE_S": "0"}).silent_bound_s())
+    no_keepalives = EmbedServiceBounds.from_env({"KBINDEX_EMBED_SERVICE_KEEPALIVES_IDLE_S": "0"})
+    assert no_keepalives.silent_bound_s() == 60.0  # only the per-batch read deadline is left
+    assert math.isfinite(EmbedServiceBounds.from_env({"KBINDEX_EMBED_SERVICE_KEEPALIVES_IDLE_S": "0",
+                                                     "KBINDEX_EMBED_SERVICE_TIMEOUT": "0"}).silent_bound_s())
     with pytest.raises(ValueError, match="KBINDEX_EMBED_SERVICE_CONNECT_TIMEOUT_S"):
         EmbedServiceBounds.from_env({"KBINDEX_EMBED_SERVICE_CONNECT_TIMEOUT_S": "soon"})
 

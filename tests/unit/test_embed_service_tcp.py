@@ -229,3 +229,21 @@ def test_without_a_listen_address_the_service_opens_no_tcp_port(home, monkeypatc
     monkeypatch.delenv("KBINDEX_EMBED_SERVICE_LISTEN", raising=False)
     with tcp_service(home) as bound:
         assert bound == [] and service_available(home)
+
+
+def test_a_dagster_run_with_a_tcp_service_embeds_there_without_asking_first_and_never_loads_the_model(monkeypatch):
+    """EmbedderResource: a tcp:// service is used even if it does not answer at setup (the run's embed step then
+    fails retryably), and its embedder is the bare client: no ServiceOrLocal, so no model load in the run."""
+    from resources.dagster_resources import EmbedderResource
+
+    monkeypatch.delenv("KBINDEX_EMBED_SERVICE_FALLBACK", raising=False)
+    resource = EmbedderResource(service_home="tcp://127.0.0.1:9")  # nothing listens on the discard port
+    assert resource._service_fits([]) is True
+    resource._use_service = True
+    embedder = resource.for_model("all-MiniLM-L6-v2")
+    assert type(embedder) is ServiceEmbedder and embedder.address == ServiceAddress(host="127.0.0.1", port=9)
+    monkeypatch.setenv("KBINDEX_EMBED_SERVICE_KEY", "k" * 40)
+    with pytest.raises(EmbeddingUnavailable, match="cannot be reached \\(ConnectionRefusedError\\)"):
+        embedder.embed(["refunds"])
+    monkeypatch.setenv("KBINDEX_EMBED_SERVICE_FALLBACK", "local")  # the operator's choice: ask, and fall back
+    assert EmbedderResource(service_home="tcp://127.0.0.1:9")._service_fits([]) is False

@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.domain.errors import EmbeddingError, EmbeddingInvalidResponse, EmbeddingTimeout, EmbeddingUnavailable
-from pipelines.domain.service_address import ServiceAddress, join_host_port, parse_service_address
+from pipelines.domain.service_address import ServiceAddress, parse_service_address
 from resources.private_files import make_private_dirs, open_private
 from resources.settings import (
     EMBED_SERVICE_KEY_ENV,

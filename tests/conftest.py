@@ -22,6 +22,11 @@ from resources.local_postgres import with_database as _with_database
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # xdist's workers inherit COLUMNS=80 / LINES from execnet; the CLI's consoles would freeze that width at
+    # import, while every CLI test sets the width its assertions need (CliRunner env, subprocess env).
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 # The default profile's model is built from the packaged one on first use (resources/derived_models.py):
 # once per test session for every test's KBINDEX_HOME and the processes they start, not once per home.
 os.environ.setdefault("KBINDEX_MODELS_DIR", tempfile.mkdtemp(prefix="kbindex-test-models-"))

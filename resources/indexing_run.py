@@ -79,6 +79,8 @@ class TaskWork:
     publish writes zero chunks and moves the search pointer onto it."""
     copy_from: int | None = None
     """An earlier version with the same bytes whose chunks and vectors this task copies (a metadata-only change)."""
+    embed_context: bool = False
+    """The profile embeds each chunk with its document's title and heading path (migration 0046; chunking.py)."""
 
     @property
     def task_id(self) -> int:
@@ -94,7 +96,7 @@ class TaskWork:
         if stage == "parsed_document":
             return source
         chunked = (*source, self.task_id, self.profile, self.model, self.chunk_tokens, self.chunk_overlap,
-                   CHUNKER_VERSION)
+                   CHUNKER_VERSION, self.embed_context)
         return chunked if stage == "document_chunks" else (*chunked, self.dimension)
 
 
@@ -281,6 +283,7 @@ class IndexingRun:
             chunk_overlap=profile["chunk_overlap"], content_hash=version["content_hash"],
             filename=version["filename"], media_type=version["media_type"], ocr=bool(profile.get("ocr", True)),
             tombstone=version.get("kind") == "tombstone",
+            embed_context=bool(profile.get("embed_context", False)),
         )
 
     def models(self, keys: Iterable[str]) -> set[str]:
@@ -448,16 +451,18 @@ class IndexingRun:
             return self._parse(work)
 
     def _chunk(self, work: TaskWork) -> list[Any]:
-        from pipelines.domain.chunking import chunk_document
+        from pipelines.domain.chunking import chunk_document, document_title
 
         if work.tombstone:  # zero chunks: its publish moves the pointer onto a version search finds nothing in
             return []
         copied = self._copy(work)
         if copied is not None:
             return list(copied.chunks)
+        parsed = self._parsed_of(work)
         chunks = chunk_document(
-            self._parsed_of(work), tokenizer=self.tokenizer_for(work.model), chunk_tokens=work.chunk_tokens,
+            parsed, tokenizer=self.tokenizer_for(work.model), chunk_tokens=work.chunk_tokens,
             overlap=work.chunk_overlap, identity=work.identity,
+            title=document_title(parsed, work.filename) if work.embed_context else None,
         )
         self.state.put("document_chunks", work.task_id, work.fingerprint("document_chunks"), chunks)
         return chunks

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.domain.chunking import VersionIdentity, chunk_document
+from pipelines.domain.chunking import VersionIdentity, chunk_document, document_title
 from pipelines.domain.errors import EmbeddingError, IllegalTransition, InvalidRequest
 from pipelines.domain.identifiers import validate_profile_name
 from pipelines.domain.lexical import (
@@ -139,11 +139,14 @@ def create_profile(
     max_attempts: int = 5,
     provider: Any = None,
     lexical: LexicalParams | None = None,
+    context: bool = False,
 ) -> dict[str, Any]:
     """Insert a building profile and a REINDEX task for every current document version, in one transaction.
 
     ``lexical``: the profile's search mode and BM25/fusion parameters (default: hybrid, weighted fusion at
     weight 0.5, RRF k 60, k1 1.2, b 0.75), so a migration can change how search ranks and the quality gate judges that change.
+    ``context``: embed each chunk with its document's title and heading path (``embed_context``, fixed for the
+    profile's life: pipelines/domain/chunking.py).
 
     Returns the profile row plus ``reindex_tasks`` (how many tasks were created). InvalidRequest for a
     bad name, model or chunking; IllegalTransition if the name is taken. With ``provider`` (an
@@ -167,6 +170,7 @@ def create_profile(
                 "chunk_tokens": chunk_tokens,
                 "chunk_overlap": overlap,
                 **dataclasses.asdict(lexical),  # search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k
+                "embed_context": bool(context),
             },
         )
         if row is None:
@@ -298,6 +302,7 @@ def list_profiles(db: Database) -> list[dict[str, Any]]:
                 "activated_at": r["activated_at"],
                 "previous_active": r["previous_active"],
                 "created_at": r["created_at"],
+                "embed_context": r["embed_context"],
                 "coverage": {
                     "covered_versions": covered,
                     "current_versions": current,
@@ -566,7 +571,7 @@ def evaluate_profile(
     """nDCG@k and recall@k of a profile's recipe on ``eval_set``, in memory (the index is not touched).
 
     Each paragraph is chunked as a one-section document (its title as the heading) with the profile's
-    chunker and tokenizer and a paragraph scores the best of its chunks, ranked as search ranks in
+    chunker and tokenizer (and, for a context profile, that title as the document's) and a paragraph scores the best of its chunks, ranked as search ranks in
     ``mode`` (default: the profile's ``search_mode``, the one search uses): cosine of the profile's
     model (dense), BM25 with the profile's k1 and b over the eval corpus (lexical), or their fusion as the
     profile's ``fusion`` says (hybrid: the weighted sum with ``lexical_weight``, or RRF with ``rrf_k`` over each
@@ -592,6 +597,7 @@ def evaluate_profile(
                 chunk_tokens=profile["chunk_tokens"],
                 overlap=profile["chunk_overlap"],
                 identity=VersionIdentity("eval", doc_id, 1, profile["name"]),
+                title=document_title(doc, f"{doc_id}.txt") if profile.get("embed_context") else None,
             )
         )
     queries = [q for _, q in eval_set.queries]

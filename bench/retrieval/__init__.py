@@ -23,6 +23,15 @@ memory on the same chunks (a document scores the max over its chunks), and the g
 nDCG@10 on xquad-en); and embedding throughput, chunks/s through checked_embed beside the bare
 ``embedder.embed`` on the same texts, interleaved (best of ``--repeats``), as a ratio (target: >= 0.9).
 
+``--context`` measures each corpus twice, under a profile without and one with context in chunks (``kbindex
+profile create --context``: the document title + heading path embedded before each chunk), and prints the rows
+side by side. A document's BEIR ``title`` is published as its file name (``Super_Bowl_50.txt``), which only a
+context profile reads (as the title of a plain-text file), so the rows without context do not see it.
+
+``pep-titles`` (built by ``python -m bench.retrieval.build_pep_titles ../shared/corpus/en-peps OUT``; a CI-sized
+copy is tests/fixtures/eval/pep-titles-small) is an English set keyword matching does not solve: PEP titles as
+queries, each PEP's opening text (header and title removed) as documents.
+
 xquad-en, xquad-zh and cmrc2018-dev (../shared/corpus/eval) are labelled regression checks: stock BM25
 scores 0.95-0.99 on them, so they catch breakage (and broken Chinese handling), not rank models.
 A missing corpus folder is skipped with a message (the shared corpus is optional); the CI-sized round on

@@ -14,7 +14,7 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +59,19 @@ class Corpus:
     docs: dict[str, str]
     queries: dict[str, str]
     qrels: dict[str, dict[str, float]]
+    titles: dict[str, str] = field(default_factory=dict)
+    """BEIR ``title`` of each document that has one: published as its file name (``filename_of``)."""
 
 
 def load_corpus(folder: Path) -> Corpus:
     """A BEIR folder; only queries with a judgement are kept."""
-    docs = {}
+    docs, titles = {}, {}
     for line in (folder / "corpus.jsonl").read_text(encoding="utf-8").splitlines():
         if line.strip():
             row = json.loads(line)
             docs[str(row["_id"])] = row["text"]
+            if str(row.get("title") or "").strip():
+                titles[str(row["_id"])] = str(row["title"])
     qrels: dict[str, dict[str, float]] = {}
     with (folder / "qrels" / "test.tsv").open(encoding="utf-8") as fh:
         for row in csv.DictReader(fh, delimiter="\t"):
@@ -78,7 +82,15 @@ def load_corpus(folder: Path) -> Corpus:
             row = json.loads(line)
             if str(row["_id"]) in qrels:
                 queries[str(row["_id"])] = row["text"]
-    return Corpus(folder.name, docs, queries, qrels)
+    return Corpus(folder.name, docs, queries, qrels, titles)
+
+
+def filename_of(corpus: Corpus, doc_id: str) -> str:
+    """The file a document is published as: its title when it has one (``Super_Bowl_50.txt``), else its id. The
+    title reaches only what reads file names: a context profile's document title (chunking.document_title), not
+    the text, so the rows without context are what they were before titles were published."""
+    title = " ".join(corpus.titles.get(doc_id, "").replace("/", " ").replace("\\", " ").split())[:200]
+    return f"{title or doc_id}.txt"
 
 
 # -- metrics (linear gains, as trec_eval / BEIR) ----------------------------------------------------
@@ -163,15 +175,17 @@ def _progress() -> Progress:
 # -- the run --------------------------------------------------------------------------------------
 
 
-def use_model(db: Database, model: str | None) -> dict[str, Any]:
-    """The scratch database's active profile, first switched to ``model`` if one is given (a profile created
-    and force-activated on the empty database: what a model migration does, with nothing to re-index)."""
+def use_model(db: Database, model: str | None, context: bool = False) -> dict[str, Any]:
+    """The scratch database's active profile, first switched to ``model`` and/or a context profile if asked (a
+    profile created and force-activated on the empty database: what a model migration does, with nothing to
+    re-index)."""
     from resources.profiles import activate_profile, create_profile
 
     profile = db.fetch_one("index_profile_active")
     assert profile is not None
-    if model and model != profile["model"]:
-        create_profile(db, "bench", model=model, chunk_tokens=profile["chunk_tokens"], overlap=profile["chunk_overlap"])
+    if (model and model != profile["model"]) or context != bool(profile["embed_context"]):
+        create_profile(db, "bench", model=model or profile["model"], chunk_tokens=profile["chunk_tokens"],
+                       overlap=profile["chunk_overlap"], context=context)
         activate_profile(db, "bench", force=True)
         profile = db.fetch_one("index_profile_active")
     return dict(profile)
@@ -179,7 +193,7 @@ def use_model(db: Database, model: str | None) -> dict[str, Any]:
 
 def index_corpus(db: Database, corpus: Corpus, embedder: Embedder, batch_size: int, work: Path) -> dict[str, Any]:
     """Publish, claim, parse, chunk, checked-embed and fenced-publish every paragraph; returns chunks + timings."""
-    from pipelines.domain.chunking import VersionIdentity, chunk_document
+    from pipelines.domain.chunking import VersionIdentity, chunk_document, document_title
     from pipelines.domain.parsing import parse_document
     from resources.embedder import tokenizer_for_model
 
@@ -194,7 +208,7 @@ def index_corpus(db: Database, corpus: Corpus, embedder: Embedder, batch_size: i
     with _progress() as progress:
         bar = progress.add_task(f"{corpus.name}: publish", total=len(corpus.docs))
         for doc_id, text in corpus.docs.items():
-            publisher.publish(TENANT, doc_id, text.encode("utf-8"), f"{doc_id}.txt")
+            publisher.publish(TENANT, doc_id, text.encode("utf-8"), filename_of(corpus, doc_id))
             progress.advance(bar)
         bar = progress.add_task(f"{corpus.name}: index", total=len(corpus.docs))
         while claimed := queue.claim("bench-retrieval", limit=64):
@@ -212,6 +226,7 @@ def index_corpus(db: Database, corpus: Corpus, embedder: Embedder, batch_size: i
                     chunk_tokens=profile["chunk_tokens"],
                     overlap=profile["chunk_overlap"],
                     identity=identity,
+                    title=document_title(parsed, version["filename"]) if profile["embed_context"] else None,
                 )
                 started = time.perf_counter()
                 vectors = checked_embed(
@@ -276,19 +291,21 @@ def stock_bm25(corpus: Corpus, qids: list[str]) -> tuple[dict[str, list[str]], l
     return rankings, latencies
 
 
-def run_corpus(folder: Path, args: argparse.Namespace) -> dict[str, Any] | None:
+def run_corpus(folder: Path, args: argparse.Namespace, context: bool = False) -> dict[str, Any] | None:
+    """Index and query one BEIR folder under a fresh profile (``context``: one that embeds title + headings)."""
     if not (folder / "corpus.jsonl").is_file():
         console.print(f"[yellow]skip[/] {folder}: no corpus.jsonl there (the shared corpus is optional)")
         return None
     corpus = load_corpus(folder)
     if args.max_queries:
         keep = sorted(corpus.queries)[: args.max_queries]
-        corpus = Corpus(corpus.name, corpus.docs, {q: corpus.queries[q] for q in keep}, {q: corpus.qrels[q] for q in keep})
-    console.print(f"{corpus.name}: {len(corpus.docs)} paragraphs, {len(corpus.queries)} judged queries")
+        corpus = replace(corpus, queries={q: corpus.queries[q] for q in keep}, qrels={q: corpus.qrels[q] for q in keep})
+    console.print(f"{corpus.name}: {len(corpus.docs)} paragraphs, {len(corpus.queries)} judged queries"
+                  + (", chunks embedded with title + headings" if context else ""))
     work = Path(tempfile.mkdtemp(prefix="kbindex-bench-blobs-"))
     try:
         with scratch_database(f"bench_retrieval_{os.getpid()}") as url, Database(url, max_size=4) as db:
-            profile = use_model(db, args.model)
+            profile = use_model(db, args.model, context)
             embedder = embedder_for_profile(profile, batch_size=args.batch_size)  # as indexing and search pick it
             indexed = index_corpus(db, corpus, embedder, args.batch_size, work)
             doc_of_chunk = [d for d, chunks in indexed["chunks_by_doc"].items() for _ in chunks]
@@ -315,6 +332,7 @@ def run_corpus(folder: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     b_ndcg, b_recall = score(brute, corpus.qrels)
     out: dict[str, Any] = {
         "corpus": corpus.name, "regression_check": corpus.name in REGRESSION_SETS, "model": profile["model"],
+        "context": bool(profile["embed_context"]), "titles": len(corpus.titles),
         "paragraphs": len(corpus.docs), "chunks": indexed["chunks"], "queries": len(qids), "chunk_k": args.chunk_k,
     }
     for row, (rankings, latencies) in by_row.items():
@@ -370,7 +388,9 @@ def rank_queries(
 def report(r: dict[str, Any]) -> str:
     """The side-by-side table of one corpus, as printed."""
     label = "  [regression check: stock BM25 scores 0.95-0.99 here; it catches breakage, it does not rank]" if r["regression_check"] else ""
-    lines = [f"{r['corpus']}: {r['paragraphs']} paragraphs, {r['chunks']} chunks, {r['queries']} queries, model {r['model']}{label}",
+    context = ", chunks embedded with title + headings" if r.get("context") else ""
+    lines = [f"{r['corpus']}: {r['paragraphs']} paragraphs, {r['chunks']} chunks, {r['queries']} queries, model {r['model']}"
+             f"{context}{label}",
              f"  {'row':<16} {'nDCG@10':>8} {'recall@10':>10} {'p50 ms':>8} {'p95 ms':>8}"]
     for row in ROWS:
         if row in r:
@@ -387,6 +407,21 @@ def report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def context_report(plain: dict[str, Any], ctx: dict[str, Any]) -> str:
+    """One corpus without and with context in chunks, side by side: nDCG@10 and recall@10 of every row."""
+    lines = [f"{plain['corpus']}: without / with context in chunks (title + heading path embedded; "
+             f"{ctx['titles']} of {ctx['paragraphs']} documents have a title, published as the file name)",
+             f"  {'row':<16} {'nDCG@10':>8} {'+context':>9} {'diff':>8}   {'recall@10':>9} {'+context':>9}"]
+    for row in ROWS:
+        if row in plain and row in ctx:
+            a, b = plain[row], ctx[row]
+            lines.append(f"  {row:<16} {a['ndcg@10']:>8.4f} {b['ndcg@10']:>9.4f} {b['ndcg@10'] - a['ndcg@10']:>+8.4f}"
+                         f"   {a['recall@10']:>9.4f} {b['recall@10']:>9.4f}")
+    lines.append("  (bm25-stock reads the paragraph text only, so it is the same in both columns; lexical reads "
+                 "heading path + text in both)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.retrieval", description=__doc__)
     parser.add_argument("--corpus", action="append", type=Path, required=True, help="BEIR folder (repeatable)")
@@ -397,16 +432,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-k", type=int, default=50, help="chunks fetched per query before taking 10 documents")
     parser.add_argument("--repeats", type=int, default=2, help="throughput passes (best of; 0 skips)")
     parser.add_argument("--max-queries", type=int, default=0, help="score only the first N judged queries (0: all)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object per corpus")
+    parser.add_argument("--context", action="store_true",
+                        help="measure each corpus twice, under a profile created without and one created with "
+                             "--context (chunks embedded with the document title + heading path), side by side")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per corpus (and per variant)")
     args = parser.parse_args(argv)
 
     results = []
     for folder in args.corpus:  # report each corpus as soon as it is measured
-        r = run_corpus(folder, args)
-        if r is None:
-            continue
-        results.append(r)
-        print(json.dumps(r) if args.json else report(r), flush=True)
+        variants = []
+        for context in (False, True) if args.context else (False,):
+            r = run_corpus(folder, args, context)
+            if r is None:
+                break
+            variants.append(r)
+            results.append(r)
+            print(json.dumps(r) if args.json else report(r), flush=True)
+        if len(variants) == 2 and not args.json:
+            print(context_report(*variants), flush=True)
     if not results:
         console.print("no corpus found: nothing measured")
     return 0

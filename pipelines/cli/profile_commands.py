@@ -61,6 +61,7 @@ def create_command(
     rrf_k: int = typer.Option(60, "--rrf-k", help="RRF rank constant (1..100000; with --fusion rrf)."),
     bm25_k1: float = typer.Option(1.2, "--bm25-k1", help="BM25 term-frequency saturation (>= 0)."),
     bm25_b: float = typer.Option(0.75, "--bm25-b", help="BM25 length normalisation (0..1)."),
+    context: bool = typer.Option(False, "--context", help="Embed each chunk with its document's title and heading path (fixed for the profile's life; the snippet shown stays the chunk text)."),
     as_json: bool = JsonOption,
 ) -> None:
     """Create a shadow profile (building) and a REINDEX task for every current document version."""
@@ -82,18 +83,23 @@ def create_command(
         lexical = LexicalParams(search_mode=search_mode, lexical_weight=lexical_weight, bm25_k1=bm25_k1, bm25_b=bm25_b,
                                 fusion=fusion, rrf_k=rrf_k)
         row = create_profile(db, name, model=model, chunk_tokens=chunk_tokens, overlap=overlap, provider=provider,
-                             lexical=lexical)
+                             lexical=lexical, context=context)
     if as_json:
         print_json(row)
         return
     console.print(
         f"profile {row['name']} created (building): model {row['model']}, {row['chunk_tokens']} tokens, "
-        f"overlap {row['chunk_overlap']}, search {row['search_mode']} ({_fusion_text(row)}); "
+        f"overlap {row['chunk_overlap']}, search {row['search_mode']} ({_fusion_text(row)}), "
+        f"{_context_text(row)}; "
         f"{row['reindex_tasks']} REINDEX tasks queued.\n"
         f"  next: `kbindex profile backfill {row['name']}` (or the backfill_profile job in the Dagster UI), "
         f"then `kbindex profile gate {row['name']} --eval DIR`",
         highlight=False,
     )
+
+
+def _context_text(row: dict) -> str:
+    return "chunks embedded with title + headings" if row.get("embed_context") else "chunks embedded with headings"
 
 
 def _fusion_text(row: dict) -> str:
@@ -134,7 +140,7 @@ def list_command(as_json: bool = JsonOption) -> None:
     if as_json:
         print_json(rows)
         return
-    table = Table("name", "state", "model", "tokens/overlap", "coverage", "gate")
+    table = Table("name", "state", "model", "tokens/overlap", "context", "coverage", "gate")
     for r in rows:
         state = "active" if r["is_active"] else "building" if r["building"] else "-"
         cov = r["coverage"]
@@ -148,6 +154,7 @@ def list_command(as_json: bool = JsonOption) -> None:
             state,
             r["model"],
             f"{r['chunk_tokens']}/{r['chunk_overlap']}",
+            "title + headings" if r["embed_context"] else "headings",
             f"{cov['covered_versions']}/{cov['current_versions']} ({_pct(cov['ratio'])})",
             gate_text,
         )

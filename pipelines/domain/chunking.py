@@ -23,6 +23,11 @@ Why it works this way:
   it would take more than a quarter of the budget) + a newline + ``text``. Headings carry meaning a
   paragraph leaves implicit ("Refunds > Eligibility"). ``token_count`` counts ``embed_text``, and it
   is what must stay within ``chunk_tokens``; ``text`` stays the plain content shown to readers.
+- Context (a profile's ``embed_context``, issue #35): given a document ``title`` (``document_title``: the
+  parser's, else the heading every block sits under, else the file name), ``embed_text`` = the title, then the
+  heading path below it, then the text ("Refund policy > Eligibility\n..."). The title gets up to an eighth of
+  the budget and is never dropped for the headings (it is what tells a chunk's document apart); a heading path
+  that already starts with it does not repeat it. ``text``, ids and digests are as without context.
 - Identity is deterministic (DESIGN invariant 5): ``content_digest`` = sha256 of the NFC,
   whitespace-collapsed ``text``; ``chunk_id`` = sha256 over (tenant, document, version, profile,
   ordinal, heading path, content digest), 32 hex characters. Same input, same chunks, byte for byte.
@@ -104,8 +109,10 @@ def chunk_document(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     overlap: int = DEFAULT_OVERLAP,
     identity: VersionIdentity,
+    title: str | None = None,
 ) -> list[Chunk]:
-    """Split ``doc`` into chunks whose ``embed_text`` fits ``chunk_tokens`` word pieces."""
+    """Split ``doc`` into chunks whose ``embed_text`` fits ``chunk_tokens`` word pieces. ``title`` (a context
+    profile's ``document_title``): embedded before each chunk's heading path; None embeds the heading path only."""
     if not MIN_CHUNK_TOKENS <= chunk_tokens <= tokenizer.max_content_tokens:
         raise ValueError(
             f"chunk_tokens must be between {MIN_CHUNK_TOKENS} and the model's {tokenizer.max_content_tokens}"
@@ -114,7 +121,10 @@ def chunk_document(
         raise ValueError("overlap must be between 0 and half of chunk_tokens")
     chunks: list[Chunk] = []
     for heading_path, page, section in _sections(doc.blocks):
-        prefix = _heading_prefix(heading_path, tokenizer, chunk_tokens // 4)
+        if title is None:
+            prefix = _heading_prefix(heading_path, tokenizer, chunk_tokens // 4)
+        else:
+            prefix = _context_prefix(title, heading_path, tokenizer, chunk_tokens)
         for text, token_count in _SectionSplitter(section, prefix, tokenizer, chunk_tokens, overlap).chunks():
             embed_text = prefix + text
             digest = content_digest(text)
@@ -193,6 +203,38 @@ def _heading_prefix(heading_path: tuple[str, ...], tokenizer: Tokenizer, max_tok
         if tokenizer.count(prefix) <= max_tokens:
             return prefix
     return ""
+
+
+def _context_prefix(title: str, heading_path: tuple[str, ...], tokenizer: Tokenizer, chunk_tokens: int) -> str:
+    """ "Title > Outer > Inner\n": the title cut to an eighth of the budget, then as much of the heading path
+    below it as fits a quarter of the budget in all (outer headings dropped first, as without context)."""
+    title = " ".join(title.split())
+    spans = tokenizer.offsets(title) if title else []
+    room = chunk_tokens // 8
+    if len(spans) > room:
+        title = title[: spans[room - 1][1]].rstrip() if room > 0 else ""
+    if not title:
+        return _heading_prefix(heading_path, tokenizer, chunk_tokens // 4)
+    path = tuple(heading_path)
+    if path and " ".join(path[0].split()).casefold() == title.casefold():
+        path = path[1:]  # the heading path already starts with the title (a lone top heading)
+    rest = _heading_prefix(path, tokenizer, chunk_tokens // 4 - tokenizer.count(title + HEADING_SEPARATOR))
+    return title + (HEADING_SEPARATOR + rest if rest else "\n")
+
+
+def document_title(doc: ParsedDocument, filename: str) -> str:
+    """What a context profile embeds as a document's title: the title the parser read (HTML ``<title>``), else
+    the heading every block sits under (a Markdown or reStructuredText document's lone top heading, an e-mail's
+    subject), else the file name without its extension (``_`` read as a space)."""
+    declared = doc.metadata.get("title") if doc.metadata else None
+    if isinstance(declared, str) and declared.split():
+        return " ".join(declared.split())
+    roots = {block.heading_path[0] if block.heading_path else None for block in doc.blocks}
+    if len(roots) == 1 and (root := roots.pop()):
+        return root
+    name = filename.replace("\\", "/").rsplit("/", 1)[-1]
+    stem = name.rsplit(".", 1)[0] if "." in name.strip(".") else name
+    return " ".join(stem.replace("_", " ").split())
 
 
 # Split points, coarsest first; each pattern matches the gap *after* a separator.
@@ -393,5 +435,6 @@ __all__ = [
     "chunk_document",
     "chunk_id",
     "content_digest",
+    "document_title",
     "normalize_text",
 ]

@@ -3,14 +3,18 @@
 
 -- name: index_profile_insert
 -- A new shadow profile: building (publishes index under it too), not active, with its search mode and
--- BM25/fusion parameters (a migration may change them; the gate scores them). No row back: the name is taken.
+-- BM25/fusion parameters (a migration may change them; the gate scores them) and whether chunks are embedded
+-- with their document title and heading path (fixed at creation, migration 0046). No row back: the name is taken.
 INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, is_active, building,
-                           search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k)
+                           search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k,
+                           embed_context)
 VALUES (%(name)s, %(model)s, %(dimension)s, %(chunk_tokens)s, %(chunk_overlap)s, false, true,
-        %(search_mode)s, %(lexical_weight)s, %(bm25_k1)s, %(bm25_b)s, %(fusion)s, %(rrf_k)s)
+        %(search_mode)s, %(lexical_weight)s, %(bm25_k1)s, %(bm25_b)s, %(fusion)s, %(rrf_k)s,
+        %(embed_context)s)
 ON CONFLICT (name) DO NOTHING
 RETURNING name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, created_at,
-          search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k;
+          search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k,
+          embed_context;
 
 -- name: document_table_lock
 -- Wait for in-flight publishes and hold new ones until commit, so a version published meanwhile is
@@ -134,6 +138,7 @@ latest_gate AS (
 )
 SELECT ip.name, ip.model, ip.dimension, ip.chunk_tokens, ip.chunk_overlap, ip.is_active, ip.building,
        ip.activated_at, ip.previous_active, ip.created_at,
+       ip.embed_context,
        (SELECT count(*) FROM current_version)::integer AS current_versions,
        coalesce(cv.n, 0) AS covered_versions,
        g.gate_id, g.passed AS gate_passed, g.baseline_profile AS gate_baseline, g.eval_set AS gate_eval_set,

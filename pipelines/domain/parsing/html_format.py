@@ -66,6 +66,8 @@ def parse_html(data: bytes, collector: BlockCollector, media_type: str = "text/h
             soup = BeautifulSoup(data, "lxml")
     except Exception as exc:  # lxml/bs4 raise assorted errors on broken input
         raise ParseError(f"{collector.label}: unreadable HTML ({type(exc).__name__})") from exc
+    if soup.title is not None and (title := collector.heading(soup.title.get_text())):
+        collector.metadata["title"] = title  # the document's title, for profiles that embed context (chunking)
     headings = HeadingStack(collector)
     buffer: list[str] = []
 

@@ -1,0 +1,81 @@
+"""Context in chunks (issue #35): a context profile embeds title + heading path + text; the text shown is the same."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.domain.chunking import VersionIdentity, chunk_document, document_title
+from pipelines.domain.parsing import ParsedDocument, TextBlock, parse_document
+from resources.tokenizer import ModelTokenizer
+
+IDENTITY = VersionIdentity("acme", "refunds", 1, "ctx")
+BODY = "Customers may return goods within thirty days of delivery. " * 12
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> ModelTokenizer:
+    return ModelTokenizer()
+
+
+def doc(*blocks: tuple[str, tuple[str, ...]], metadata: dict | None = None) -> ParsedDocument:
+    return ParsedDocument([TextBlock(text, path) for text, path in blocks], None, "text/plain",
+                          metadata=metadata or {})
+
+
+def test_a_context_chunk_embeds_title_and_headings_and_shows_the_same_text(tokenizer: ModelTokenizer) -> None:
+    parsed = doc((BODY, ("Eligibility", "Goods")))
+    plain = chunk_document(parsed, tokenizer=tokenizer, chunk_tokens=64, overlap=0, identity=IDENTITY)
+    ctx = chunk_document(parsed, tokenizer=tokenizer, chunk_tokens=64, overlap=0, identity=IDENTITY,
+                         title="Refund policy")
+    assert plain[0].embed_text.startswith("Eligibility > Goods\n")
+    assert all(c.embed_text == "Refund policy > Eligibility > Goods\n" + c.text for c in ctx)
+    assert all(c.token_count <= 64 and c.token_count == tokenizer.count(c.embed_text) for c in ctx)
+    # The shown text, ids and content digests do not depend on the flag (the prefix may move the cuts,
+    # so compare where the chunking is the same: a budget-free view of the same paragraph).
+    short = doc(("One short paragraph.", ("Eligibility",)))
+    a = chunk_document(short, tokenizer=tokenizer, identity=IDENTITY)
+    b = chunk_document(short, tokenizer=tokenizer, identity=IDENTITY, title="Refund policy")
+    assert [(c.text, c.chunk_id, c.content_digest) for c in a] == [(c.text, c.chunk_id, c.content_digest) for c in b]
+    assert a[0].embed_text != b[0].embed_text == "Refund policy > Eligibility\nOne short paragraph."
+
+
+def test_the_title_is_not_repeated_when_the_heading_path_starts_with_it(tokenizer: ModelTokenizer) -> None:
+    parsed = doc(("Text.", ("Refund Policy", "Scope")), ("More.", ("Refund Policy",)))
+    chunks = chunk_document(parsed, tokenizer=tokenizer, identity=IDENTITY, title="refund policy")
+    assert [c.embed_text for c in chunks] == ["refund policy > Scope\nText.", "refund policy\nMore."]
+
+
+def test_no_headings_and_a_title_give_the_title_line(tokenizer: ModelTokenizer) -> None:
+    chunks = chunk_document(doc(("Text.", ())), tokenizer=tokenizer, identity=IDENTITY, title="Handbook")
+    assert chunks[0].embed_text == "Handbook\nText."
+    empty = chunk_document(doc(("Text.", ())), tokenizer=tokenizer, identity=IDENTITY, title="  ")
+    assert empty[0].embed_text == "Text."  # a blank title adds nothing
+
+
+def test_a_long_title_is_cut_and_kept_while_outer_headings_go_first(tokenizer: ModelTokenizer) -> None:
+    title = "An extraordinarily long document title " * 10
+    path = tuple(f"Section heading number {i}" for i in range(8))
+    chunks = chunk_document(doc((BODY, path)), tokenizer=tokenizer, chunk_tokens=80, overlap=0, identity=IDENTITY,
+                            title=title)
+    prefix = chunks[0].embed_text.split("\n", 1)[0]
+    first = prefix.split(" > ")[0]
+    assert title.startswith(first) and tokenizer.count(first) <= 80 // 8
+    assert prefix.endswith("Section heading number 7")  # the innermost heading is kept
+    assert tokenizer.count(prefix + "\n") <= 80 // 4 + 1 and all(c.token_count <= 80 for c in chunks)
+
+
+def test_document_title_prefers_the_parsers_then_a_lone_top_heading_then_the_file_name() -> None:
+    assert document_title(doc(("x", ("A",))), "f.md") == "A"
+    assert document_title(doc(("x", ("A",)), ("y", ("B",))), "refund_policy.v2.txt") == "refund policy.v2"
+    assert document_title(doc(("x", ("A",)), ("y", ())), "dir/Handbook.docx") == "Handbook"
+    assert document_title(doc(("x", ("A",)), metadata={"title": " The  Title "}), "f.html") == "The Title"
+    assert document_title(doc(("x", ())), ".profile") == ".profile"
+
+
+def test_html_title_is_the_documents_title() -> None:
+    html = b"<html><head><title>Travel\nexpenses</title></head><body><h1>Scope</h1><p>Trains.</p>" \
+           b"<h1>Limits</h1><p>Hotels.</p></body></html>"
+    parsed = parse_document(html, filename="page.html")
+    assert parsed.metadata["title"] == "Travel expenses"
+    assert document_title(parsed, "page.html") == "Travel expenses"
+    assert "Travel" not in " ".join(b.text for b in parsed.blocks)  # the title is no block of text

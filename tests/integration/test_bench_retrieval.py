@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.retrieval.__main__ import ROWS, main, report, use_model
+from bench.retrieval.__main__ import ROWS, context_report, main, report, use_model
 from resources.embedder import DEFAULT_MODEL_NAME
 
 EVAL = Path(__file__).resolve().parents[1] / "fixtures" / "eval" / "small-en"
@@ -31,3 +31,35 @@ def test_the_bench_embeds_with_the_default_profiles_model_unless_told(db):
     assert use_model(db, None)["model"] == DEFAULT_MODEL_NAME  # int8: what an install indexes with
     profile = use_model(db, "fake-384")
     assert (profile["model"], profile["is_active"]) == ("fake-384", True)
+
+
+PEP_SMALL = Path(__file__).resolve().parents[1] / "fixtures" / "eval" / "pep-titles-small"
+
+
+def test_the_bench_measures_without_and_with_context_side_by_side(pg_server_url, monkeypatch, capsys):
+    """The CI-sized round of --context: the same corpus under a plain profile and a context profile (titles
+    published as file names reach only the latter), both through the real path, printed side by side."""
+    monkeypatch.setenv("KBINDEX_DATABASE_URL", pg_server_url)
+    assert main(["--corpus", str(EVAL), "--model", "all-MiniLM-L6-v2", "--max-queries", "12", "--repeats", "0",
+                 "--context", "--json"]) == 0
+    plain, ctx = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert (plain["context"], ctx["context"], ctx["titles"]) == (False, True, 40)
+    assert plain["bm25-stock"] == {**ctx["bm25-stock"], "p50_ms": plain["bm25-stock"]["p50_ms"],
+                                   "p95_ms": plain["bm25-stock"]["p95_ms"]}  # reads the text only
+    for r in (plain, ctx):
+        assert abs(r["ndcg_gap"]) <= 0.01, "each profile's stored index ranks as its embedder does in memory"
+    # The Wikipedia titles (Super_Bowl_50, Oxygen, ...) are in what the context profile embeds: dense moves.
+    assert ctx["dense"] != plain["dense"]
+    printed = context_report(plain, ctx)
+    assert "+context" in printed and all(f"  {row} " in printed for row in ROWS)
+    assert "title + headings" in report(ctx) and "title + headings" not in report(plain)
+
+
+def test_the_pep_titles_fixture_is_hard_for_both_rankers(pg_server_url, monkeypatch, capsys):
+    """pep-titles-small (PEP title -> PEP opening text): a CI-sized round of the set keyword matching does not solve."""
+    monkeypatch.setenv("KBINDEX_DATABASE_URL", pg_server_url)
+    assert main(["--corpus", str(PEP_SMALL), "--model", "all-MiniLM-L6-v2", "--repeats", "0", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["corpus"], r["paragraphs"], r["queries"], r["titles"]) == ("pep-titles-small", 51, 50, 0)
+    for row in ROWS:
+        assert 0.3 < r[row]["ndcg@10"] < 0.97, (row, r[row])

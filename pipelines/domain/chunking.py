@@ -208,7 +208,7 @@ def _heading_prefix(heading_path: tuple[str, ...], tokenizer: Tokenizer, max_tok
 def _context_prefix(title: str, heading_path: tuple[str, ...], tokenizer: Tokenizer, chunk_tokens: int) -> str:
     """ "Title > Outer > Inner\n": the title cut to an eighth of the budget, then as much of the heading path
     below it as fits a quarter of the budget in all (outer headings dropped first, as without context)."""
-    title = " ".join(title.split())
+    title = full = " ".join(title.split())
     spans = tokenizer.offsets(title) if title else []
     room = chunk_tokens // 8
     if len(spans) > room:
@@ -216,7 +216,7 @@ def _context_prefix(title: str, heading_path: tuple[str, ...], tokenizer: Tokeni
     if not title:
         return _heading_prefix(heading_path, tokenizer, chunk_tokens // 4)
     path = tuple(heading_path)
-    if path and " ".join(path[0].split()).casefold() == title.casefold():
+    if path and " ".join(path[0].split()).casefold() == full.casefold():
         path = path[1:]  # the heading path already starts with the title (a lone top heading)
     rest = _heading_prefix(path, tokenizer, chunk_tokens // 4 - tokenizer.count(title + HEADING_SEPARATOR))
     return title + (HEADING_SEPARATOR + rest if rest else "\n")

@@ -62,6 +62,10 @@ def test_a_long_title_is_cut_and_kept_while_outer_headings_go_first(tokenizer: M
     assert title.startswith(first) and tokenizer.count(first) <= 80 // 8
     assert prefix.endswith("Section heading number 7")  # the innermost heading is kept
     assert tokenizer.count(prefix + "\n") <= 80 // 4 + 1 and all(c.token_count <= 80 for c in chunks)
+    # A long title that is also the lone top heading is cut, and still not repeated.
+    again = chunk_document(doc((BODY, (title.strip(), "Scope"))), tokenizer=tokenizer, chunk_tokens=80, overlap=0,
+                           identity=IDENTITY, title=title)
+    assert again[0].embed_text.split("\n", 1)[0] == f"{first} > Scope"
 
 
 def test_document_title_prefers_the_parsers_then_a_lone_top_heading_then_the_file_name() -> None:

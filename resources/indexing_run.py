@@ -338,6 +338,7 @@ class IndexingRun:
                 chunks = self._chunk(work)
             return {"chunks": len(chunks), "tokens": sum(c.token_count for c in chunks),
                     **({"tombstone": True} if work.tombstone else {}),
+                    **({"embed_context": True} if work.embed_context else {}),
                     **({"copied_from": work.copy_from} if self._copy(work) is not None else {})}
 
         return self._each(keys, Stage.CHUNK, step)

@@ -72,7 +72,8 @@ def index(world, sections: dict[str, str]) -> dict[str, dict]:
                       embedder_for=lambda model: FakeEmbedder(model_name=model), state=RunState(world["store"]),
                       tagged=leases, batch_size=16)
     run.parse(keys)
-    run.chunk(keys)
+    chunked = {r.profile: r.details for rs in run.chunk(keys).values() for r in rs}
+    assert (chunked["ctx"].get("embed_context"), chunked["minilm-v1"].get("embed_context")) == (True, None)
     embedded = run.embed(keys)
     published = run.publish(keys)
     assert all(r.outcome == "ok" for rs in published.values() for r in rs)

@@ -53,7 +53,7 @@ from pipelines.domain.errors import (
 )
 from resources.database import Database, Session
 from resources.embedding_reuse import embed_digest
-from resources.lexical import tokenizer_for as lexical_tokenizer_for
+from resources.lexical import profile_analyzer
 from resources.lexical import version_columns, write_lexical
 from resources.task_queue import Lease, TaskQueue
 
@@ -243,15 +243,15 @@ class IndexSink:
             "chunk_ids": [c.chunk_id for _, item in versions for c in item.chunks],
         })
         rows = [(key, chunk, vector) for key, item in versions for chunk, vector in zip(item.chunks, item.vectors)]
-        by_model: dict[str, list[Any]] = {}
+        by_profile: dict[str, list[Any]] = {}
         for row in rows:
-            by_model.setdefault(profiles[row[0]["profile"]]["model"], []).append(row)
-        for model, model_rows in by_model.items():
-            tokenizer = lexical_tokenizer_for(model)
-            for start in range(0, len(model_rows), self.write_batch):
-                batch = model_rows[start : start + self.write_batch]
+            by_profile.setdefault(row[0]["profile"], []).append(row)
+        for profile, profile_rows in by_profile.items():
+            analyze = profile_analyzer(profiles[profile])  # its model's word pieces, or its own analyzer
+            for start in range(0, len(profile_rows), self.write_batch):
+                batch = profile_rows[start : start + self.write_batch]
                 self._write(tx, batch)
-                write_lexical(tx, [key for key, _, _ in batch], [chunk for _, chunk, _ in batch], tokenizer)
+                write_lexical(tx, [key for key, _, _ in batch], [chunk for _, chunk, _ in batch], analyze)
         counted = tx.fetch_all("index_rows_per_version", {
             **version_columns([key for key, _ in versions]),
             "task_ids": [item.lease.task_id for _, item in versions],

@@ -11,6 +11,8 @@
   walk per term) for the query's rarest terms up to a postings budget (``scoring_terms``: 2 x the tenant's chunks, at
   most 50,000), so the cost follows the query's terms, not the tenant's size.
 - ``backfill_lexical_index``: lexical rows for chunks written before migration 0022 (run by ``migrate``).
+- ``analyzer_for``: a profile's term analysis (its ``lexical_analyzer``: ``wordpiece`` over its model's tokenizer,
+  or ``english``), the one thing every caller above uses: publish rows, query terms, backfill, quality gate.
 
 Statistics are maintained rather than counted at query time: counting df over the pointed versions costs
 one GIN posting walk plus a pointer join per query term (all of a tenant's chunks for a common term), while
@@ -19,11 +21,21 @@ the maintained row is one index probe; measured in the issue #13 report.
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
-from pipelines.domain.lexical import LexicalParams, idf, scoring_terms, term_counts
+from pipelines.domain.lexical import (
+    DEFAULT_ANALYZER,
+    LexicalParams,
+    check_analyzer,
+    english_term_counts,
+    idf,
+    scoring_terms,
+    term_counts,
+)
 from resources.database import Database, Session
 
 N_CHUNKS, TOTAL_LENGTH = -1, -2
@@ -38,16 +50,47 @@ def tokenizer_for(model: str) -> Any:
     return tokenizer_for_model(model)
 
 
+Analyzer = Callable[[str], Counter[int]]
+"""Text -> term id -> frequency (pipelines/domain/lexical.py)."""
+
+_stemmers = threading.local()
+
+
+def _stem_words(words: list[str]) -> list[str]:
+    """Snowball English stems of ``words``; one PyStemmer object per thread (they keep a cache and are not
+    thread-safe)."""
+    stemmer = getattr(_stemmers, "english", None)
+    if stemmer is None:
+        import Stemmer
+
+        stemmer = _stemmers.english = Stemmer.Stemmer("english")
+    return stemmer.stemWords(words)
+
+
+@lru_cache(maxsize=16)
+def analyzer_for(model: str, analyzer: str = DEFAULT_ANALYZER) -> Analyzer:
+    """The term analysis of a profile with ``model`` and ``lexical_analyzer`` ``analyzer`` (ValueError for an
+    unknown analyzer; the CHECK of migration 0045 keeps them out of the table)."""
+    if check_analyzer(analyzer) == "english":
+        return partial(english_term_counts, stem_words=_stem_words)
+    return partial(term_counts, tokenizer=tokenizer_for(model))
+
+
+def profile_analyzer(profile: Mapping[str, Any]) -> Analyzer:
+    """``analyzer_for`` a profile row (one from before migration 0045: ``wordpiece``)."""
+    return analyzer_for(profile["model"], LexicalParams.of(profile).analyzer)
+
+
 def lexical_text(heading_path: Sequence[str], text: str) -> str:
     """What the lexical index reads of a chunk: its heading path, then its text."""
     return "\n".join([*heading_path, text]) if heading_path else text
 
 
-def lexical_rows(chunks: Sequence[Any], tokenizer: Any) -> dict[str, list[Any]]:
+def lexical_rows(chunks: Sequence[Any], analyze: Analyzer) -> dict[str, list[Any]]:
     """``lexical_chunk_upsert`` arrays for chunks (anything with chunk_id, heading_path, text, content_digest)."""
     out: dict[str, list[Any]] = {"chunk_ids": [], "content_digests": [], "terms": [], "tfs": [], "lengths": []}
     for c in chunks:
-        counts = term_counts(lexical_text(tuple(c.heading_path), c.text), tokenizer)
+        counts = analyze(lexical_text(tuple(c.heading_path), c.text))
         terms = sorted(counts)
         out["chunk_ids"].append(c.chunk_id)
         out["content_digests"].append(c.content_digest)
@@ -57,10 +100,11 @@ def lexical_rows(chunks: Sequence[Any], tokenizer: Any) -> dict[str, list[Any]]:
     return out
 
 
-def write_lexical(tx: Session, keys: Sequence[Mapping[str, Any]], chunks: Sequence[Any], tokenizer: Any) -> None:
+def write_lexical(tx: Session, keys: Sequence[Mapping[str, Any]], chunks: Sequence[Any], analyze: Analyzer) -> None:
     """Upsert the lexical rows and postings of a batch of chunks (inside the publish transaction); ``keys[i]``
-    is the version (tenant_id, document_id, profile, version_number) of ``chunks[i]``."""
-    rows = {**lexical_rows(chunks, tokenizer), **version_columns(keys)}
+    is the version (tenant_id, document_id, profile, version_number) of ``chunks[i]``, ``analyze`` that
+    profile's analysis (``analyzer_for``)."""
+    rows = {**lexical_rows(chunks, analyze), **version_columns(keys)}
     tx.execute("lexical_posting_prune", rows)  # before the upsert: the old rows say which terms go
     tx.execute("lexical_chunk_upsert", rows)
     tx.execute("lexical_posting_write", {"chunk_ids": rows["chunk_ids"]})
@@ -74,11 +118,12 @@ def version_columns(keys: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
 
 
 def query_weights(
-    session: Session | Database, tokenizer: Any, query: str, *, tenant_id: str, profile: str
+    session: Session | Database, analyze: Analyzer, query: str, *, tenant_id: str, profile: str
 ) -> dict[str, Any] | None:
     """The scoring terms (the query's rarest that occur, within the postings budget) with their idf, and the
-    average length; None when no query term occurs (nothing can score)."""
-    terms = sorted(term_counts(query, tokenizer))
+    average length; None when no query term occurs (nothing can score). ``analyze``: the profile's analysis,
+    the one its rows were written with."""
+    terms = sorted(analyze(query))
     rows = session.fetch_all(
         "lexical_stats_get", {"tenant_id": tenant_id, "profile": profile, "terms": [N_CHUNKS, TOTAL_LENGTH, *terms]}
     )
@@ -164,13 +209,14 @@ def backfill_lexical_index(
             if not rows:
                 tx.execute("lexical_backfill_finish", {})
                 break
-            groups: dict[tuple[str, str, str, int, str], list[Any]] = {}
+            groups: dict[tuple[str, str, str, int, str, str], list[Any]] = {}
             for r in rows:
-                key = (r["tenant_id"], r["document_id"], r["profile"], r["version_number"], r["model"])
+                key = (r["tenant_id"], r["document_id"], r["profile"], r["version_number"], r["model"],
+                       r["lexical_analyzer"])
                 groups.setdefault(key, []).append(_Row(r))
-            for (tenant, document, profile, version, model), chunks in groups.items():
+            for (tenant, document, profile, version, model, analyzer), chunks in groups.items():
                 key = {"tenant_id": tenant, "document_id": document, "profile": profile, "version_number": version}
-                write_lexical(tx, [key] * len(chunks), chunks, tokenizer_for(model))
+                write_lexical(tx, [key] * len(chunks), chunks, analyzer_for(model, analyzer))
             documents: dict[tuple[str, str], set[str]] = {}
             for tenant, document, profile, *_ in groups:
                 documents.setdefault((tenant, profile), set()).add(document)
@@ -194,4 +240,4 @@ class _Row:
         self.content_digest = row["content_digest"]
 
 
-__all__ = ["backfill_lexical_index", "lexical_search", "lexical_scores", "query_weights", "write_lexical"]
+__all__ = ["analyzer_for", "backfill_lexical_index", "profile_analyzer", "lexical_search", "lexical_scores", "query_weights", "write_lexical"]

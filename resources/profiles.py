@@ -41,13 +41,12 @@ from pipelines.domain.lexical import (
     check_params,
     fuse_matrix,
     rrf_matrix,
-    term_counts,
 )
 from pipelines.domain.parsing.model import ParsedDocument, TextBlock
 from pipelines.domain.retrieval_metrics import DEFAULT_K, RetrievalScores, evaluate, gate_passed
 from resources.database import Database
 from resources.embedder import PACKAGED_MODEL_NAME, Embedder, checked_embed, embedder_for_model, tokenizer_for_model
-from resources.lexical import lexical_text
+from resources.lexical import analyzer_for, lexical_text
 from resources.search import hybrid_depth
 
 INDEX_DIMENSION = 384  # chunk.embedding is vector(384)
@@ -143,8 +142,9 @@ def create_profile(
 ) -> dict[str, Any]:
     """Insert a building profile and a REINDEX task for every current document version, in one transaction.
 
-    ``lexical``: the profile's search mode and BM25/fusion parameters (default: hybrid, weighted fusion at
-    weight 0.5, RRF k 60, k1 1.2, b 0.75), so a migration can change how search ranks and the quality gate judges that change.
+    ``lexical``: the profile's search mode, BM25/fusion parameters and lexical analyzer (default: hybrid, weighted
+    fusion at weight 0.5, RRF k 60, k1 1.2, b 0.75, ``wordpiece``), so a migration can change how search ranks and
+    the quality gate judges that change. The analyzer is fixed from here on: every lexical row depends on it.
     ``context``: embed each chunk with its document's title and heading path (``embed_context``, fixed for the
     profile's life: pipelines/domain/chunking.py).
 
@@ -169,7 +169,7 @@ def create_profile(
                 "dimension": info.dimension,
                 "chunk_tokens": chunk_tokens,
                 "chunk_overlap": overlap,
-                **dataclasses.asdict(lexical),  # search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k
+                **dataclasses.asdict(lexical),  # search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k, analyzer
                 "embed_context": bool(context),
             },
         )
@@ -279,6 +279,7 @@ def _gate_view(row: Mapping[str, Any]) -> dict[str, Any] | None:
         "baseline_recall_at_10": row["gate_baseline_recall"],
         "tolerance": row["gate_tolerance"],
         "at": row["gate_at"],
+        "lexical_analyzer": row.get("gate_lexical_analyzer") or "wordpiece",  # NULL: a gate from before 0045
     }
 
 
@@ -297,6 +298,11 @@ def list_profiles(db: Database) -> list[dict[str, Any]]:
                 "dimension": r["dimension"],
                 "chunk_tokens": r["chunk_tokens"],
                 "chunk_overlap": r["chunk_overlap"],
+                "search_mode": r["search_mode"],
+                "fusion": r["fusion"],
+                "rrf_k": r["rrf_k"],
+                "lexical_weight": r["lexical_weight"],
+                "lexical_analyzer": r["lexical_analyzer"],
                 "is_active": r["is_active"],
                 "building": r["building"],
                 "activated_at": r["activated_at"],
@@ -573,7 +579,7 @@ def evaluate_profile(
     Each paragraph is chunked as a one-section document (its title as the heading) with the profile's
     chunker and tokenizer (and, for a context profile, that title as the document's) and a paragraph scores the best of its chunks, ranked as search ranks in
     ``mode`` (default: the profile's ``search_mode``, the one search uses): cosine of the profile's
-    model (dense), BM25 with the profile's k1 and b over the eval corpus (lexical), or their fusion as the
+    model (dense), BM25 with the profile's k1, b and ``lexical_analyzer`` over the eval corpus (lexical), or their fusion as the
     profile's ``fusion`` says (hybrid: the weighted sum with ``lexical_weight``, or RRF with ``rrf_k`` over each
     side's ``hybrid_depth(k)`` best chunks, as search fuses), every chunk scored exactly.
     """
@@ -607,9 +613,10 @@ def evaluate_profile(
         chunk_vectors = _embed(embedder, profile, [c.embed_text for c in chunks], cache)
         scores = _embed(embedder, profile, queries, cache) @ chunk_vectors.T
     if mode != "dense":
+        analyze = analyzer_for(profile["model"], params.analyzer)
         bm25 = bm25_matrix(
-            [term_counts(lexical_text(tuple(c.heading_path), c.text), tokenizer) for c in chunks],
-            [term_counts(q, tokenizer) for q in queries],
+            [analyze(lexical_text(tuple(c.heading_path), c.text)) for c in chunks],
+            [analyze(q) for q in queries],
             params.bm25_k1,
             params.bm25_b,
         )
@@ -638,8 +645,8 @@ def run_gate(
     """Evaluate profile ``name`` and the active profile on the eval set and record the result.
 
     Each profile is scored in its own ``search_mode`` (the mode search will use once it is active; the
-    row records both modes), with its own lexical and fusion parameters (the row records the shadow's
-    fusion: changing it afterwards makes the gate stale for activation).
+    row records both modes), with its own lexical analyzer (the row records both) and lexical and fusion
+    parameters (the row records the shadow's fusion: changing it afterwards makes the gate stale for activation).
 
     passed = shadow nDCG@10 >= active nDCG@10 - tolerance and shadow recall@10 >= active recall@10 - tolerance.
     Returns the recorded ``profile_gate`` row. ``embedders`` (by model name) overrides the model loading (tests).
@@ -684,6 +691,8 @@ def run_gate(
             "fusion": scored.fusion,
             "rrf_k": scored.rrf_k,
             "lexical_weight": scored.lexical_weight,
+            "lexical_analyzer": scored.analyzer,
+            "baseline_lexical_analyzer": LexicalParams.of(active).analyzer,
         },
     )
     assert row is not None

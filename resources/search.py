@@ -28,7 +28,7 @@ from pipelines.domain.metadata import NO_FILTERS, ReadScope
 from resources.database import Database, Session
 from resources.embedder import Embedder, ProfileEmbedders, checked_embed
 from resources.lexical import lexical_scores, lexical_search, query_weights
-from resources.lexical import tokenizer_for as lexical_tokenizer_for
+from resources.lexical import profile_analyzer
 
 MAX_K = 1000
 DEFAULT_MAX_SCAN_TUPLES = 20_000
@@ -137,14 +137,14 @@ def search(
         )[0]
     scope = {"tenant_id": tenant_id, "profile": profile["name"]}
     visible = (read or ReadScope()).params()
-    tokenizer = lexical_tokenizer_for(profile["model"]) if mode != "dense" else None
+    analyze = profile_analyzer(profile) if mode != "dense" else None  # the analysis its lexical rows were made with
     with db.transaction() as tx:
         tx.execute("search_snapshot")
         # Before any other statement of the transaction, so each is planned for its own parameters: without it
         # lexical_stats_get ran psycopg's prepared generic plan 30 times in 35 (tests/integration/test_search_plan_cache.py).
         depth = k if mode != "hybrid" else hybrid_depth(k)
         tx.fetch_one("search_settings", {"ef_search": ef_search_for(depth), "max_scan_tuples": max(1, int(max_scan_tuples))})
-        weights = query_weights(tx, tokenizer, query, **scope) if tokenizer is not None else None
+        weights = query_weights(tx, analyze, query, **scope) if analyze is not None else None
         if mode == "dense":
             rows = _dense_rows(tx, vector, scope, visible, k)
             scores = {r["chunk_id"]: 1.0 - float(r["distance"]) for r in rows}

@@ -137,9 +137,10 @@ class BareSystem:
             migrate(self.url)
             with psycopg.connect(self.url, autocommit=True) as conn:
                 conn.execute("UPDATE index_profile SET model = %s WHERE is_active AND model <> %s", [model, model])
-                row = conn.execute("SELECT name, model, chunk_tokens, chunk_overlap, ocr FROM index_profile"
-                                   " WHERE is_active").fetchone()
-            self.profile = dict(zip(("name", "model", "chunk_tokens", "chunk_overlap", "ocr"), row, strict=True))
+                row = conn.execute("SELECT name, model, chunk_tokens, chunk_overlap, ocr, lexical_analyzer"
+                                   " FROM index_profile WHERE is_active").fetchone()
+            self.profile = dict(zip(("name", "model", "chunk_tokens", "chunk_overlap", "ocr", "lexical_analyzer"), row,
+                                    strict=True))
             self.db = Database(self.url, max_size=1)
             self.pg_pid = postgres_pid(self.url)
             self.encoder = Encoder(model)
@@ -170,13 +171,13 @@ class BareSystem:
         from pipelines.domain.partition_keys import version_partition_key
         from resources.blob_store import content_hash
         from resources.embedder import tokenizer_for_model
-        from resources.lexical import tokenizer_for as lexical_tokenizer_for
+        from resources.lexical import profile_analyzer
         from resources.publisher import media_type_for
 
         assert self.encoder is not None
         p = self.profile
         tokenizer = tokenizer_for_model(p["model"])  # loaded before the clock, as a run's is by then
-        lexical_tokenizer_for(p["model"])
+        profile_analyzer(p)
         seconds: dict[str, float] = {}
         pg_before, own_before = tree_seconds(self.pg_pid) if self.pg_pid else 0.0, own_seconds()
         started = time.perf_counter()
@@ -239,8 +240,7 @@ class BareSystem:
     def _write(self, tenant: str, batch: list[tuple[str, list[Any]]], tasks: dict[str, int],
                by_text: dict[str, np.ndarray]) -> None:
         from resources.index_sink import IndexSink
-        from resources.lexical import tokenizer_for as lexical_tokenizer_for
-        from resources.lexical import version_columns, write_lexical
+        from resources.lexical import profile_analyzer, version_columns, write_lexical
 
         p = self.profile
         batch = sorted(batch, key=lambda v: v[0])  # key order, as the sink locks pointer rows
@@ -255,7 +255,7 @@ class BareSystem:
             rows = [(key, c, by_text[c.embed_text]) for key, (_, chunks) in zip(keys, batch) for c in chunks]
             if rows:
                 IndexSink._write(tx, rows)  # noqa: SLF001 - the sink's own chunk_upsert parameters
-                write_lexical(tx, [k for k, _, _ in rows], [c for _, c, _ in rows], lexical_tokenizer_for(p["model"]))
+                write_lexical(tx, [k for k, _, _ in rows], [c for _, c, _ in rows], profile_analyzer(p))
             tx.fetch_one("lexical_stats_reconcile", {"tenant_id": tenant, "profile": p["name"],
                                                      "document_ids": [name for name, _ in batch]})
 

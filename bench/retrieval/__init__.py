@@ -1,6 +1,7 @@
 """Retrieval benchmark: does the stored index rank as well as the model itself, and is the embed path fast?
 
-``python -m bench.retrieval --corpus ../shared/corpus/eval/xquad-en [--corpus .../xquad-zh] [--model M]``
+``python -m bench.retrieval --corpus ../shared/corpus/eval/xquad-en [--corpus .../xquad-zh] [--model M]
+[--analyzer wordpiece,english]``
 
 For each BEIR-layout corpus (corpus.jsonl {_id,title,text}, queries.jsonl, qrels/test.tsv) it indexes
 every paragraph through the project's own path: Publisher (version + PENDING task) -> TaskQueue.claim
@@ -17,6 +18,10 @@ embeds) of:
 - ``hybrid-weighted``, ``hybrid-rrf``: hybrid search fused by the weighted score sum and by reciprocal rank
   fusion (the profile's ``lexical_weight`` and ``rrf_k``; pipelines/domain/lexical.py), and their nDCG@10
   difference;
+- the lexical and hybrid rows once per lexical analyzer (``--analyzer``, default every one: ``wordpiece`` rows
+  keep the names above, ``english`` rows are ``lexical-english``, ``hybrid-weighted-english``, ...): a profile
+  per analyzer with the same model, chunking and search settings, indexed by the same publishes (each text
+  embedded once), each profile active in turn while its rows are searched;
 
 then dense nDCG@10 and recall@10 of the stored index beside the same embedder scored by brute force in
 memory on the same chunks (a document scores the max over its chunks), and the gap (target: within 0.01

@@ -31,7 +31,9 @@ from resources.blob_store import BlobStore  # noqa: E402
 from resources.database import Database  # noqa: E402
 from resources.embedder import Embedder, checked_embed, embedder_for_profile  # noqa: E402
 from resources.index_sink import IndexSink  # noqa: E402
+from pipelines.domain.lexical import ANALYZERS  # noqa: E402
 from resources.migrations import migrate  # noqa: E402
+from resources.profiles import activate_profile  # noqa: E402
 from resources.publisher import Publisher  # noqa: E402
 from resources.search import search  # noqa: E402
 from resources.task_queue import TaskQueue  # noqa: E402
@@ -47,6 +49,8 @@ lexical engine should reach; absent when bm25s is not installed), then resources
 hybrid once per fusion (pipelines/domain/lexical.py)."""
 SEARCHED = {"lexical": ("lexical", None), "dense": ("dense", None), "hybrid-weighted": ("hybrid", "weighted"),
             "hybrid-rrf": ("hybrid", "rrf")}
+ANALYZED = ("lexical", "hybrid-weighted", "hybrid-rrf")
+"""The searched rows that depend on the lexical analyzer: printed once per ``--analyzer`` (``row_name``)."""
 console = Console(stderr=True)
 
 
@@ -191,8 +195,38 @@ def use_model(db: Database, model: str | None, context: bool = False) -> dict[st
     return dict(profile)
 
 
+def row_name(row: str, analyzer: str) -> str:
+    """A searched row's name under a lexical analyzer: the ``wordpiece`` rows keep their names (``lexical``), the
+    others are suffixed (``lexical-english``); ``dense`` does not depend on it."""
+    return row if analyzer == "wordpiece" or row not in ANALYZED else f"{row}-{analyzer}"
+
+
+def analyzer_profiles(db: Database, base: Mapping[str, Any], analyzers: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """A profile per lexical analyzer, on an empty database: the active ``base`` for its own analyzer, a building
+    profile ``bench-<analyzer>`` with the same model, chunking and search settings for each other one. Every
+    profile is indexed by the same publishes (a version gets a task per active or building profile)."""
+    import dataclasses
+
+    from pipelines.domain.lexical import LexicalParams
+    from resources.profiles import create_profile
+
+    params = LexicalParams.of(base)
+    out: dict[str, dict[str, Any]] = {}
+    for analyzer in analyzers:
+        if analyzer == params.analyzer:
+            out[analyzer] = dict(base)
+            continue
+        name = f"bench-{analyzer}"
+        create_profile(db, name, model=base["model"], chunk_tokens=base["chunk_tokens"], overlap=base["chunk_overlap"],
+                       lexical=dataclasses.replace(params, analyzer=analyzer), context=bool(base.get("embed_context")))
+        out[analyzer] = dict(db.fetch_one("index_profile_get", {"name": name}) or {})
+    return out
+
+
 def index_corpus(db: Database, corpus: Corpus, embedder: Embedder, batch_size: int, work: Path) -> dict[str, Any]:
-    """Publish, claim, parse, chunk, checked-embed and fenced-publish every paragraph; returns chunks + timings."""
+    """Publish, claim, parse, chunk, checked-embed and fenced-publish every paragraph under every active or building
+    profile (``analyzer_profiles``: the same model, so a text is embedded once); returns the active profile's chunks
+    + timings."""
     from pipelines.domain.chunking import VersionIdentity, chunk_document, document_title
     from pipelines.domain.parsing import parse_document
     from resources.embedder import tokenizer_for_model
@@ -201,16 +235,19 @@ def index_corpus(db: Database, corpus: Corpus, embedder: Embedder, batch_size: i
     publisher = Publisher(db, blobs)
     queue = TaskQueue(db, lease_seconds=3600)
     sink = IndexSink(db, queue)
-    profile = db.fetch_one("index_profile_active")
-    assert profile is not None
+    active = db.fetch_one("index_profile_active")
+    assert active is not None
+    profiles = {p["name"]: p for p in [active, *db.fetch_all("index_profile_building")]}
+    assert len({p["model"] for p in profiles.values()}) == 1, "every bench profile embeds with the same model"
     chunks_by_doc: dict[str, list[Any]] = {}
+    embedded: dict[str, np.ndarray] = {}
     embed_seconds = 0.0
     with _progress() as progress:
         bar = progress.add_task(f"{corpus.name}: publish", total=len(corpus.docs))
         for doc_id, text in corpus.docs.items():
             publisher.publish(TENANT, doc_id, text.encode("utf-8"), filename_of(corpus, doc_id))
             progress.advance(bar)
-        bar = progress.add_task(f"{corpus.name}: index", total=len(corpus.docs))
+        bar = progress.add_task(f"{corpus.name}: index", total=len(corpus.docs) * len(profiles))
         while claimed := queue.claim("bench-retrieval", limit=64):
             for task in claimed:
                 version = db.fetch_one(
@@ -220,6 +257,7 @@ def index_corpus(db: Database, corpus: Corpus, embedder: Embedder, batch_size: i
                 assert version is not None
                 parsed = parse_document(blobs.get(version["content_hash"]), filename=version["filename"])
                 identity = VersionIdentity(task.tenant_id, task.document_id, task.version_number, task.profile)
+                profile = profiles[task.profile]
                 chunks = chunk_document(
                     parsed,
                     tokenizer=tokenizer_for_model(profile["model"]),
@@ -228,20 +266,26 @@ def index_corpus(db: Database, corpus: Corpus, embedder: Embedder, batch_size: i
                     identity=identity,
                     title=document_title(parsed, version["filename"]) if profile["embed_context"] else None,
                 )
-                started = time.perf_counter()
-                vectors = checked_embed(
-                    embedder,
-                    [c.embed_text for c in chunks],
-                    expected_model=profile["model"],
-                    expected_dim=profile["dimension"],
-                    batch_size=batch_size,
-                )
-                embed_seconds += time.perf_counter() - started
+                todo = list(dict.fromkeys(c.embed_text for c in chunks if c.embed_text not in embedded))
+                if todo:
+                    started = time.perf_counter()
+                    embedded.update(zip(todo, checked_embed(
+                        embedder,
+                        todo,
+                        expected_model=profile["model"],
+                        expected_dim=profile["dimension"],
+                        batch_size=batch_size,
+                    ), strict=True))
+                    embed_seconds += time.perf_counter() - started
+                vectors = np.asarray([embedded[c.embed_text] for c in chunks], dtype=np.float32).reshape(
+                    len(chunks), int(profile["dimension"]))
                 sink.publish(task.lease, chunks, vectors)
-                chunks_by_doc[task.document_id] = chunks
+                if task.profile == active["name"]:
+                    chunks_by_doc[task.document_id] = chunks
                 progress.advance(bar)
     n_chunks = sum(len(c) for c in chunks_by_doc.values())
-    return {"chunks_by_doc": chunks_by_doc, "chunks": n_chunks, "index_embed_chunks_per_s": n_chunks / embed_seconds}
+    return {"chunks_by_doc": chunks_by_doc, "chunks": n_chunks,
+            "index_embed_chunks_per_s": len(embedded) / embed_seconds if embed_seconds else math.nan}
 
 
 def throughput(embedder: Embedder, texts: list[str], batch_size: int, repeats: int) -> dict[str, float]:
@@ -306,6 +350,7 @@ def run_corpus(folder: Path, args: argparse.Namespace, context: bool = False) ->
     try:
         with scratch_database(f"bench_retrieval_{os.getpid()}") as url, Database(url, max_size=4) as db:
             profile = use_model(db, args.model, context)
+            by_analyzer = analyzer_profiles(db, profile, args.analyzer)
             embedder = embedder_for_profile(profile, batch_size=args.batch_size)  # as indexing and search pick it
             indexed = index_corpus(db, corpus, embedder, args.batch_size, work)
             doc_of_chunk = [d for d, chunks in indexed["chunks_by_doc"].items() for _ in chunks]
@@ -323,7 +368,13 @@ def run_corpus(folder: Path, args: argparse.Namespace, context: bool = False) ->
             sims = embed([corpus.queries[q] for q in qids]) @ embed(texts).T
             brute = {q: top_documents([doc_of_chunk[j] for j in np.argsort(-sims[i], kind="stable")]) for i, q in enumerate(qids)}
 
-            by_row = rank_queries(db, embedder, corpus, qids, args.chunk_k)
+            by_row = {}
+            for analyzer, analyzed in by_analyzer.items():  # each analyzer's profile active in turn
+                if not db.fetch_one("index_profile_get", {"name": analyzed["name"]})["is_active"]:
+                    activate_profile(db, analyzed["name"], force=True)
+                rows = {row_name(row, analyzer): searched for row, searched in SEARCHED.items()
+                        if row in ANALYZED or "dense" not in by_row}
+                by_row.update(rank_queries(db, embedder, corpus, qids, args.chunk_k, rows, analyzer))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     stock = stock_bm25(corpus, qids)
@@ -334,6 +385,7 @@ def run_corpus(folder: Path, args: argparse.Namespace, context: bool = False) ->
         "corpus": corpus.name, "regression_check": corpus.name in REGRESSION_SETS, "model": profile["model"],
         "context": bool(profile["embed_context"]), "titles": len(corpus.titles),
         "paragraphs": len(corpus.docs), "chunks": indexed["chunks"], "queries": len(qids), "chunk_k": args.chunk_k,
+        "analyzers": list(by_analyzer), "rows": [r for r in row_order(list(by_analyzer)) if r in by_row],
     }
     for row, (rankings, latencies) in by_row.items():
         ndcg, recall = score(rankings, corpus.qrels)
@@ -350,8 +402,11 @@ def run_corpus(folder: Path, args: argparse.Namespace, context: bool = False) ->
             "ndcg_gap": round(b_ndcg - out["dense"]["ndcg@10"], 4),
             "stored_recall@10": out["dense"]["recall@10"],
             "brute_recall@10": round(b_recall, 4),
-            "rrf_minus_weighted_ndcg@10": round(out["hybrid-rrf"]["ndcg@10"] - out["hybrid-weighted"]["ndcg@10"], 4),
-            "hybrid_minus_dense_p95_ms": round(out["hybrid-weighted"]["p95_ms"] - out["dense"]["p95_ms"], 1),
+            **{f"rrf_minus_weighted_ndcg@10{'' if a == 'wordpiece' else '-' + a}": round(
+                out[row_name("hybrid-rrf", a)]["ndcg@10"] - out[row_name("hybrid-weighted", a)]["ndcg@10"], 4)
+               for a in by_analyzer},
+            **{f"hybrid_minus_dense_p95_ms{'' if a == 'wordpiece' else '-' + a}": round(
+                out[row_name("hybrid-weighted", a)]["p95_ms"] - out["dense"]["p95_ms"], 1) for a in by_analyzer},
             "index_embed_chunks_per_s": round(indexed["index_embed_chunks_per_s"], 1),
             "checked_embed_chunks_per_s": round(speed["checked_chunks_per_s"], 1),
             "bare_embed_chunks_per_s": round(speed["bare_chunks_per_s"], 1),
@@ -361,22 +416,33 @@ def run_corpus(folder: Path, args: argparse.Namespace, context: bool = False) ->
     return out
 
 
+def row_order(analyzers: Sequence[str]) -> list[str]:
+    """Every row printed for ``analyzers``, in order: the stock BM25, then each searched row (the analyzed ones
+    once per analyzer, side by side)."""
+    out = ["bm25-stock"]
+    for row in SEARCHED:
+        out += [row_name(row, a) for a in analyzers] if row in ANALYZED else [row]
+    return list(dict.fromkeys(out))
+
+
 def rank_queries(
-    db: Database, embedder: Embedder, corpus: Corpus, qids: list[str], chunk_k: int
+    db: Database, embedder: Embedder, corpus: Corpus, qids: list[str], chunk_k: int,
+    rows: Mapping[str, tuple[str, str | None]] | None = None, analyzer: str = "wordpiece",
 ) -> dict[str, tuple[dict[str, list[str]], list[float]]]:
-    """Every query through resources.search.search for every searched row (hybrid once per fusion): document
-    rankings and per-query ms (embedding included where the mode embeds). The rows take turns on each query,
-    in a rotating order, so load from anything else on the machine falls on all of them alike; one warm-up
-    query is not timed."""
-    names = list(SEARCHED)
-    for mode, fusion in SEARCHED.values():
+    """Every query through resources.search.search (the active profile) for every searched row in ``rows``
+    (default ``SEARCHED``: every mode, hybrid once per fusion): document rankings and per-query ms (embedding
+    included where the mode embeds). The rows take turns on each query, in a rotating order, so load from
+    anything else on the machine falls on all of them alike; one warm-up query is not timed."""
+    rows = dict(rows or SEARCHED)
+    names = list(rows)
+    for mode, fusion in rows.values():
         search(db, embedder, corpus.queries[qids[0]], tenant_id=TENANT, k=chunk_k, mode=mode, fusion=fusion)
     out: dict[str, tuple[dict[str, list[str]], list[float]]] = {name: ({}, []) for name in names}
     with _progress() as progress:
-        bar = progress.add_task(f"{corpus.name}: search (every mode and fusion)", total=len(qids))
+        bar = progress.add_task(f"{corpus.name}: search ({analyzer} analyzer)", total=len(qids))
         for i, q in enumerate(qids):
             for name in names[i % len(names) :] + names[: i % len(names)]:
-                mode, fusion = SEARCHED[name]
+                mode, fusion = rows[name]
                 started = time.perf_counter()
                 hits = search(db, embedder, corpus.queries[q], tenant_id=TENANT, k=chunk_k, mode=mode, fusion=fusion)
                 out[name][1].append(1000 * (time.perf_counter() - started))
@@ -389,16 +455,21 @@ def report(r: dict[str, Any]) -> str:
     """The side-by-side table of one corpus, as printed."""
     label = "  [regression check: stock BM25 scores 0.95-0.99 here; it catches breakage, it does not rank]" if r["regression_check"] else ""
     context = ", chunks embedded with title + headings" if r.get("context") else ""
-    lines = [f"{r['corpus']}: {r['paragraphs']} paragraphs, {r['chunks']} chunks, {r['queries']} queries, model {r['model']}"
-             f"{context}{label}",
-             f"  {'row':<16} {'nDCG@10':>8} {'recall@10':>10} {'p50 ms':>8} {'p95 ms':>8}"]
-    for row in ROWS:
+    analyzers = r.get("analyzers", ["wordpiece"])
+    lines = [f"{r['corpus']}: {r['paragraphs']} paragraphs, {r['chunks']} chunks, {r['queries']} queries, model {r['model']}, "
+             f"lexical analyzers {', '.join(analyzers)}{context}{label}",
+             f"  {'row':<24} {'nDCG@10':>8} {'recall@10':>10} {'p50 ms':>8} {'p95 ms':>8}"]
+    for row in r.get("rows", ROWS):
         if row in r:
             m = r[row]
-            lines.append(f"  {row:<16} {m['ndcg@10']:>8.4f} {m['recall@10']:>10.4f} {m['p50_ms']:>8.1f} {m['p95_ms']:>8.1f}")
+            lines.append(f"  {row:<24} {m['ndcg@10']:>8.4f} {m['recall@10']:>10.4f} {m['p50_ms']:>8.1f} {m['p95_ms']:>8.1f}")
+    for a in analyzers:
+        suffix = "" if a == "wordpiece" else f"-{a}"
+        lines.append(f"  {a}: rrf - weighted nDCG@10 {r['rrf_minus_weighted_ndcg@10' + suffix]:+.4f}; hybrid (weighted) - "
+                     f"dense at p95 {r['hybrid_minus_dense_p95_ms' + suffix]:+.1f} ms")
     lines += [
-        f"  rrf - weighted nDCG@10 {r['rrf_minus_weighted_ndcg@10']:+.4f}; hybrid (weighted) - dense at p95 "
-        f"{r['hybrid_minus_dense_p95_ms']:+.1f} ms (bm25-stock: bm25s in memory, whole paragraphs, no database)",
+        "  (bm25-stock: bm25s in memory, whole paragraphs, no database; the analyzers' rows are searched one "
+        "profile after the other)",
         f"  dense stored vs brute force nDCG@10 {r['stored_ndcg@10']:.4f} / {r['brute_ndcg@10']:.4f}  gap {r['ndcg_gap']:+.4f}",
         f"  embed     checked_embed {r['checked_embed_chunks_per_s']:.1f} chunks/s  bare embed "
         f"{r['bare_embed_chunks_per_s']:.1f} chunks/s  ratio {r['throughput_ratio']:.3f}"
@@ -435,8 +506,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", action="store_true",
                         help="measure each corpus twice, under a profile created without and one created with "
                              "--context (chunks embedded with the document title + heading path), side by side")
+    parser.add_argument("--analyzer", action="append", default=None, metavar="NAME[,NAME]",
+                        help=f"lexical analyzers to compare (repeatable or comma list; default: all of "
+                             f"{', '.join(ANALYZERS)}): a profile per analyzer, lexical and hybrid rows for each")
     parser.add_argument("--json", action="store_true", help="print one JSON object per corpus (and per variant)")
     args = parser.parse_args(argv)
+    args.analyzer = list(dict.fromkeys(
+        a.strip() for given in (args.analyzer or [",".join(ANALYZERS)]) for a in given.split(",") if a.strip()))
+    unknown = [a for a in args.analyzer if a not in ANALYZERS]
+    if unknown or not args.analyzer:
+        parser.error(f"--analyzer: {', '.join(unknown) or 'none given'}; choose from {', '.join(ANALYZERS)}")
 
     results = []
     for folder in args.corpus:  # report each corpus as soon as it is measured

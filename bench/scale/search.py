@@ -64,6 +64,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -73,7 +74,7 @@ from bench import server_url
 from bench.queue.__main__ import scratch_database
 from resources.local_postgres import with_database
 from resources.migrations import migrate
-from pipelines.domain.lexical import LexicalParams, idf
+from pipelines.domain.lexical import LexicalParams, idf, term_counts
 from resources.database import Database
 from resources.lexical import N_CHUNKS, TOTAL_LENGTH, lexical_search, query_weights
 from pipelines.domain.metadata import EVERYTHING, ReadScope
@@ -441,7 +442,8 @@ class TermIdTokenizer:
         return [(int(m.group()), m.start(), m.end()) for m in re.finditer(r"\d+", text)]
 
 
-TERM_IDS = TermIdTokenizer()
+TERM_IDS = partial(term_counts, tokenizer=TermIdTokenizer())
+"""Stands in for the profile's analysis (``resources.lexical.analyzer_for``) on the synthetic vocabulary."""
 
 
 def query_text(query: Query) -> str:

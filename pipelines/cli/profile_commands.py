@@ -62,6 +62,7 @@ def create_command(
     bm25_k1: float = typer.Option(1.2, "--bm25-k1", help="BM25 term-frequency saturation (>= 0)."),
     bm25_b: float = typer.Option(0.75, "--bm25-b", help="BM25 length normalisation (0..1)."),
     context: bool = typer.Option(False, "--context", help="Embed each chunk with its document's title and heading path (fixed for the profile's life; the snippet shown stays the chunk text)."),
+    analyzer: str = typer.Option("wordpiece", "--analyzer", help="Lexical terms: wordpiece (the model's word pieces) or english (stemmed words, stop words out); CJK n-grams either way. Fixed for the profile's life."),
     as_json: bool = JsonOption,
 ) -> None:
     """Create a shadow profile (building) and a REINDEX task for every current document version."""
@@ -81,7 +82,7 @@ def create_command(
         elif not model:
             raise InvalidRequest("--model (or --provider-url with --provider-model) is required")
         lexical = LexicalParams(search_mode=search_mode, lexical_weight=lexical_weight, bm25_k1=bm25_k1, bm25_b=bm25_b,
-                                fusion=fusion, rrf_k=rrf_k)
+                                fusion=fusion, rrf_k=rrf_k, analyzer=analyzer)
         row = create_profile(db, name, model=model, chunk_tokens=chunk_tokens, overlap=overlap, provider=provider,
                              lexical=lexical, context=context)
     if as_json:
@@ -89,8 +90,8 @@ def create_command(
         return
     console.print(
         f"profile {row['name']} created (building): model {row['model']}, {row['chunk_tokens']} tokens, "
-        f"overlap {row['chunk_overlap']}, search {row['search_mode']} ({_fusion_text(row)}), "
-        f"{_context_text(row)}; "
+        f"overlap {row['chunk_overlap']}, search {row['search_mode']} ({_fusion_text(row)}), lexical analyzer "
+        f"{row['lexical_analyzer']}, {_context_text(row)}; "
         f"{row['reindex_tasks']} REINDEX tasks queued.\n"
         f"  next: `kbindex profile backfill {row['name']}` (or the backfill_profile job in the Dagster UI), "
         f"then `kbindex profile gate {row['name']} --eval DIR`",
@@ -140,7 +141,7 @@ def list_command(as_json: bool = JsonOption) -> None:
     if as_json:
         print_json(rows)
         return
-    table = Table("name", "state", "model", "tokens/overlap", "context", "coverage", "gate")
+    table = Table("name", "state", "model", "tokens/overlap", "coverage", "gate")
     for r in rows:
         state = "active" if r["is_active"] else "building" if r["building"] else "-"
         cov = r["coverage"]
@@ -154,11 +155,13 @@ def list_command(as_json: bool = JsonOption) -> None:
             state,
             r["model"],
             f"{r['chunk_tokens']}/{r['chunk_overlap']}",
-            "title + headings" if r["embed_context"] else "headings",
             f"{cov['covered_versions']}/{cov['current_versions']} ({_pct(cov['ratio'])})",
             gate_text,
         )
     console.print(table)
+    for r in rows:  # below the table, which has no room left in 80 columns
+        console.print(f"{r['name']}: search {r['search_mode']} ({_fusion_text(r)}), lexical analyzer "
+                      f"{r['lexical_analyzer']}, {_context_text(r)}", highlight=False)
     for r in rows:
         if r["migration"]:
             console.print(f"migration to {r['name']}: {progress_line(r['migration'])}", highlight=False)

@@ -1,6 +1,9 @@
 """Lexical retrieval, pure: the terms of a text, BM25, and the fusion of BM25 with cosine similarity.
 
-Terms (int ids, so the index is an ``integer[]`` with a GIN index):
+Terms (int ids, so the index is an ``integer[]`` with a GIN index), by the profile's ``lexical_analyzer``
+(migration 0045; set when the profile is created, since it decides every lexical row):
+
+``wordpiece`` (the default):
 
 - every word piece of the model's WordPiece tokenizer is a term (its vocabulary id, < 2^24): English and
   other space-separated text is lower-cased and split the way the model reads it;
@@ -10,6 +13,13 @@ Terms (int ids, so the index is an ``integer[]`` with a GIN index):
   word segmenter. Measured (paragraph-level BM25, nDCG@10): WordPiece only 0.61 xquad-zh / 0.33
   cmrc2018; WordPiece + CJK unigrams and bigrams 0.970 / 0.976, English 0.966; whole words instead of
   word pieces + the same CJK n-grams 0.966 / 0.983, English 0.960.
+
+``english`` (``english_term_counts``): whole words (runs of letters and digits, inner apostrophes kept, a
+possessive ``'s`` dropped), case-folded, Lucene's 33 English stop words removed, stemmed by the Snowball
+English stemmer (PyStemmer), each word hashed to ``WORD_BASE + blake2b(word) mod WORD_SPACE``: a range of its
+own between the CJK unigrams and the bigrams, so no word can take a WordPiece, unigram or bigram id. CJK
+ideographs keep exactly the unigrams and bigrams above. What Lucene's EnglishAnalyzer does, minus its
+tokenizer's finer rules.
 
 BM25 (Lucene's idf, always positive): ``idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))`` and
 ``w(t, d) = idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(d) / avglen))``, summed over the distinct
@@ -32,16 +42,28 @@ weighted 0.9635, RRF 0.6558 (MiniLM does not read Chinese: dense 0.3426), so the
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 CJK_BASE = 1 << 24
 BIGRAM_BASE = 1 << 30
 BIGRAM_SPACE = (1 << 30) - 1
+WORD_BASE = 1 << 25
+"""Whole-word term ids (``english``): [2^25, 2^30), above every CJK unigram (< 2^24 + 2^21) and below the bigrams."""
+WORD_SPACE = BIGRAM_BASE - WORD_BASE
+ANALYZERS = ("wordpiece", "english")
+DEFAULT_ANALYZER = "wordpiece"
+ENGLISH_STOP_WORDS = frozenset((
+    "a an and are as at be but by for if in into is it no not of on or such that the their then there these they "
+    "this to was will with"
+).split())
+"""Lucene's English stop set (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET): short, so BM25's idf handles the rest."""
 MODES = ("hybrid", "dense", "lexical")
 FUSIONS = ("weighted", "rrf")
 DEFAULT_RRF_K = 60
@@ -66,6 +88,9 @@ class LexicalParams:
     """How hybrid fuses its two sides: ``weighted`` (``fuse``) or ``rrf`` (``fuse_rrf``); migration 0044."""
     rrf_k: int = DEFAULT_RRF_K
     """RRF's rank constant (used when ``fusion`` is ``rrf``): larger flattens the top ranks' advantage."""
+    analyzer: str = DEFAULT_ANALYZER
+    """How text becomes terms (column ``lexical_analyzer``, migration 0045): ``wordpiece`` or ``english``. Every
+    lexical row depends on it, so it is fixed when the profile is created."""
 
     @classmethod
     def of(cls, profile: Mapping[str, object]) -> LexicalParams:
@@ -77,6 +102,7 @@ class LexicalParams:
             bm25_b=float(profile.get("bm25_b", cls.bm25_b)),  # type: ignore[arg-type]
             fusion=str(profile.get("fusion") or cls.fusion),
             rrf_k=int(profile.get("rrf_k", cls.rrf_k)),  # type: ignore[call-overload]
+            analyzer=str(profile.get("lexical_analyzer") or cls.analyzer),
         )
 
 
@@ -115,6 +141,65 @@ def term_counts(text: str, tokenizer: PieceTokenizer) -> Counter[int]:
             counts[piece_id] += 1
             previous = None
     return counts
+
+
+_CJK_CLASS = (
+    "\u4e00-\u9fff\u3400-\u4dbf\U00020000-\U0002a6df\U0002a700-\U0002b73f\U0002b740-\U0002b81f"
+    "\U0002b820-\U0002ceaf\uf900-\ufaff\U0002f800-\U0002fa1f"
+)
+_WORD_CHAR = f"(?:(?![{_CJK_CLASS}])[^\\W_])"
+_TOKEN = re.compile(f"(?P<cjk>[{_CJK_CLASS}])|(?P<word>{_WORD_CHAR}+(?:['\u2019]{_WORD_CHAR}+)*)")
+
+
+def word_id(word: str) -> int:
+    """A whole word's term id in [WORD_BASE, BIGRAM_BASE): the same in every process (blake2b, not ``hash``)."""
+    digest = hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
+    return WORD_BASE + int.from_bytes(digest, "big") % WORD_SPACE
+
+
+def _english_word(token: str) -> str | None:
+    """A word token as the ``english`` analyzer keeps it (case-folded, possessive dropped), None for a stop word."""
+    word = token.casefold().replace("\u2019", "'")
+    if word.endswith("'s"):
+        word = word[:-2]
+    return None if word in ENGLISH_STOP_WORDS else word
+
+
+def english_words(text: str) -> list[str]:
+    """The words of ``text`` the ``english`` analyzer stems, in order (CJK ideographs are not words:
+    ``english_term_counts`` counts them as n-grams)."""
+    return [w for m in _TOKEN.finditer(text) if m.group("word") and (w := _english_word(m.group("word")))]
+
+
+def english_term_counts(text: str, stem_words: Callable[[list[str]], list[str]]) -> Counter[int]:
+    """Term id -> frequency in ``text`` for the ``english`` analyzer: stemmed whole words (``word_id``), CJK
+    ideographs and their adjacent pairs exactly as ``term_counts``. ``stem_words``: the Snowball English stemmer
+    over a list of words (PyStemmer's ``stemWords``; injected so this stays free of the C extension)."""
+    counts: Counter[int] = Counter()
+    words: list[str] = []
+    previous: str | None = None
+    previous_end = -1
+    for m in _TOKEN.finditer(text):
+        ideograph = m.group("cjk")
+        if ideograph is not None:
+            counts[CJK_BASE + ord(ideograph)] += 1
+            if previous is not None and m.start() == previous_end:
+                counts[_bigram_id(previous, ideograph)] += 1
+            previous, previous_end = ideograph, m.end()
+            continue
+        previous = None
+        if word := _english_word(m.group("word")):
+            words.append(word)
+    for stem in stem_words(words) if words else ():
+        counts[word_id(stem)] += 1
+    return counts
+
+
+def check_analyzer(analyzer: str) -> str:
+    """``analyzer`` if it is one of ANALYZERS; ValueError otherwise."""
+    if analyzer not in ANALYZERS:
+        raise ValueError(f"analyzer must be one of {', '.join(ANALYZERS)}")
+    return analyzer
 
 
 def idf(n_chunks: int, df: int) -> float:
@@ -225,6 +310,7 @@ def check_params(params: LexicalParams) -> LexicalParams:
     if not 0.0 <= params.bm25_b <= 1.0:
         raise ValueError("bm25_b must be between 0 and 1")
     check_fusion(params.fusion)
+    check_analyzer(params.analyzer)
     if isinstance(params.rrf_k, bool) or not isinstance(params.rrf_k, int) or not 1 <= params.rrf_k <= MAX_RRF_K:
         raise ValueError(f"rrf_k must be an integer between 1 and {MAX_RRF_K}")
     return params

@@ -194,7 +194,7 @@ DELETE FROM lexical_backfill;
 -- resources/lexical.py backfill_lexical_index: a walk of the chunk primary key, O(chunks) over the whole
 -- backfill however many batches it takes.
 SELECT c.chunk_id, c.tenant_id, c.document_id, c.profile, c.version_number, c.heading_path, c.text,
-       c.content_digest, ip.model
+       c.content_digest, ip.model, ip.lexical_analyzer
 FROM chunk c
 JOIN index_profile ip ON ip.name = c.profile
 WHERE c.chunk_id > %(after_chunk_id)s

@@ -1,7 +1,7 @@
 -- name: index_profile_get
--- One profile's recipe (model, dimension, chunker parameters, OCR, search fusion, context in chunks).
+-- One profile's recipe (model, dimension, chunker parameters, OCR, search fusion, lexical analyzer, context in chunks).
 SELECT name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, activated_at, created_at,
-       ocr, search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k,
+       ocr, search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k, lexical_analyzer,
        embed_context
 FROM index_profile
 WHERE name = %(name)s;
@@ -9,7 +9,7 @@ WHERE name = %(name)s;
 -- name: index_profile_active
 -- The profile search reads.
 SELECT name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, activated_at, created_at,
-       search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k,
+       search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k, lexical_analyzer,
        embed_context
 FROM index_profile
 WHERE is_active;
@@ -17,7 +17,7 @@ WHERE is_active;
 -- name: index_profile_building
 -- Shadow profiles being built beside the active one.
 SELECT name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, activated_at, created_at,
-       search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k,
+       search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k, lexical_analyzer,
        embed_context
 FROM index_profile
 WHERE building

@@ -6,14 +6,14 @@
 -- BM25/fusion parameters (a migration may change them; the gate scores them) and whether chunks are embedded
 -- with their document title and heading path (fixed at creation, migration 0046). No row back: the name is taken.
 INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, is_active, building,
-                           search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k,
+                           search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k, lexical_analyzer,
                            embed_context)
 VALUES (%(name)s, %(model)s, %(dimension)s, %(chunk_tokens)s, %(chunk_overlap)s, false, true,
-        %(search_mode)s, %(lexical_weight)s, %(bm25_k1)s, %(bm25_b)s, %(fusion)s, %(rrf_k)s,
+        %(search_mode)s, %(lexical_weight)s, %(bm25_k1)s, %(bm25_b)s, %(fusion)s, %(rrf_k)s, %(analyzer)s,
         %(embed_context)s)
 ON CONFLICT (name) DO NOTHING
 RETURNING name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, created_at,
-          search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k,
+          search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k, lexical_analyzer,
           embed_context;
 
 -- name: document_table_lock
@@ -137,13 +137,15 @@ latest_gate AS (
     ORDER BY g.profile, g.gate_id DESC
 )
 SELECT ip.name, ip.model, ip.dimension, ip.chunk_tokens, ip.chunk_overlap, ip.is_active, ip.building,
-       ip.activated_at, ip.previous_active, ip.created_at,
+       ip.activated_at, ip.previous_active, ip.created_at, ip.search_mode, ip.lexical_weight, ip.bm25_k1, ip.bm25_b,
+       ip.fusion, ip.rrf_k, ip.lexical_analyzer,
        ip.embed_context,
        (SELECT count(*) FROM current_version)::integer AS current_versions,
        coalesce(cv.n, 0) AS covered_versions,
        g.gate_id, g.passed AS gate_passed, g.baseline_profile AS gate_baseline, g.eval_set AS gate_eval_set,
        g.shadow_ndcg AS gate_ndcg, g.shadow_recall AS gate_recall, g.active_ndcg AS gate_baseline_ndcg,
-       g.active_recall AS gate_baseline_recall, g.tolerance AS gate_tolerance, g.created_at AS gate_at
+       g.active_recall AS gate_baseline_recall, g.tolerance AS gate_tolerance, g.created_at AS gate_at,
+       g.lexical_analyzer AS gate_lexical_analyzer
 FROM index_profile ip
 LEFT JOIN covered cv ON cv.profile = ip.name
 LEFT JOIN latest_gate g ON g.profile = ip.name
@@ -237,18 +239,21 @@ ORDER BY b.created_at, b.name;
 -- Record one quality-gate evaluation.
 INSERT INTO profile_gate (profile, baseline_profile, eval_set, eval_digest, documents, queries, k,
                           shadow_ndcg, shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds,
-                          mode, baseline_mode, fusion, rrf_k, lexical_weight)
+                          mode, baseline_mode, fusion, rrf_k, lexical_weight, lexical_analyzer,
+                          baseline_lexical_analyzer)
 VALUES (%(profile)s, %(baseline_profile)s, %(eval_set)s, %(eval_digest)s, %(documents)s, %(queries)s, %(k)s,
         %(shadow_ndcg)s, %(shadow_recall)s, %(active_ndcg)s, %(active_recall)s, %(tolerance)s, %(passed)s,
-        %(seconds)s, %(mode)s, %(baseline_mode)s, %(fusion)s, %(rrf_k)s, %(lexical_weight)s)
+        %(seconds)s, %(mode)s, %(baseline_mode)s, %(fusion)s, %(rrf_k)s, %(lexical_weight)s,
+        %(lexical_analyzer)s, %(baseline_lexical_analyzer)s)
 RETURNING gate_id, profile, baseline_profile, eval_set, eval_digest, documents, queries, k, shadow_ndcg,
           shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds, created_at, mode, baseline_mode,
-          fusion, rrf_k, lexical_weight;
+          fusion, rrf_k, lexical_weight, lexical_analyzer, baseline_lexical_analyzer;
 
 -- name: profile_gate_latest
 -- The profile's latest gate result (activation requires it to have passed against the active profile).
 SELECT gate_id, profile, baseline_profile, eval_set, eval_digest, documents, queries, k, shadow_ndcg,
-       shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds, created_at, fusion, rrf_k, lexical_weight
+       shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds, created_at, fusion, rrf_k, lexical_weight,
+       lexical_analyzer, baseline_lexical_analyzer
 FROM profile_gate
 WHERE profile = %(profile)s
 ORDER BY gate_id DESC
@@ -260,4 +265,4 @@ UPDATE index_profile
    SET fusion = %(fusion)s, rrf_k = %(rrf_k)s, lexical_weight = %(lexical_weight)s
  WHERE name = %(name)s
 RETURNING name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, created_at,
-          search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k;
+          search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k, lexical_analyzer;

@@ -4,7 +4,7 @@ Materialize ``profile_quality_gate`` (or launch ``profile_gate_job``) with confi
 single building profile), ``eval_dir`` (default: KBINDEX_EVAL_DIR) and ``tolerance``. It scores the shadow
 profile and the active one on the eval set (nDCG@10, recall@10), each in the search mode it will serve
 (its ``search_mode``: hybrid unless a migration changed it) with its own fusion (``fusion``, ``rrf_k``,
-``lexical_weight``), records the result in ``profile_gate``
+``lexical_weight``) and lexical analyzer (``lexical_analyzer``), records the result in ``profile_gate``
 (activation requires the latest one to have passed) and reports the numbers as metadata; the asset check
 ``gate_passed`` turns red when the shadow profile is worse than the tolerance allows.
 """
@@ -65,6 +65,8 @@ def profile_quality_gate(context: dg.AssetExecutionContext, config: GateConfig, 
         "baseline_profile": row["baseline_profile"],
         "mode": row["mode"],  # the search mode each profile was scored in (its search_mode, hybrid by default)
         "baseline_mode": row["baseline_mode"],
+        "lexical_analyzer": row["lexical_analyzer"],  # the analyzer each profile's BM25 side was scored with
+        "baseline_lexical_analyzer": row["baseline_lexical_analyzer"],
         "passed": bool(row["passed"]),
         "ndcg_at_10": float(row["shadow_ndcg"]),
         "recall_at_10": float(row["shadow_recall"]),

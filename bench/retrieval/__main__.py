@@ -385,7 +385,7 @@ def run_corpus(folder: Path, args: argparse.Namespace, context: bool = False) ->
         "corpus": corpus.name, "regression_check": corpus.name in REGRESSION_SETS, "model": profile["model"],
         "context": bool(profile["embed_context"]), "titles": len(corpus.titles),
         "paragraphs": len(corpus.docs), "chunks": indexed["chunks"], "queries": len(qids), "chunk_k": args.chunk_k,
-        "analyzers": list(by_analyzer), "rows": [r for r in row_order(list(by_analyzer)) if r in by_row],
+        "analyzers": list(by_analyzer), "profiles": {a: p["name"] for a, p in by_analyzer.items()}, "rows": [r for r in row_order(list(by_analyzer)) if r in by_row],
     }
     for row, (rankings, latencies) in by_row.items():
         ndcg, recall = score(rankings, corpus.qrels)

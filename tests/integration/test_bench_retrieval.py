@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.retrieval.__main__ import ROWS, context_report, main, report, use_model
+import pytest
+
+from bench.retrieval.__main__ import ROWS, context_report, main, report, row_name, row_order, use_model
 from resources.embedder import DEFAULT_MODEL_NAME
 
 EVAL = Path(__file__).resolve().parents[1] / "fixtures" / "eval" / "small-en"
@@ -19,11 +21,16 @@ def test_the_bench_prints_every_row_for_the_profiles_model(pg_server_url, monkey
                  "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert (r["corpus"], r["model"], r["queries"], r["regression_check"]) == ("small-en", "all-MiniLM-L6-v2", 12, False)
-    for row in ROWS:  # stock BM25 included: bm25s is a test dependency
+    assert r["analyzers"] == ["wordpiece", "english"], "both lexical analyzers by default, side by side"
+    english = [row_name(row, "english") for row in ("lexical", "hybrid-weighted", "hybrid-rrf")]
+    assert english == ["lexical-english", "hybrid-weighted-english", "hybrid-rrf-english"]
+    assert r["rows"] == row_order(["wordpiece", "english"]) and set(ROWS) | set(english) == set(r["rows"])
+    for row in r["rows"]:  # stock BM25 included: bm25s is a test dependency
         assert 0.5 < r[row]["ndcg@10"] <= 1 and 0 < r[row]["recall@10"] <= 1, (row, r[row])
+    assert r["profiles"] == {"wordpiece": "bench", "english": "bench-english"}, "a profile of its own per analyzer"
     assert abs(r["ndcg_gap"]) <= 0.01, "the stored index ranks as the same embedder does in memory"
     printed = report(r)
-    assert all(f"  {row} " in printed for row in ROWS) and "regression check" not in printed
+    assert all(f"  {row} " in printed for row in r["rows"]) and "regression check" not in printed
     assert "regression check" in report({**r, "corpus": "xquad-zh", "regression_check": True})
 
 
@@ -41,7 +48,7 @@ def test_the_bench_measures_without_and_with_context_side_by_side(pg_server_url,
     published as file names reach only the latter), both through the real path, printed side by side."""
     monkeypatch.setenv("KBINDEX_DATABASE_URL", pg_server_url)
     assert main(["--corpus", str(EVAL), "--model", "all-MiniLM-L6-v2", "--max-queries", "12", "--repeats", "0",
-                 "--context", "--json"]) == 0
+                 "--context", "--analyzer", "wordpiece", "--json"]) == 0
     plain, ctx = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     assert (plain["context"], ctx["context"], ctx["titles"]) == (False, True, 40)
     assert plain["bm25-stock"] == {**ctx["bm25-stock"], "p50_ms": plain["bm25-stock"]["p50_ms"],
@@ -63,3 +70,14 @@ def test_the_pep_titles_fixture_is_hard_for_both_rankers(pg_server_url, monkeypa
     assert (r["corpus"], r["paragraphs"], r["queries"], r["titles"]) == ("pep-titles-small", 51, 50, 0)
     for row in ROWS:
         assert 0.3 < r[row]["ndcg@10"] < 0.97, (row, r[row])
+
+
+def test_the_bench_takes_one_analyzer_or_a_list_and_refuses_an_unknown_one(pg_server_url, monkeypatch, capsys):
+    monkeypatch.setenv("KBINDEX_DATABASE_URL", pg_server_url)
+    assert main(["--corpus", str(EVAL), "--model", "fake-384", "--max-queries", "3", "--repeats", "0", "--json",
+                 "--analyzer", "english"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["analyzers"] == ["english"] and "lexical" not in r and "lexical-english" in r and "dense" in r
+    with pytest.raises(SystemExit):
+        main(["--corpus", str(EVAL), "--analyzer", "wordpiece,porter"])
+    assert "porter" in capsys.readouterr().err

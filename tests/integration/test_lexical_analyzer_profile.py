@@ -126,5 +126,6 @@ def test_cli_create_with_an_analyzer_and_list_shows_analyzer_and_fusion(cli):
     rows = {r["name"]: r for r in json.loads(cli("profile", "list", "--json").output)}
     assert (rows["en"]["lexical_analyzer"], rows["en"]["fusion"], rows["en"]["rrf_k"]) == ("english", "rrf", 60)
     assert (rows["minilm-v1"]["lexical_analyzer"], rows["minilm-v1"]["fusion"]) == ("wordpiece", "weighted")
-    table = cli("profile", "list").output
-    assert "english" in table and "wordpiece" in table and "rrf k 60" in table, table
+    table = " ".join(cli("profile", "list").output.split())
+    assert "en: search hybrid (rrf k 60, lexical weight 0.5), lexical analyzer english" in table, table
+    assert "minilm-v1: search hybrid (weighted, lexical weight 0.5), lexical analyzer wordpiece" in table, table

@@ -294,6 +294,16 @@ class _ShiftedPieces:
         return [(i + 1, s, e) for i, s, e in self.real.pieces(text)]
 
 
+def _shifted(model: str):
+    """The word-piece analysis of ``model`` with every id + 1 (``_ShiftedPieces``)."""
+    from functools import partial
+
+    from pipelines.domain.lexical import term_counts
+    from resources.lexical import tokenizer_for
+
+    return partial(term_counts, tokenizer=_ShiftedPieces(tokenizer_for(model)))
+
+
 def postings(db_url: str) -> set[tuple[str, int]]:
     with psycopg.connect(db_url) as conn:
         return set(conn.execute("SELECT chunk_id, term FROM lexical_posting").fetchall())
@@ -318,29 +328,29 @@ def test_postings_go_with_their_rows_when_chunks_are_deleted(db, db_url, index, 
 
 
 def test_a_rewritten_row_loses_exactly_the_postings_of_the_terms_it_lost(db, db_url, index):
-    from resources.lexical import tokenizer_for, write_lexical
+    from resources.lexical import analyzer_for, write_lexical
 
     claimed, chunks = index("acme", "refunds", ["Refunds take 30 days.", "The refund desk opens at nine."])
     before = postings(db_url)
     key = {"tenant_id": "acme", "document_id": "refunds", "profile": PROFILE, "version_number": claimed.version_number}
     with db.transaction() as tx:
-        write_lexical(tx, [key] * 2, chunks, _ShiftedPieces(tokenizer_for(MODEL)))
+        write_lexical(tx, [key] * 2, chunks, _shifted(MODEL))
     after = postings(db_url)
     assert after == listed(db_url) and after != before
     assert {c for c, _ in after} == {c.chunk_id for c in chunks}
     with db.transaction() as tx:  # and back: the same terms as a first write, nothing else
-        write_lexical(tx, [key] * 2, chunks, tokenizer_for(MODEL))
+        write_lexical(tx, [key] * 2, chunks, analyzer_for(MODEL))
     assert postings(db_url) == before == listed(db_url)
 
 
 def test_pruning_never_touches_a_row_of_another_version(db, db_url, index):
     """A chunk id clash (refused by the publish's row count): the other version's postings stay whole."""
-    from resources.lexical import tokenizer_for, write_lexical
+    from resources.lexical import write_lexical
 
     claimed, chunks = index("acme", "refunds", ["Refunds take 30 days."])
     before = postings(db_url)
     other = {"tenant_id": "acme", "document_id": "refunds", "profile": PROFILE,
              "version_number": claimed.version_number + 1}
     with db.transaction() as tx:
-        write_lexical(tx, [other], chunks, _ShiftedPieces(tokenizer_for(MODEL)))
+        write_lexical(tx, [other], chunks, _shifted(MODEL))
     assert postings(db_url) == before == listed(db_url)

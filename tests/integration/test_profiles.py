@@ -89,6 +89,7 @@ def _record_gate(db, profile: str, baseline: str, shadow: float, active: float, 
             "active_ndcg": active, "active_recall": active, "tolerance": 0.01, "passed": passed, "seconds": 0.0,
             "mode": "hybrid", "baseline_mode": "hybrid",
             "fusion": None, "rrf_k": None, "lexical_weight": None,  # as a row from before migration 0044
+            "lexical_analyzer": None, "baseline_lexical_analyzer": None,  # ... and 0045
         },
     )
 

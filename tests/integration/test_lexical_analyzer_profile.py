@@ -57,10 +57,10 @@ def indexed(db, publisher, english, fake):
             sink.publish(task.lease, chunks, vectors)
 
 
-def terms(db_url: str, profile: str, document: str) -> list[int]:
+def terms(db_url: str, profile: str, document: str, version: int = 1) -> list[int]:
     with psycopg.connect(db_url) as conn:
-        return conn.execute("SELECT terms FROM lexical_chunk WHERE profile = %s AND document_id = %s",
-                            (profile, document)).fetchone()[0]
+        return conn.execute("SELECT terms FROM lexical_chunk WHERE profile = %s AND document_id = %s"
+                            " AND version_number = %s", (profile, document, version)).fetchone()[0]
 
 
 def test_existing_profiles_stay_wordpiece_and_the_column_is_checked(db, db_url):
@@ -129,3 +129,17 @@ def test_cli_create_with_an_analyzer_and_list_shows_analyzer_and_fusion(cli):
     table = " ".join(cli("profile", "list").output.split())
     assert "en: search hybrid (rrf k 60, lexical weight 0.5), lexical analyzer english" in table, table
     assert "minilm-v1: search hybrid (weighted, lexical weight 0.5), lexical analyzer wordpiece" in table, table
+
+
+def test_a_copied_version_gets_lexical_rows_of_its_own_profiles_analyzer(db, db_url, publisher, indexed):
+    """A metadata-only change copies chunks and vectors within each profile (resources/chunk_copy.py), never lexical
+    rows: the publish writes them again with the profile's analyzer."""
+    from resources.chunk_copy import FastPublish
+    from resources.publisher import Publisher
+
+    fast = Publisher(db, publisher.blobs, fast=FastPublish(db, TaskQueue(db, lease_seconds=60)))
+    v2 = fast.publish("acme", "engine", DOCS["engine"].encode(), "engine.txt", metadata={"dept": "fleet"})
+    assert v2.version == 2
+    got = {p: terms(db_url, p, "engine", 2) for p in ("english", "minilm-v1")}
+    assert got == {"english": terms(db_url, "english", "engine"), "minilm-v1": terms(db_url, "minilm-v1", "engine")}
+    assert word_id("run") in got["english"] and all(t < CJK_BASE for t in got["minilm-v1"])

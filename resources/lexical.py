@@ -240,4 +240,5 @@ class _Row:
         self.content_digest = row["content_digest"]
 
 
-__all__ = ["analyzer_for", "backfill_lexical_index", "profile_analyzer", "lexical_search", "lexical_scores", "query_weights", "write_lexical"]
+__all__ = ["analyzer_for", "backfill_lexical_index", "lexical_scores", "lexical_search", "profile_analyzer", "query_weights",
+           "write_lexical"]

@@ -579,8 +579,8 @@ def evaluate_profile(
     Each paragraph is chunked as a one-section document (its title as the heading) with the profile's
     chunker and tokenizer (and, for a context profile, that title as the document's) and a paragraph scores the best of its chunks, ranked as search ranks in
     ``mode`` (default: the profile's ``search_mode``, the one search uses): cosine of the profile's
-    model (dense), BM25 with the profile's k1, b and ``lexical_analyzer`` over the eval corpus (lexical), or their fusion as the
-    profile's ``fusion`` says (hybrid: the weighted sum with ``lexical_weight``, or RRF with ``rrf_k`` over each
+    model (dense), BM25 with the profile's k1, b and ``lexical_analyzer`` over the eval corpus (lexical), or
+    their fusion as the profile's ``fusion`` says (hybrid: the weighted sum with ``lexical_weight``, or RRF with ``rrf_k`` over each
     side's ``hybrid_depth(k)`` best chunks, as search fuses), every chunk scored exactly.
     """
     params = LexicalParams.of(profile)

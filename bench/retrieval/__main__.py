@@ -385,7 +385,8 @@ def run_corpus(folder: Path, args: argparse.Namespace, context: bool = False) ->
         "corpus": corpus.name, "regression_check": corpus.name in REGRESSION_SETS, "model": profile["model"],
         "context": bool(profile["embed_context"]), "titles": len(corpus.titles),
         "paragraphs": len(corpus.docs), "chunks": indexed["chunks"], "queries": len(qids), "chunk_k": args.chunk_k,
-        "analyzers": list(by_analyzer), "profiles": {a: p["name"] for a, p in by_analyzer.items()}, "rows": [r for r in row_order(list(by_analyzer)) if r in by_row],
+        "analyzers": list(by_analyzer), "profiles": {a: p["name"] for a, p in by_analyzer.items()},
+        "rows": [r for r in row_order(list(by_analyzer)) if r in by_row],
     }
     for row, (rankings, latencies) in by_row.items():
         ndcg, recall = score(rankings, corpus.qrels)
@@ -456,8 +457,8 @@ def report(r: dict[str, Any]) -> str:
     label = "  [regression check: stock BM25 scores 0.95-0.99 here; it catches breakage, it does not rank]" if r["regression_check"] else ""
     context = ", chunks embedded with title + headings" if r.get("context") else ""
     analyzers = r.get("analyzers", ["wordpiece"])
-    lines = [f"{r['corpus']}: {r['paragraphs']} paragraphs, {r['chunks']} chunks, {r['queries']} queries, model {r['model']}, "
-             f"lexical analyzers {', '.join(analyzers)}{context}{label}",
+    lines = [f"{r['corpus']}: {r['paragraphs']} paragraphs, {r['chunks']} chunks, {r['queries']} queries, "
+             f"model {r['model']}, lexical analyzers {', '.join(analyzers)}{context}{label}",
              f"  {'row':<24} {'nDCG@10':>8} {'recall@10':>10} {'p50 ms':>8} {'p95 ms':>8}"]
     for row in r.get("rows", ROWS):
         if row in r:
@@ -465,8 +466,8 @@ def report(r: dict[str, Any]) -> str:
             lines.append(f"  {row:<24} {m['ndcg@10']:>8.4f} {m['recall@10']:>10.4f} {m['p50_ms']:>8.1f} {m['p95_ms']:>8.1f}")
     for a in analyzers:
         suffix = "" if a == "wordpiece" else f"-{a}"
-        lines.append(f"  {a}: rrf - weighted nDCG@10 {r['rrf_minus_weighted_ndcg@10' + suffix]:+.4f}; hybrid (weighted) - "
-                     f"dense at p95 {r['hybrid_minus_dense_p95_ms' + suffix]:+.1f} ms")
+        lines.append(f"  {a}: rrf - weighted nDCG@10 {r['rrf_minus_weighted_ndcg@10' + suffix]:+.4f}; "
+                     f"hybrid (weighted) - dense at p95 {r['hybrid_minus_dense_p95_ms' + suffix]:+.1f} ms")
     lines += [
         "  (bm25-stock: bm25s in memory, whole paragraphs, no database; the analyzers' rows are searched one "
         "profile after the other)",

@@ -134,10 +134,11 @@ def test_the_cli_creates_a_context_profile_and_lists_it(db, db_url, monkeypatch)
     created = runner.invoke(app, ["profile", "create", "ctx-cli", "--model", "fake-384", "--context", "--json"])
     assert created.exit_code == 0, created.output
     assert json.loads(created.output)["embed_context"] is True
-    plain = runner.invoke(app, ["profile", "create", "plain-cli", "--model", "fake-384"])
+    plain = runner.invoke(app, ["profile", "create", "plain-cli", "--model", "fake-384"], env={"COLUMNS": "200"})
     assert plain.exit_code == 0 and "chunks embedded with headings" in plain.output
     listed = runner.invoke(app, ["profile", "list", "--json"])
     assert {p["name"]: p["embed_context"] for p in json.loads(listed.output)} == {
         "minilm-v1": False, "ctx-cli": True, "plain-cli": False}
-    table = runner.invoke(app, ["profile", "list"])
-    assert "context" in table.output and "title" in table.output  # the column (rich may wrap "title + headings")
+    table = runner.invoke(app, ["profile", "list"], env={"COLUMNS": "200"})
+    assert "ctx-cli: search hybrid" in table.output  # each profile's recipe line below the table
+    assert "lexical analyzer wordpiece, chunks embedded with title + headings" in table.output

@@ -1,6 +1,6 @@
 """``python -m bench.hosts``: the issue #32 burst on two hosts over a slow, lossy link, beside a clean link.
 
-PostgreSQL runs in one network namespace, the workers in another (tests/network/harness.py; needs root, ``ip``
+PostgreSQL runs in one network namespace, the workers in another (bench/netns.py; needs root, ``ip``
 and ``nft``). Each round publishes the same burst of versions to a fresh database and lets several worker
 processes index it on the real claim / LeaseKeeper heartbeat / fenced publish path with the fake embedder
 (tests/network/burst.py); the slow round goes through a relay that adds a delay each way and drops a share of

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from tests.network.harness import Hosts, unavailable
+    from bench.netns import Hosts, unavailable
 
     reason = unavailable()
     if reason:

@@ -35,7 +35,7 @@ from resources.blob_store import BlobStore
 from resources.database import Database
 from resources.publisher import Publisher
 from resources.verifier import verify
-from tests.network.harness import Hosts
+from bench.netns import Hosts
 from tests.network.relay import dropped_packets, lose_packets, relay_url, start_relay, stop_losing
 
 WORKER = str(Path(__file__).with_name("burst_worker.py"))

@@ -1,4 +1,4 @@
-"""Fixtures of the multi-host tests: PostgreSQL in one network namespace, clients in another (harness.py).
+"""Fixtures of the multi-host tests: PostgreSQL in one network namespace, clients in another (bench/netns.py).
 
 The whole directory skips, with the reason, where namespaces or nftables are not permitted.
 """
@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql as pgsql
 
-from tests.network.harness import Hosts, unavailable
+from bench.netns import Hosts, unavailable
 
 _names = itertools.count()
 

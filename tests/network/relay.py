@@ -84,7 +84,7 @@ async def relay(host: str, port: int, socket_path: str, delay: float) -> None:
 def start_relay(hosts, delay_ms: float, port: int = RELAY_PORT) -> subprocess.Popen[str]:
     """The relay inside namespace A on its veth address, in front of PostgreSQL's Unix socket; returns once
     it listens. Stop it with ``.kill()``."""
-    from tests.network.harness import PORT, SERVER_ADDR
+    from bench.netns import PORT, SERVER_ADDR
 
     socket_path = str(hosts.socket_dir / f".s.PGSQL.{PORT}")
     proc = subprocess.Popen(
@@ -101,14 +101,14 @@ def start_relay(hosts, delay_ms: float, port: int = RELAY_PORT) -> subprocess.Po
 
 def relay_url(database: str, port: int = RELAY_PORT) -> str:
     """For clients in namespace B: TCP over the link to the relay, which adds the delay."""
-    from tests.network.harness import SERVER_ADDR
+    from bench.netns import SERVER_ADDR
 
     return f"postgresql://postgres@{SERVER_ADDR}:{port}/{database}"
 
 
 def lose_packets(hosts, percent: int) -> None:
     """Drop ``percent`` % of the packets arriving over the veth, in both namespaces, at random."""
-    from tests.network.harness import CLIENT_ADDR, SERVER_ADDR, _run
+    from bench.netns import CLIENT_ADDR, SERVER_ADDR, _run
 
     for ns, peer in ((hosts.ns_db, CLIENT_ADDR), (hosts.ns_client, SERVER_ADDR)):
         _run("ip", "netns", "exec", ns, "nft", "-f", "-", input=(
@@ -120,7 +120,7 @@ def lose_packets(hosts, percent: int) -> None:
 
 def dropped_packets(hosts) -> int:
     """Packets ``lose_packets`` dropped so far, both namespaces (the rules' counters)."""
-    from tests.network.harness import _run
+    from bench.netns import _run
 
     total = 0
     for ns in (hosts.ns_db, hosts.ns_client):
@@ -132,7 +132,7 @@ def dropped_packets(hosts) -> int:
 
 
 def stop_losing(hosts) -> None:
-    from tests.network.harness import _run
+    from bench.netns import _run
 
     for ns in (hosts.ns_db, hosts.ns_client):
         _run("ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "kbloss", check=False)

@@ -1,5 +1,5 @@
 """The API host cut off from PostgreSQL (issue #32): the real API under uvicorn in namespace B, its database on
-the other side of a link that drops every packet (tests/network/harness.py), its HTTP on a Unix socket the test
+the other side of a link that drops every packet (bench/netns.py), its HTTP on a Unix socket the test
 reaches directly (api_server.py).
 
 While PostgreSQL is away the API answers what needs no database (``/``, ``/healthz``, a cached ``/metrics``)
@@ -35,7 +35,7 @@ from resources.publisher import Publisher
 from resources.settings import ConnectionBounds
 from resources.task_queue import TaskQueue
 from tests.network.conftest import FAST_BOUNDS
-from tests.network.harness import Hosts
+from bench.netns import Hosts
 
 SERVER = str(Path(__file__).with_name("api_server.py"))
 ACME, GLOBEX = {"Authorization": "Bearer tok-acme"}, {"Authorization": "Bearer tok-globex"}

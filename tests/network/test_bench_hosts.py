@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.network.harness import ROOT, unavailable
+from bench.netns import ROOT, unavailable
 
 # A soak round: tests/network/test_slow_link.py runs the same burst through the relay in the default run.
 pytestmark = pytest.mark.soak

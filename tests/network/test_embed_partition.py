@@ -1,6 +1,6 @@
 """The embedding service's host cut off mid-batch (issue #32), on a real link that drops every packet.
 
-Three hosts (tests/network/harness.py): PostgreSQL in A, the run host in B (embed_worker.py: the real
+Three hosts (bench/netns.py): PostgreSQL in A, the run host in B (embed_worker.py: the real
 IndexingRun steps with the embedder a run gets for a ``tcp://`` service), the real embedding service in C
 (``python -m resources.embedding_service`` listening on C's veth address; its workers serve the deterministic
 fake model, each request held 1 s so that a batch is in flight when the link is cut). The link B <-> C is
@@ -37,7 +37,7 @@ from resources.search import search
 from resources.settings import EmbedServiceBounds
 from resources.verifier import verify
 from tests.network.conftest import FAST_BOUNDS
-from tests.network.harness import EMBED_ADDR, Hosts
+from bench.netns import EMBED_ADDR, Hosts
 from tests.network.test_partition import Client, wait_for
 
 WORKER = str(Path(__file__).with_name("embed_worker.py"))

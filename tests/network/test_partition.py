@@ -1,5 +1,5 @@
 """Silent partitions between a worker host and the PostgreSQL host (issue #32), on a real link that drops
-every packet (tests/network/harness.py): the worker gives up within its bound with a retryable error, the
+every packet (bench/netns.py): the worker gives up within its bound with a retryable error, the
 server rolls the abandoned transaction back and frees its locks, the lease expires and another worker takes
 the task over, and the old worker's late write after healing is fenced out.
 
@@ -25,7 +25,7 @@ from resources.publisher import Publisher
 from resources.settings import ConnectionBounds
 from resources.task_queue import TaskQueue
 from tests.network.conftest import FAST_BOUNDS, NO_CLIENT_BOUNDS
-from tests.network.harness import CLIENT_ADDR, Hosts
+from bench.netns import CLIENT_ADDR, Hosts
 
 CLIENT = str(Path(__file__).with_name("client.py"))
 LEASE_S = 6.0

@@ -22,7 +22,7 @@ from resources.blob_store import BlobStore
 from resources.database import Database
 from resources.publisher import Publisher
 from tests.network.conftest import FAST_BOUNDS
-from tests.network.harness import Hosts
+from bench.netns import Hosts
 from tests.network.test_partition import CLIENT, Client
 
 DOWN_S = 16.0

@@ -14,7 +14,7 @@ import sys
 import time
 
 from tests.network.burst import CHUNKS_PER_VERSION, run_burst
-from tests.network.harness import ROOT
+from bench.netns import ROOT
 from tests.network.relay import relay_url, start_relay
 
 DELAY_MS = 250  # each way: 500 ms added to every round trip

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psycopg
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SERVER_ADDR = "10.77.0.1"
 CLIENT_ADDR = "10.77.0.2"
 PORT = 5432

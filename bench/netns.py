@@ -14,12 +14,17 @@ removes the rules; connections that neither side has given up on carry on.
 by its own veth pair (``EMBED_ADDR`` on C, ``EMBED_CLIENT_ADDR`` on B), so ``cut_embed()`` silences the
 worker <-> embedding service link while B still reaches PostgreSQL.
 
+``inside(namespace)`` moves the calling thread into a namespace (the threads and processes it starts meanwhile
+follow it): bench.chaos --network runs its whole soak on host B that way. ``stop_postgres()`` stops the server
+(fast) for a restart fault; ``lose(percent)`` drops a share of the link's packets until ``heal()``.
+
 Everything made is removed in ``close()`` (namespaces, server, data folder), also after a failure.
 ``unavailable()`` says why the machine cannot do this (not root, no ``ip netns``, no ``nft``) for a skip.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -27,6 +32,8 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -38,6 +45,7 @@ PORT = 5432
 EMBED_ADDR = "10.77.1.1"
 EMBED_CLIENT_ADDR = "10.77.1.2"
 PG_USER = "embedded_postgres"
+CLONE_NEWNET = 0x40000000
 
 
 def _run(*cmd: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -67,9 +75,11 @@ def unavailable() -> str | None:
 class Hosts:
     """Namespace A (PostgreSQL) and namespace B (clients), linked by one veth pair. See the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "kb") -> None:
+        """``prefix`` starts the namespaces' names (two harnesses in one process need different ones)."""
         tag = f"{os.getpid() % 100000}"
-        self.ns_db, self.ns_client = f"kbdb{tag}", f"kbcl{tag}"
+        self.prefix = prefix
+        self.ns_db, self.ns_client = f"{prefix}db{tag}", f"{prefix}cl{tag}"
         self.ns_embed: str | None = None  # add_embed_host()
         self.tmp = Path(tempfile.mkdtemp(prefix="kbindex-net-"))
         self.pgdata = self.tmp / "data"
@@ -128,6 +138,11 @@ class Hosts:
         _run("ip", "netns", "exec", self.ns_db, "su", PG_USER, "-s", "/bin/sh", "-c", start)
         self.started = True
 
+    def stop_postgres(self) -> None:
+        """Stop the server cleanly (``-m fast``: sessions end with an error, a checkpoint, no recovery)."""
+        _run("ip", "netns", "exec", self.ns_db, "su", PG_USER, "-s", "/bin/sh", "-c",
+             f"{self.pg_ctl} -D {self.pgdata} -m fast -w -t 30 stop")
+
     def kill_postgres(self) -> None:
         """Stop the server at once, as a crash would (``-m immediate``: no checkpoint, recovery at the next start).
         Cut the link first to make it a dead host: the clients then hear nothing, not even the connections' end."""
@@ -154,7 +169,7 @@ class Hosts:
     def add_embed_host(self) -> str:
         """Namespace C for the embedding service, linked to B only (idempotent); returns its name."""
         if self.ns_embed is None:
-            c, b = f"kbem{os.getpid() % 100000}", self.ns_client
+            c, b = f"{self.prefix}em{os.getpid() % 100000}", self.ns_client
             _run("ip", "netns", "delete", c, check=False)  # left by a killed run with this pid
             _run("ip", "netns", "add", c)
             self.ns_embed = c
@@ -216,6 +231,26 @@ class Hosts:
                 "}\n"))
         self.is_cut = True
 
+    def lose(self, percent: int) -> None:
+        """Drop ``percent`` % of the packets arriving over the A <-> B link, both namespaces, at random (TCP
+        retransmits them, as on a lossy link); ``heal()`` ends it."""
+        for ns, peer in ((self.ns_db, CLIENT_ADDR), (self.ns_client, SERVER_ADDR)):
+            _run("ip", "netns", "exec", ns, "nft", "-f", "-", input=(
+                "table inet kbloss {\n"
+                "  chain input { type filter hook input priority -300; policy accept; "
+                f"ip saddr {peer} numgen random mod 100 < {int(percent)} counter drop; }}\n"
+                "}\n"))
+
+    def dropped_packets(self) -> int:
+        """Packets ``lose`` dropped so far, both namespaces (the rules' counters)."""
+        total = 0
+        for ns in (self.ns_db, self.ns_client):
+            out = _run("ip", "netns", "exec", ns, "nft", "list", "table", "inet", "kbloss", check=False).stdout
+            for word, nxt in zip(out.split(), out.split()[1:]):
+                if word == "packets":
+                    total += int(nxt)
+        return total
+
     def heal(self) -> None:
         """The links as they were: no cut, and no packet loss (relay.lose_packets' table) left for the next test."""
         for ns in (self.ns_db, self.ns_client, self.ns_embed):
@@ -248,3 +283,29 @@ class Hosts:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+
+
+@contextmanager
+def inside(namespace: str) -> Iterator[None]:
+    """The calling thread in network namespace ``namespace`` (made by ``ip netns add``) until the block ends.
+
+    Linux keeps the network namespace per thread: sockets, threads and child processes made meanwhile belong
+    to ``namespace`` (and stay there); threads started before keep theirs. Needs root (CAP_SYS_ADMIN)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(f"/var/run/netns/{namespace}", os.O_RDONLY)
+        try:
+            if libc.setns(target, CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns into {namespace}: {os.strerror(err)}")
+        finally:
+            os.close(target)
+        try:
+            yield
+        finally:
+            if libc.setns(own, CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns back: {os.strerror(err)}")
+    finally:
+        os.close(own)

@@ -107,15 +107,8 @@ def relay_url(database: str, port: int = RELAY_PORT) -> str:
 
 
 def lose_packets(hosts, percent: int) -> None:
-    """Drop ``percent`` % of the packets arriving over the veth, in both namespaces, at random."""
-    from bench.netns import CLIENT_ADDR, SERVER_ADDR, _run
-
-    for ns, peer in ((hosts.ns_db, CLIENT_ADDR), (hosts.ns_client, SERVER_ADDR)):
-        _run("ip", "netns", "exec", ns, "nft", "-f", "-", input=(
-            "table inet kbloss {\n"
-            "  chain input { type filter hook input priority -300; policy accept; "
-            f"ip saddr {peer} numgen random mod 100 < {int(percent)} counter drop; }}\n"
-            "}\n"))
+    """Drop ``percent`` % of the packets arriving over the veth, in both namespaces, at random (``Hosts.lose``)."""
+    hosts.lose(percent)
 
 
 def dropped_packets(hosts) -> int:

@@ -76,7 +76,7 @@ import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +158,18 @@ class ChaosConfig:
     HTTP-provider active profile, and the shared requests/min limit ``http_rpm`` the server enforces too."""
     http_rpm: int = 300
     http_timeout: float = 2.0
+    network: bool = False
+    """PostgreSQL on a host (network namespace) of its own, reached only over a veth link, which the injector cuts
+    silently (bench/chaos/network.py); the connection bounds are shortened for the round (network.NET_BOUNDS)."""
+    net_cuts: int = 2
+    """Silent partitions between the Dagster host and PostgreSQL, each timed for a run at embed, then publish."""
+    net_cut_seconds: float = 30.0
+    """How long each cut lasts: longer than a lease, so every lease held across it expires."""
+    net_stage_wait: float = 30.0
+    """How long a cut waits for a run to reach its target stage before it is made anyway."""
+    net_loss_percent: int = 0
+    """After the cuts, a lossy period dropping this share of the link's packets (0: none)."""
+    net_loss_seconds: float = 20.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -367,6 +379,13 @@ class Chaos:
         self._run_kinds: dict[str, str] = {}
         self.sources: Any = None  # a SourceDriver once ``run`` starts one (bench/chaos/sources.py)
         self.search_tenants = list(self.tenants)
+        self.fault_lock = threading.Lock()
+        """One fault that touches PostgreSQL's reachability at a time (a restart, a network cut)."""
+        self.network: Any = None
+        if config.network:
+            from bench.chaos.network import NetworkFaults
+
+            self.network = NetworkFaults(self)
         self.migration = None
         if config.migration:
             from bench.chaos.migration import MigrationDriver
@@ -380,12 +399,17 @@ class Chaos:
         from resources.migrations import migrate
 
         self.root = root
-        self.pg = Postgres(root / "pg")
+        self.pg = self.network.start() if self.network is not None else Postgres(root / "pg")
         admin = self.pg.admin_url
         for name in ("kbindex", "dagster"):
             _sql(admin, f"CREATE DATABASE {name}")
+        # The bench's own bookkeeping uses url / dg_url; the components under test (dagster dev, its runs, the
+        # publisher, the source driver, the reader) app_url / app_dg_url: over the veth link with --network.
         self.url = with_database(admin, "kbindex")
         self.dg_url = with_database(admin, "dagster")
+        self.app_url, self.app_dg_url = self.url, self.dg_url
+        if self.network is not None:
+            self.app_url, self.app_dg_url = self.network.remote_url("kbindex"), self.network.remote_url("dagster")
         migrate(self.url)
         _sql(self.url, "UPDATE index_profile SET model = 'fake-384' WHERE is_active")
         if self.cfg.http_provider:
@@ -404,8 +428,8 @@ class Chaos:
         env = dict(os.environ)
         env.update(
             DAGSTER_HOME=str(home),
-            DAGSTER_PG_URL=psycopg2_url(self.dg_url),
-            KBINDEX_DATABASE_URL=self.url,
+            DAGSTER_PG_URL=psycopg2_url(self.app_dg_url),
+            KBINDEX_DATABASE_URL=self.app_url,
             KBINDEX_HOME=str(root / "kbhome"),
             KBINDEX_BLOB_URL=str(self.blobs),
             KBINDEX_ARTIFACTS=str(root / "artifacts"),
@@ -665,7 +689,7 @@ class Chaos:
         from resources.database import Database
         from resources.publisher import Publisher
 
-        db = Database(self.url, max_size=2)
+        db = Database(self.app_url, max_size=2)
         publisher = Publisher(db, BlobStore(str(self.blobs)))
         try:
             while not self.stop_event.is_set():
@@ -723,6 +747,10 @@ class Chaos:
         stop_at = [0.25 + 0.5 * i / max(1, cfg.stops) for i in range(cfg.stops)]
         restart_at = [0.5 + 0.3 * i / max(1, cfg.pg_restarts) for i in range(cfg.pg_restarts)]
         stop_threads: list[threading.Thread] = []
+        net_thread = None
+        if self.network is not None:
+            net_thread = threading.Thread(target=self.network.loop, name="chaos-network", daemon=True)
+            net_thread.start()
         try:
             while not self.stop_event.is_set():
                 pending_kills = self.c.kills < cfg.kills
@@ -754,6 +782,8 @@ class Chaos:
         except Exception as exc:  # noqa: BLE001
             self.c.errors.append(f"injector: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         finally:
+            if net_thread is not None:
+                net_thread.join()
             self.faults_done.set()
 
     def _pick_victim(self, prefer_backfill: bool = False) -> Any:
@@ -851,15 +881,16 @@ class Chaos:
     def _restart_postgres(self) -> None:
         if self.sources is not None:  # a source pass is publishing when PostgreSQL goes down
             self.sources.pass_under_outage()
-        self._note("stopping PostgreSQL (pg_ctl -m fast)")
-        started = time.monotonic()
-        self.pg_down.set()
-        try:
-            self.pg.stop()
-            time.sleep(self.cfg.pg_downtime)
-            self.pg.start()
-        finally:
-            self.pg_down.clear()
+        with self.fault_lock:
+            self._note("stopping PostgreSQL (pg_ctl -m fast)")
+            started = time.monotonic()
+            self.pg_down.set()
+            try:
+                self.pg.stop()
+                time.sleep(self.cfg.pg_downtime)
+                self.pg.start()
+            finally:
+                self.pg_down.clear()
         seconds = round(time.monotonic() - started, 1)
         self.c.pg_restarts.append({"down_seconds": seconds})
         self._note(f"PostgreSQL is back after {seconds} s")
@@ -873,7 +904,7 @@ class Chaos:
         from resources.search import search
 
         embedder = FakeEmbedder(model_name=self.model)
-        db = Database(self.url, max_size=2)
+        db = Database(self.app_url, max_size=2)
         conn: psycopg.Connection | None = None
         strict = True
         try:
@@ -889,7 +920,7 @@ class Chaos:
                         self._bracketed_search(db, search, embedder, tenant, query)
                 except (psycopg.Error, KbindexError) as exc:
                     self.c.reader["errors"] += 1
-                    if not self.pg_down.is_set() and self.c.reader["errors"] <= 3:
+                    if not self.outage() and self.c.reader["errors"] <= 3:
                         self.c.errors.append(f"reader (database up): {type(exc).__name__}: {exc}")
                     if conn is not None:
                         try:
@@ -907,10 +938,16 @@ class Chaos:
                 conn.close()
             db.close()
 
+    def outage(self) -> bool:
+        """PostgreSQL stopped, or the link to it cut or lossy (or healed moments ago): errors are expected now."""
+        return self.pg_down.is_set() or (self.network is not None and self.network.expected())
+
     def _snapshot_connection(self) -> psycopg.Connection:
         from pgvector.psycopg import register_vector
 
-        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+        from resources.database import connection_params
+
+        conn = psycopg.connect(self.app_url, autocommit=True, **connection_params(self.app_url))
         register_vector(conn)
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         return conn
@@ -959,13 +996,25 @@ class Chaos:
         self.t0 = time.monotonic()
         report: dict[str, Any] = {}
         threads: list[threading.Thread] = []
+        host = ExitStack()
         if self.cfg.source_passes > 0:
             from bench.chaos.sources import TENANT, SourceDriver
 
             self.sources = SourceDriver(self)
             self.search_tenants = [*self.tenants, TENANT]
         try:
+            if self.network is not None:  # the bounds for this process and dagster dev; restored at the end
+                from bench.chaos.network import NET_BOUNDS
+
+                saved = {k: os.environ.get(k) for k in NET_BOUNDS}
+                os.environ.update(NET_BOUNDS)
+                host.callback(lambda: [os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+                                       for k, v in saved.items()])
             self._prepare(root)
+            if self.network is not None:  # from here on this thread (and all it starts) is on the Dagster host
+                from bench.netns import inside
+
+                host.enter_context(inside(self.network.hosts.ns_client))
             self.dagster.start()
             ready = self.dagster.wait_ready()
             self._note(f"PostgreSQL at {root / 'pg'}; dagster dev answered in {ready:.1f} s; profile {self.profile} -> {self.model}")
@@ -1001,8 +1050,9 @@ class Chaos:
                 self.dagster.stop()
                 if not report.get("ok", False):
                     report["dagster_log_tail"] = log_tail
+            host.close()
             if hasattr(self, "pg"):
-                if self.cfg.keep:
+                if self.cfg.keep and self.network is None:  # --network: the namespaces go whatever --keep says
                     self.out(f"kept {root}")
                 else:
                     self.pg.cleanup()
@@ -1036,7 +1086,8 @@ class Chaos:
                 self._note(
                     f"tasks {sum(counts.values())} {dict(sorted(counts.items()))} kills {self.c.kills}/{self.cfg.kills}"
                     f" stops {len(self.c.stops)} pg restarts {len(self.c.pg_restarts)}"
-                    f" searches {self.c.reader['strict_searches'] + self.c.reader['bracketed_searches']}"
+                    + (f" network cuts {len(self.network.cuts)}" if self.network is not None else "")
+                    + f" searches {self.c.reader['strict_searches'] + self.c.reader['bracketed_searches']}"
                     f" deletes {self.c.deletes} revivals {self.c.revivals}"
                     + (f" source passes {self.sources.figures['passes']}" if self.sources is not None else "")
                     + (f" backfills {self.migration.figures['backfills_launched']} ({len(self.migration.in_flight)} in flight)"
@@ -1180,6 +1231,8 @@ class Chaos:
         }
         quiet = None if quiet_at is None else round(quiet_at - started, 1)
         must_be_zero.update(migration_failures)
+        if self.network is not None:
+            must_be_zero.update(self.network.must_be_zero())
         provider = self._provider_report() if self.cfg.http_provider else {}
         if provider:
             must_be_zero["provider_limit_exceeded"] = max(0, provider["busiest_minute"] - self.cfg.http_rpm)
@@ -1210,6 +1263,7 @@ class Chaos:
             "dagster_runs": runs,
             **({"migration": migration} if self.migration is not None else {}),
             **({"http_provider": provider} if provider else {}),
+            **({"network": self.network.report()} if self.network is not None else {}),
             "reader": dict(self.c.reader), "reader_violation_examples": self.c.reader_violations,
             "checks": {
                 "duplicate_chunk_ordinals": dup_ordinals, "pointed_versions_rows_or_ordinals_wrong": pointed_bad,

@@ -56,9 +56,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source-passes", type=int, default=d.source_passes,
                    help="sync passes over the bench's own source folder, mutated before each (0: none; default %(default)s)")
     p.add_argument("--source-files", type=int, default=d.source_files, help="files in that folder at first")
+    p.add_argument("--network", action="store_true",
+                   help="PostgreSQL on a network namespace of its own, reached over a veth link that is cut silently"
+                        " (nftables DROP) for longer than a lease, at embed and at publish (bench/chaos/network.py;"
+                        " needs root, ip and nft; skipped with the reason otherwise)")
+    p.add_argument("--net-cuts", type=int, default=d.net_cuts, help="silent partitions (default %(default)s)")
+    p.add_argument("--net-cut-seconds", type=float, default=d.net_cut_seconds, help="each (default %(default)s)")
+    p.add_argument("--net-loss", type=int, default=d.net_loss_percent,
+                   help="then drop this %% of the link's packets for --net-loss-seconds (default %(default)s: none)")
+    p.add_argument("--net-loss-seconds", type=float, default=d.net_loss_seconds)
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
     a = p.parse_args(argv)
+    if a.network:
+        from bench.netns import unavailable
+
+        if reason := unavailable():
+            print(f"bench.chaos --network skipped: {reason}", flush=True)
+            return 0
     config = ChaosConfig(
         tasks=a.tasks, kills=a.kills, stops=a.stops, pg_restarts=a.pg_restarts, seconds_limit=a.seconds_limit,
         corpus=a.corpus, lease_seconds=a.lease_seconds, fake_delay=a.fake_delay,
@@ -70,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         migration=a.migration, building_model=a.building_model, building_chunk_tokens=a.building_chunk_tokens,
         migration_at=a.migration_at, backfill_mode=a.backfill_mode, backfill_partitions=a.backfill_partitions, vector_sample=a.vector_sample,
         delete_share=a.delete_share, revive_share=a.revive_share, source_passes=a.source_passes, source_files=a.source_files,
+        network=a.network, net_cuts=a.net_cuts, net_cut_seconds=a.net_cut_seconds, net_loss_percent=a.net_loss,
+        net_loss_seconds=a.net_loss_seconds,
     )
     report = run_chaos(config, out=lambda line: print(line, flush=True))
     print(format_report(report), flush=True)

@@ -124,14 +124,14 @@ class SourceDriver:
         failed, was held back or left for the next pass)."""
         from pipelines.domain.errors import KbindexError
 
-        restarts, down = len(self.chaos.c.pg_restarts), self.chaos.pg_down.is_set()
+        restarts, down = len(self.chaos.c.pg_restarts), self.chaos.outage()
         try:
             counts = self.sync.sync(NAME, on_progress=on_progress)
         except KbindexError as exc:
             if exc.code != "INDEX_WRITE_FAILED":
                 raise
             self.figures["passes_failed_database_down"] += 1
-            restarted = down or self.chaos.pg_down.is_set() or len(self.chaos.c.pg_restarts) != restarts
+            restarted = down or self.chaos.outage() or len(self.chaos.c.pg_restarts) != restarts
             if not restarted and len(self.errors_seen) < 5:
                 self.errors_seen.append(f"pass failed, PostgreSQL not restarted meanwhile: {exc}")
             return "failed"
@@ -181,7 +181,7 @@ class SourceDriver:
         from resources.source_sync import SourceSync
 
         chaos, cfg = self.chaos, self.chaos.cfg
-        db = Database(chaos.url, max_size=3)
+        db = Database(chaos.app_url, max_size=3)
         try:
             self.folder = chaos.root / "source"
             for _ in range(cfg.source_files):

@@ -29,6 +29,15 @@ and chunk size, backfilled through the webserver's GraphQL as the UI does, while
 being published and runs of both kinds are killed and stopped; its end checks (coverage, chunk sizes,
 re-embedded vectors, no DEAD task that no run started) are in bench/chaos/migration.py.
 
+With ``--network`` (bench/chaos/network.py; root, ``ip`` and ``nft``, else skipped with the reason) PostgreSQL runs
+on a network namespace of its own and everything else (``dagster dev``, its runs, the publisher, the source driver,
+the reader) on another, reaching it only over a veth link; alongside the process faults, the link is cut silently
+(nftables DROP, no RST) for longer than a lease, timed for a run at embed, then at publish, and healed; the
+connection bounds are shortened for the round (network.NET_BOUNDS). The bench's own bookkeeping uses PostgreSQL's
+Unix socket, which no cut touches. Its figures: cuts, their length and the stage they hit, leases held and
+taken over, seconds from the heal until those leases moved on and the runs active at the cut ended (*runs
+still active lease + 60 s after the heal).
+
 The reader's check, and why it is sound. Pointers only move forward (search_pointer_advance), and
 search reads chunks joined to the pointer. Two checks alternate:
 
@@ -165,8 +174,9 @@ class ChaosConfig:
     """Silent partitions between the Dagster host and PostgreSQL, each timed for a run at embed, then publish."""
     net_cut_seconds: float = 30.0
     """How long each cut lasts: longer than a lease, so every lease held across it expires."""
-    net_stage_wait: float = 30.0
-    """How long a cut waits for a run to reach its target stage before it is made anyway."""
+    net_stage_wait: float = 60.0
+    """How long a cut waits for a run to reach its target stage before it is made anyway (a publish is short: the
+    injector polls every 50 ms and may miss it)."""
     net_loss_percent: int = 0
     """After the cuts, a lossy period dropping this share of the link's packets (0: none)."""
     net_loss_seconds: float = 20.0

@@ -10,8 +10,8 @@ Alongside the process faults, ``NetworkFaults.loop`` cuts the link: nftables DRO
 RST, no ICMP: each side's packets vanish), each cut longer than a lease, timed to land while a run holds a
 task at the ``embed`` stage, then one at ``publish`` (alternating; it waits up to ``stage_wait`` seconds for
 one, and cuts anyway when none comes: the record says which stage it found). Then it heals and follows
-what the run host held at the cut: how long until every lease it held moved on (taken over or finished),
-how many were taken over, and how long until the Dagster runs that were STARTED at the cut ended (their run
+what the run host held at the cut: how long until every lease it held moved on (finished, released for a
+retry, or claimed again), how they moved on, how many were taken over (claimed under a later attempt), and how long until the Dagster runs that were STARTED at the cut ended (their run
 slots free). Optionally a lossy period follows (``loss_percent`` of the link's packets dropped for
 ``loss_seconds``).
 
@@ -114,11 +114,13 @@ class NetworkFaults:
             self.hosts.heal()
             self.done.set()
 
-    def _running(self) -> list[tuple[int, int, str | None, str | None]]:
+    def _running(self) -> list[tuple[int, int, str | None, bool]]:
+        """(task, attempt, stage, reserved) of every RUNNING task: reserved for a run not started yet (its run adopts
+        it even after lease_until while no claim took it over), or a started run's own lease."""
         from bench.chaos import _sql
 
         return [tuple(r) for r in _sql(
-            self.chaos.url, "SELECT task_id, attempts, stage, lease_owner FROM index_task WHERE status = 'RUNNING'")]
+            self.chaos.url, "SELECT task_id, attempts, stage, lease_reserved FROM index_task WHERE status = 'RUNNING'")]
 
     def _active_runs(self) -> list[str]:
         from bench.chaos import _sql
@@ -147,6 +149,7 @@ class NetworkFaults:
         record: dict[str, Any] = {
             "target_stage": stage, "stage_reached": stage in found, "stages_held_at_cut": found,
             "waited_for_stage_seconds": round(cut_at - waited_from, 1), "leases_held_at_cut": len(held),
+            "of_them_reserved_for_runs_not_started": sum(1 for *_, reserved in held if reserved),
             "runs_active_at_cut": len(runs), "run_processes_at_cut": len(pids),
         }
         try:
@@ -162,7 +165,7 @@ class NetworkFaults:
         self.cuts.append(record)
         self._aftermath(record, held, runs, pids, healed)
 
-    def _aftermath(self, record: dict[str, Any], held: list[tuple[int, int, str | None, str | None]],
+    def _aftermath(self, record: dict[str, Any], held: list[tuple[int, int, str | None, bool]],
                    runs: list[str], pids: list[int], healed: float) -> None:
         """After the heal: until the leases held at the cut moved on and the runs active then ended (bounded)."""
         import psutil
@@ -192,6 +195,10 @@ class NetworkFaults:
             if leases_at is not None and runs_at is not None:
                 break
             time.sleep(0.5)
+        record["moved_on_as"] = {f"{status}{' (later attempt)' if later else ''}": n for status, later, n in _sql(
+            chaos.url, "SELECT t.status, t.attempts > l.attempt, count(*) FROM index_task t"
+                       " JOIN unnest(%s::bigint[], %s::int[]) AS l(task_id, attempt) ON l.task_id = t.task_id"
+                       " GROUP BY 1, 2 ORDER BY 1, 2", [ids, attempts])}
         record["taken_over"] = int(_sql(
             chaos.url, "SELECT count(*) FROM index_task t JOIN unnest(%s::bigint[], %s::int[]) AS l(task_id, attempt)"
                        " ON l.task_id = t.task_id WHERE t.attempts > l.attempt", [ids, attempts])[0][0])
@@ -234,6 +241,7 @@ class NetworkFaults:
             "cuts_at_target_stage": {s: sum(1 for c in cuts if c["target_stage"] == s and c["stage_reached"])
                                      for s in STAGE_CYCLE},
             "leases_held_at_cuts": sum(c["leases_held_at_cut"] for c in cuts),
+            "of_them_reserved_for_runs_not_started": sum(c["of_them_reserved_for_runs_not_started"] for c in cuts),
             "leases_taken_over_after_cuts": sum(c.get("taken_over", 0) for c in cuts),
             "max_seconds_heal_to_leases_moved_on": _max(c.get("leases_moved_on_seconds_after_heal") for c in cuts),
             "max_seconds_heal_to_runs_ended": _max(c.get("runs_ended_seconds_after_heal") for c in cuts),

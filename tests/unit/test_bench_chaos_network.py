@@ -28,7 +28,7 @@ def _faults(cuts):
 
 def test_runs_still_active_past_the_bound_are_a_must_be_zero_figure():
     cut = {"target_stage": "publish", "stage_reached": True, "cut_seconds": 30.1, "leases_held_at_cut": 4,
-           "taken_over": 3, "leases_moved_on_seconds_after_heal": 9.0, "runs_ended_seconds_after_heal": None,
+           "taken_over": 3, "of_them_reserved_for_runs_not_started": 0, "leases_moved_on_seconds_after_heal": 9.0, "runs_ended_seconds_after_heal": None,
            "runs_not_ended_within_lease_plus_60s": 1}
     f = _faults([cut])
     assert f.must_be_zero() == {"cut_runs_not_ended_within_lease_plus_60s": 1}

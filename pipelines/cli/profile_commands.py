@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from pipelines.cli.app import EXIT_ERROR, JsonOption, app, console, errors_to_exit, open_database, print_json
+from pipelines.domain.lexical import DEFAULT_ANALYZER
 
 profile_app = typer.Typer(help="Index profiles: build a new model or chunking beside the active one, then switch.", no_args_is_help=True)
 app.add_typer(profile_app, name="profile")
@@ -62,7 +63,7 @@ def create_command(
     bm25_k1: float = typer.Option(1.2, "--bm25-k1", help="BM25 term-frequency saturation (>= 0)."),
     bm25_b: float = typer.Option(0.75, "--bm25-b", help="BM25 length normalisation (0..1)."),
     context: bool = typer.Option(False, "--context", help="Embed each chunk with its document's title and heading path (fixed for the profile's life; the snippet shown stays the chunk text)."),
-    analyzer: str = typer.Option("wordpiece", "--analyzer", help="Lexical terms: wordpiece (the model's word pieces) or english (stemmed words, stop words out); CJK n-grams either way. Fixed for the profile's life."),
+    analyzer: str = typer.Option(DEFAULT_ANALYZER, "--analyzer", help="Lexical terms: english (stemmed words, stop words out) or wordpiece (the model's word pieces); CJK n-grams either way. Fixed for the profile's life."),
     as_json: bool = JsonOption,
 ) -> None:
     """Create a shadow profile (building) and a REINDEX task for every current document version."""

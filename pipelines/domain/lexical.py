@@ -62,7 +62,10 @@ WORD_BASE = 1 << 25
 """Whole-word term ids (``english``): [2^25, 2^30), above every CJK unigram (< 2^24 + 2^21) and below the bigrams."""
 WORD_SPACE = BIGRAM_BASE - WORD_BASE
 ANALYZERS = ("wordpiece", "english")
-DEFAULT_ANALYZER = "wordpiece"
+DEFAULT_ANALYZER = "english"
+"""What a new profile analyzes with unless told (measured best: bench.retrieval on pep-titles, README)."""
+LEGACY_ANALYZER = "wordpiece"
+"""What a profile row without the column (from before migration 0045) analyzes with."""
 ENGLISH_STOP_WORDS = frozenset((
     "a an and are as at be but by for if in into is it no not of on or such that the their then there these they "
     "this to was will with"
@@ -106,7 +109,7 @@ class LexicalParams:
             bm25_b=float(profile.get("bm25_b", cls.bm25_b)),  # type: ignore[arg-type]
             fusion=str(profile.get("fusion") or cls.fusion),
             rrf_k=int(profile.get("rrf_k", cls.rrf_k)),  # type: ignore[call-overload]
-            analyzer=str(profile.get("lexical_analyzer") or cls.analyzer),
+            analyzer=str(profile.get("lexical_analyzer") or LEGACY_ANALYZER),
         )
 
 

@@ -141,4 +141,4 @@ def test_the_cli_creates_a_context_profile_and_lists_it(db, db_url, monkeypatch)
         "minilm-v1": False, "ctx-cli": True, "plain-cli": False}
     table = runner.invoke(app, ["profile", "list"], env={"COLUMNS": "200"})
     assert "ctx-cli: search hybrid" in table.output  # each profile's recipe line below the table
-    assert "lexical analyzer wordpiece, chunks embedded with title + headings" in table.output
+    assert "lexical analyzer english, chunks embedded with title + headings" in table.output

@@ -1,6 +1,7 @@
 """The lexical analyzer per profile (issue #35, migration 0045): a profile created with ``english`` publishes
 stemmed terms in the fenced transaction, search, the backfill and the quality gate read the profile's analyzer,
-the default stays ``wordpiece``, and the CLI sets and shows it."""
+a new install's default profile is ``english`` (migration 0047) while a profile row from before keeps
+``wordpiece``, and the CLI sets and shows it."""
 
 from __future__ import annotations
 
@@ -35,10 +36,10 @@ def fake() -> FakeEmbedder:
 
 @pytest.fixture
 def english(db, db_url):
-    """The active profile on the fake model (wordpiece, as every profile before migration 0045) and a building
-    ``english`` profile beside it."""
+    """The active profile on the fake model with ``wordpiece`` (as an install that indexed before migration 0047
+    keeps it) and a building ``english`` profile beside it."""
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE index_profile SET model = %s WHERE is_active", (MODEL,))
+        conn.execute("UPDATE index_profile SET model = %s, lexical_analyzer = 'wordpiece' WHERE is_active", (MODEL,))
     return profiles.create_profile(db, "english", model=MODEL, lexical=LexicalParams(analyzer="english"))
 
 
@@ -63,8 +64,8 @@ def terms(db_url: str, profile: str, document: str, version: int = 1) -> list[in
                             " AND version_number = %s", (profile, document, version)).fetchone()[0]
 
 
-def test_existing_profiles_stay_wordpiece_and_the_column_is_checked(db, db_url):
-    assert db.fetch_one("index_profile_active")["lexical_analyzer"] == "wordpiece"
+def test_a_new_installs_profile_is_english_and_the_column_is_checked(db, db_url):
+    assert db.fetch_one("index_profile_active")["lexical_analyzer"] == "english"
     with psycopg.connect(db_url, autocommit=True) as conn, pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("UPDATE index_profile SET lexical_analyzer = 'porter'")
 
@@ -117,18 +118,20 @@ def test_the_gate_scores_and_records_each_profiles_analyzer(db, english):
 
 
 def test_cli_create_with_an_analyzer_and_list_shows_analyzer_and_fusion(cli):
-    result = cli("profile", "create", "en", "--model", MODEL, "--analyzer", "english", "--fusion", "rrf", "--json")
+    result = cli("profile", "create", "wp", "--model", MODEL, "--analyzer", "wordpiece", "--fusion", "rrf", "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["lexical_analyzer"] == "english"
+    assert json.loads(result.output)["lexical_analyzer"] == "wordpiece"
+    result = cli("profile", "create", "plain", "--model", MODEL, "--json")
+    assert json.loads(result.output)["lexical_analyzer"] == "english", "the CLI's default is the measured best"
     result = cli("profile", "create", "bad", "--model", MODEL, "--analyzer", "porter")
     assert result.exit_code != 0 and "analyzer must be one of wordpiece, english" in " ".join(result.output.split())
 
     rows = {r["name"]: r for r in json.loads(cli("profile", "list", "--json").output)}
-    assert (rows["en"]["lexical_analyzer"], rows["en"]["fusion"], rows["en"]["rrf_k"]) == ("english", "rrf", 60)
-    assert (rows["minilm-v1"]["lexical_analyzer"], rows["minilm-v1"]["fusion"]) == ("wordpiece", "weighted")
+    assert (rows["wp"]["lexical_analyzer"], rows["wp"]["fusion"], rows["wp"]["rrf_k"]) == ("wordpiece", "rrf", 60)
+    assert (rows["minilm-v1"]["lexical_analyzer"], rows["minilm-v1"]["fusion"]) == ("english", "weighted")
     table = " ".join(cli("profile", "list").output.split())
-    assert "en: search hybrid (rrf k 60, lexical weight 0.5), lexical analyzer english" in table, table
-    assert "minilm-v1: search hybrid (weighted, lexical weight 0.5), lexical analyzer wordpiece" in table, table
+    assert "wp: search hybrid (rrf k 60, lexical weight 0.5), lexical analyzer wordpiece" in table, table
+    assert "minilm-v1: search hybrid (weighted, lexical weight 0.5), lexical analyzer english" in table, table
 
 
 def test_a_copied_version_gets_lexical_rows_of_its_own_profiles_analyzer(db, db_url, publisher, indexed):

@@ -328,7 +328,7 @@ def test_postings_go_with_their_rows_when_chunks_are_deleted(db, db_url, index, 
 
 
 def test_a_rewritten_row_loses_exactly_the_postings_of_the_terms_it_lost(db, db_url, index):
-    from resources.lexical import analyzer_for, write_lexical
+    from resources.lexical import profile_analyzer, write_lexical
 
     claimed, chunks = index("acme", "refunds", ["Refunds take 30 days.", "The refund desk opens at nine."])
     before = postings(db_url)
@@ -339,7 +339,7 @@ def test_a_rewritten_row_loses_exactly_the_postings_of_the_terms_it_lost(db, db_
     assert after == listed(db_url) and after != before
     assert {c for c, _ in after} == {c.chunk_id for c in chunks}
     with db.transaction() as tx:  # and back: the same terms as a first write, nothing else
-        write_lexical(tx, [key] * 2, chunks, analyzer_for(MODEL))
+        write_lexical(tx, [key] * 2, chunks, profile_analyzer(db.fetch_one("index_profile_get", {"name": PROFILE})))
     assert postings(db_url) == before == listed(db_url)
 
 

@@ -7,6 +7,7 @@ import multiprocessing
 import psycopg
 from psycopg import sql as pgsql
 
+from pipelines.domain.lexical import DEFAULT_ANALYZER
 from resources.embedder import DEFAULT_MODEL_NAME, PACKAGED_MODEL_NAME
 from resources.migrations import LEXICAL_BACKFILL, LEXICAL_MIGRATION, migrate, pending
 from sql import migration_files, queries
@@ -122,6 +123,30 @@ def test_an_install_that_already_indexed_keeps_its_model_through_0024(pg_server_
         _insert_one_chunk(conn)
     assert DEFAULT_BACKEND_MIGRATION in migrate(url)
     assert _profile_model(url) == PACKAGED_MODEL_NAME
+
+
+DEFAULT_ANALYZER_MIGRATION = "0047_default_profile_english_analyzer"
+
+
+def _profile_analyzer(url: str) -> str:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT lexical_analyzer FROM index_profile WHERE name = 'minilm-v1'").fetchone()[0]
+
+
+def test_a_new_install_analyzes_with_the_default_analyzer(pg_server_url):
+    url = _fresh(pg_server_url, "mig_default_analyzer_fresh")
+    migrate(url)
+    assert _profile_analyzer(url) == DEFAULT_ANALYZER == "english"
+
+
+def test_an_install_that_already_indexed_keeps_its_analyzer_through_0047(pg_server_url):
+    """0047 switches the default profile's analyzer only where no chunk (so no lexical row) exists under it yet."""
+    url = _fresh(pg_server_url, "mig_default_analyzer_kept")
+    _migrate_before(url, DEFAULT_ANALYZER_MIGRATION)
+    with psycopg.connect(url, autocommit=True) as conn:
+        _insert_one_chunk(conn)
+    assert DEFAULT_ANALYZER_MIGRATION in migrate(url)
+    assert _profile_analyzer(url) == "wordpiece"
 
 
 def test_upgrade_past_0025_keeps_the_postings_under_one_unique_index(pg_server_url):

@@ -84,7 +84,7 @@ def test_fuse_and_fuse_matrix_agree_and_lexical_weight_moves_the_order():
 
 
 def test_params_and_modes():
-    assert LexicalParams.of({}) == LexicalParams()
+    assert LexicalParams.of({}) == LexicalParams(analyzer="wordpiece"), "a row from before migration 0045"
     assert LexicalParams.of({"search_mode": "dense", "lexical_weight": 0.3}).lexical_weight == 0.3
     assert check_mode("lexical") == "lexical"
     with pytest.raises(ValueError):

@@ -88,7 +88,7 @@ def test_the_stemmer_is_injected():
 
 
 def test_the_analyzer_is_a_checked_profile_parameter():
-    assert ANALYZERS == ("wordpiece", "english") and LexicalParams().analyzer == "wordpiece"
+    assert ANALYZERS == ("wordpiece", "english") and LexicalParams().analyzer == "english"
     assert LexicalParams.of({"lexical_analyzer": "english"}).analyzer == "english"
     assert LexicalParams.of({}).analyzer == "wordpiece", "a row from before migration 0045"
     with pytest.raises(ValueError, match="analyzer must be one of wordpiece, english"):

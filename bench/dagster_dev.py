@@ -27,12 +27,12 @@ run_launcher:
   config:
     kill_grace_seconds: 10
 """
-"""The run_launcher block dagster.yaml keeps commented out: it swaps the default run launcher for the warm one."""
+"""dagster.yaml's run_launcher block: the warm launcher, the project's default (removed for ``default``)."""
 
 
 def run_launcher_choice() -> str:
     """``default`` or ``warm``: the run launcher tests and benches put into their dagster.yaml (KBINDEX_RUN_LAUNCHER)."""
-    choice = os.environ.get("KBINDEX_RUN_LAUNCHER", "default")
+    choice = os.environ.get("KBINDEX_RUN_LAUNCHER", "warm")
     if choice not in ("default", "warm"):
         raise ValueError(f"KBINDEX_RUN_LAUNCHER={choice!r}: expected 'default' or 'warm'")
     return choice

@@ -433,7 +433,7 @@ class Chaos:
             if before not in yaml:
                 raise RuntimeError(f"dagster.yaml no longer has {before!r}: update bench/chaos")
             yaml = yaml.replace(before, after)
-        (home / "dagster.yaml").write_text(dagster_yaml(yaml))  # KBINDEX_RUN_LAUNCHER=warm: the warm launcher
+        (home / "dagster.yaml").write_text(dagster_yaml(yaml))  # the warm launcher unless KBINDEX_RUN_LAUNCHER=default
         self.blobs = root / "blobs"
         env = dict(os.environ)
         env.update(

@@ -109,7 +109,7 @@ def e2e(pg_server_url, template_url, tmp_path_factory):
 
     home = root / "dagster_home"
     home.mkdir()
-    write_dagster_yaml(home)  # KBINDEX_RUN_LAUNCHER=warm: the warm run launcher
+    write_dagster_yaml(home)  # the warm run launcher unless KBINDEX_RUN_LAUNCHER=default
     marker = root / "sensor-fault-marker"
     env = dict(os.environ)
     env.update(

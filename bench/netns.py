@@ -199,47 +199,40 @@ class Hosts:
         return f"postgresql://postgres@{SERVER_ADDR}:{PORT}/{database}"
 
     # -- faults ---------------------------------------------------------------------------------
+    @staticmethod
+    def _drop(ns: str, table: str, match: str) -> None:
+        """One nftables table in ``ns`` whose input hook drops what ``match`` selects, silently (no RST, no ICMP)."""
+        _run("ip", "netns", "exec", ns, "nft", "-f", "-", input=(
+            f"table inet {table} {{\n"
+            "  chain input { type filter hook input priority -300; policy accept; "
+            f"{match} drop; }}\n"
+            "}\n"))
+
     def cut(self) -> None:
         """Drop every packet between the hosts, both directions, silently (no RST, no ICMP)."""
         for ns, peer in ((self.ns_db, CLIENT_ADDR), (self.ns_client, SERVER_ADDR)):
-            _run("ip", "netns", "exec", ns, "nft", "-f", "-", input=(
-                "table inet kbcut {\n"
-                "  chain input { type filter hook input priority -300; policy accept; "
-                f"ip saddr {peer} drop; }}\n"
-                "}\n"))
+            self._drop(ns, "kbcut", f"ip saddr {peer}")
         self.is_cut = True
 
     def cut_connection(self, client_port: int) -> None:
         """Drop the packets of one TCP connection only (the client's end on ``client_port``), both directions:
         as a NAT or firewall that forgot an idle connection, while the rest of the link works. ``heal()`` ends it."""
         for ns, peer, port in ((self.ns_db, CLIENT_ADDR, "sport"), (self.ns_client, SERVER_ADDR, "dport")):
-            _run("ip", "netns", "exec", ns, "nft", "-f", "-", input=(
-                "table inet kbcut {\n"
-                "  chain input { type filter hook input priority -300; policy accept; "
-                f"ip saddr {peer} tcp {port} {client_port} drop; }}\n"
-                "}\n"))
+            self._drop(ns, "kbcut", f"ip saddr {peer} tcp {port} {client_port}")
         self.is_cut = True
 
     def cut_embed(self) -> None:
         """Drop every packet between B and the embedding host C, both directions, silently; B <-> A still works."""
         assert self.ns_embed is not None, "add_embed_host() first"
         for ns, peer in ((self.ns_embed, EMBED_CLIENT_ADDR), (self.ns_client, EMBED_ADDR)):
-            _run("ip", "netns", "exec", ns, "nft", "-f", "-", input=(
-                "table inet kbembcut {\n"
-                "  chain input { type filter hook input priority -300; policy accept; "
-                f"ip saddr {peer} drop; }}\n"
-                "}\n"))
+            self._drop(ns, "kbembcut", f"ip saddr {peer}")
         self.is_cut = True
 
     def lose(self, percent: int) -> None:
         """Drop ``percent`` % of the packets arriving over the A <-> B link, both namespaces, at random (TCP
         retransmits them, as on a lossy link); ``heal()`` ends it."""
         for ns, peer in ((self.ns_db, CLIENT_ADDR), (self.ns_client, SERVER_ADDR)):
-            _run("ip", "netns", "exec", ns, "nft", "-f", "-", input=(
-                "table inet kbloss {\n"
-                "  chain input { type filter hook input priority -300; policy accept; "
-                f"ip saddr {peer} numgen random mod 100 < {int(percent)} counter drop; }}\n"
-                "}\n"))
+            self._drop(ns, "kbloss", f"ip saddr {peer} numgen random mod 100 < {int(percent)} counter")
 
     def dropped_packets(self) -> int:
         """Packets ``lose`` dropped so far, both namespaces (the rules' counters)."""

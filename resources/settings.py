@@ -6,6 +6,7 @@ import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 DEFAULT_HOME = ".kbindex"
 
@@ -116,6 +117,17 @@ def _number(env: dict[str, str], name: str, default: float) -> float:
     return value
 
 
+def _bounds_from_env(cls: Any, env: dict[str, str] | None) -> Any:
+    """A bounds dataclass from its variables (``cls.env_name(field)``), each field's default where unset; a
+    field whose default is an int stays an int."""
+    env = dict(os.environ if env is None else env)
+    values: dict[str, float] = {}
+    for f in fields(cls):
+        value = _number(env, cls.env_name(f.name), f.default)
+        values[f.name] = int(value) if isinstance(f.default, int) else value
+    return cls(**values)
+
+
 @dataclass(frozen=True)
 class ConnectionBounds:
     """How long a PostgreSQL connection may wait on the network or the server before it gives up.
@@ -178,12 +190,7 @@ class ConnectionBounds:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ConnectionBounds:
-        env = dict(os.environ if env is None else env)
-        values: dict[str, float] = {}
-        for f in fields(cls):
-            value = _number(env, cls.env_name(f.name), f.default)
-            values[f.name] = int(value) if isinstance(f.default, int) else value
-        return cls(**values)
+        return _bounds_from_env(cls, env)
 
     def network(self, role: str = "tool") -> tuple[float, float, int, int]:
         """The role's (keepalives_idle_s, keepalives_interval_s, keepalives_count, tcp_user_timeout_ms): the
@@ -243,12 +250,7 @@ class EmbedServiceBounds:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> EmbedServiceBounds:
-        env = dict(os.environ if env is None else env)
-        values: dict[str, float] = {}
-        for f in fields(cls):
-            value = _number(env, cls.env_name(f.name), f.default)
-            values[f.name] = int(value) if isinstance(f.default, int) else value
-        return cls(**values)
+        return _bounds_from_env(cls, env)
 
     def silent_bound_s(self) -> float:
         """About how long a batch whose link went silent takes to error out: the network bounds (the same

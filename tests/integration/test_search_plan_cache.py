@@ -69,6 +69,10 @@ def test_no_search_statement_of_any_mode_runs_a_generic_plan_on_a_reused_connect
     from pipelines.domain.metadata import ReadScope
 
     seed(db_url, 6000, 24, 100, 0, lambda line: None, np.random.default_rng(3))
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:  # the seeded vocabulary is word-piece-sized ids, which
+        conn.execute("UPDATE index_profile SET lexical_analyzer = 'wordpiece'")  # the query's pieces then hit
     one_connection = Database(db_url, min_size=1, max_size=1)
     fake = FakeEmbedder(model_name=DEFAULT_MODEL_NAME)
     kinds = [("dense", None), ("lexical", None), ("hybrid", None), ("dense", ReadScope.of(filters=["dept=hr"]))]

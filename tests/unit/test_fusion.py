@@ -92,7 +92,7 @@ def test_rrf_matrix_agrees_with_rrf_over_each_sides_depth_best():
 
 
 def test_profile_fusion_parameters_are_checked_and_read_from_a_row():
-    assert LexicalParams.of({}) == LexicalParams() and LexicalParams().fusion == "weighted"
+    assert LexicalParams.of({}) == LexicalParams(analyzer="wordpiece") and LexicalParams().fusion == "weighted"
     assert LexicalParams.of({"fusion": "rrf", "rrf_k": 20}).rrf_k == 20
     assert check_params(LexicalParams(fusion="rrf", rrf_k=1)).fusion == "rrf"
     for bad in (LexicalParams(fusion="max"), LexicalParams(fusion="rrf", rrf_k=0), LexicalParams(rrf_k=100_001)):

@@ -17,6 +17,13 @@ by request number (``--schedule 3=timeout``):
     shuffled         rows (with their index) in reverse order
     nan              a NaN in the first row
 
+``POST /v1/rerank`` (Cohere/Jina/TEI-style: ``query`` and ``documents`` or ``texts``) scores each document by
+the words it shares with the query (deterministic), answering ``{"results": [{"index", "relevance_score"}]}``
+or, with ``rerank_shape="tei"``, a bare list of ``{"index", "score"}``. The same faults apply, numbered among
+rerank requests; the data faults become: wrong_dimension an index out of range, wrong_count an index twice,
+nan a NaN score (shuffled answers in reverse order, which is still a valid answer). Its records keep the
+query and documents received (``kind: "rerank"``), so a test can check what was sent.
+
 ``GET /stats`` returns every request: arrival time, inputs, tokens, status, fault, and for each answered
 request the inputs' sha256 digests, so a test can check the rate held and nothing was embedded twice.
 """
@@ -28,6 +35,7 @@ import email.utils
 import hashlib
 import json
 import random
+import re
 import socket
 import threading
 import time
@@ -91,7 +99,9 @@ class FakeEmbeddingServer:
         retry_after_date: bool = False,
         hang: float = 5.0,
         latency: float = 0.0,
+        rerank_shape: str = "cohere",
     ) -> None:
+        self.rerank_shape = rerank_shape
         self.rpm, self.tpm, self.window = rpm, tpm, window
         self.faults, self.schedule = dict(faults or {}), dict(schedule or {})
         self.retry_after, self.retry_after_date, self.hang, self.latency = retry_after, retry_after_date, hang, latency
@@ -129,7 +139,7 @@ class FakeEmbeddingServer:
 
     # -- one request ------------------------------------------------------------------------------
 
-    def _admit(self, tokens: int) -> tuple[int, str | None, float]:
+    def _admit(self, tokens: int, kind: str = "embeddings") -> tuple[int, str | None, float]:
         """Record the arrival; (request number, fault, seconds until the limit has room) under the lock."""
         with self._lock:
             now = time.time()
@@ -141,7 +151,7 @@ class FakeEmbeddingServer:
             if self.tpm is not None and sum(t for _, t in self._arrivals) + tokens > self.tpm:
                 over = max(over, self._arrivals[0][0] + self.window - now if self._arrivals else 0.0)
             self._arrivals.append((now, tokens))  # a refused request counts too, as providers count them
-            number = sum(1 for r in self.records if r["kind"] == "embeddings") + 1
+            number = sum(1 for r in self.records if r["kind"] == kind) + 1
             fault = self.schedule.get(number)
             if fault is None:
                 for name, rate in self.faults.items():
@@ -169,6 +179,14 @@ class FakeEmbeddingServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _send_raw(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()  # NaN as the bare literal, as a faulty provider would send it
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.rstrip("/").endswith("/stats"):
                     self._send(200, server.stats())
@@ -178,17 +196,27 @@ class FakeEmbeddingServer:
             def do_POST(self) -> None:  # noqa: N802
                 arrived = time.time()
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                if not self.path.rstrip("/").endswith("/v1/embeddings"):
+                rerank = self.path.rstrip("/").endswith("/rerank")
+                if not rerank and not self.path.rstrip("/").endswith("/v1/embeddings"):
                     self._send(404, {"error": {"message": "not found"}})
                     return
-                texts = body.get("input")
-                texts = [texts] if isinstance(texts, str) else list(texts or [])
-                dimensions = int(body.get("dimensions") or 384)
-                tokens = sum(count_tokens(t) for t in texts)
-                number, fault, over = server._admit(tokens)
-                record: dict[str, Any] = {"kind": "embeddings", "number": number, "at": arrived, "inputs": len(texts),
+                if rerank:
+                    texts = [str(t) for t in (body.get("documents") or body.get("texts") or [])]
+                    query = str(body.get("query") or "")
+                    dimensions = 0
+                    tokens = sum(count_tokens(t) for t in texts) + count_tokens(query) * len(texts)
+                else:
+                    texts = body.get("input")
+                    texts = [texts] if isinstance(texts, str) else list(texts or [])
+                    dimensions = int(body.get("dimensions") or 384)
+                    tokens = sum(count_tokens(t) for t in texts)
+                kind = "rerank" if rerank else "embeddings"
+                number, fault, over = server._admit(tokens, kind)
+                record: dict[str, Any] = {"kind": kind, "number": number, "at": arrived, "inputs": len(texts),
                                           "tokens": tokens, "fault": fault, "status": None, "digests": [],
                                           "auth": self.headers.get("Authorization") is not None}
+                if rerank:
+                    record.update(query=query, documents=texts)
                 with server._lock:
                     server.records.append(record)
                 if server.latency:
@@ -219,7 +247,10 @@ class FakeEmbeddingServer:
                     self._send(503, {"error": {"message": "overloaded"}})
                     return
                 try:
-                    self._send(200, server.answer(texts, dimensions, body.get("model"), fault, tokens))
+                    if rerank:
+                        self._send_raw(200, server.rerank_answer(query, texts, fault))
+                    else:
+                        self._send(200, server.answer(texts, dimensions, body.get("model"), fault, tokens))
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout fault)
                     record["status"] = "client gone"
                     return
@@ -243,6 +274,29 @@ class FakeEmbeddingServer:
         elif fault == "nan" and rows:
             rows[0]["embedding"][0] = float("nan")
         return {"object": "list", "data": rows, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    def rerank_answer(self, query: str, texts: list[str], fault: str | None) -> Any:
+        """The JSON body of a 200 to /rerank (Cohere/Jina shape, or TEI's with rerank_shape="tei"), best first,
+        with the data faults applied."""
+        ranked = sorted(range(len(texts)), key=lambda i: (-overlap_score(query, texts[i]), i))
+        rows: list[dict[str, Any]] = [{"index": i, "score": overlap_score(query, texts[i])} for i in ranked]
+        if fault == "wrong_dimension" and rows:
+            rows[0]["index"] = len(texts)
+        elif fault == "wrong_count" and len(rows) > 1:
+            rows[1]["index"] = rows[0]["index"]
+        elif fault == "shuffled":
+            rows = rows[::-1]
+        elif fault == "nan" and rows:
+            rows[0]["score"] = float("nan")
+        if self.rerank_shape == "tei":
+            return rows
+        return {"results": [{"index": r["index"], "relevance_score": r["score"]} for r in rows]}
+
+
+def overlap_score(query: str, document: str) -> float:
+    """The fake reranker's relevance: the share of the query's distinct words the document contains."""
+    words = set(re.findall(r"\w+", query.lower()))
+    return len(words & set(re.findall(r"\w+", document.lower()))) / len(words) if words else 0.0
 
 
 def max_in_window(times: list[float], window: float) -> int:

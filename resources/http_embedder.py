@@ -489,6 +489,11 @@ class HttpEmbedder:
         """One provider request, retried within bounds; (vectors, row indices) or a typed error."""
         body = {"model": self.config.model, "input": batch, "dimensions": self.config.dimension,
                 "encoding_format": "float"}
+        return self._send(body, tokens)
+
+    def _send(self, body: dict[str, Any], tokens: int) -> Any:
+        """POST ``body`` to ``_endpoint()`` under the shared limiter, retried within bounds; what ``_parse`` makes
+        of the answer, or a typed error. The reranker (resources/http_reranker.py) shares this loop."""
         headers = self._headers()  # a missing key fails before anything is spent
         deadline = time.time() + self.max_wait
         error: EmbeddingError | None = None
@@ -515,11 +520,19 @@ class HttpEmbedder:
         assert error is not None
         raise error
 
+    def _endpoint(self) -> str:
+        return embeddings_endpoint(self.config.url)
+
+    def _parse(self, response: httpx.Response) -> tuple[Any, int | None]:
+        """(what the caller gets, the provider's token count) of a 200 answer."""
+        vectors, indices, used = _parse_rows(response)
+        return (vectors, indices), used
+
     def _post(self, body: dict[str, Any], headers: dict[str, str], used: list[int | None],
-              timeout: httpx.Timeout | None = None) -> tuple[np.ndarray, list[Any]]:
+              timeout: httpx.Timeout | None = None) -> Any:
         """One HTTP request; ``used[0]`` gets the provider's token count. _Retry for what may pass later."""
         try:
-            response = self._client.post(embeddings_endpoint(self.config.url), json=body, headers=headers,
+            response = self._client.post(self._endpoint(), json=body, headers=headers,
                                          timeout=timeout if timeout is not None else self._client.timeout)
         except httpx.TimeoutException as exc:
             raise _Retry(EmbeddingTimeout(f"the embedding provider did not answer in time ({type(exc).__name__})")) from exc
@@ -539,8 +552,8 @@ class HttpEmbedder:
             # 400/401/403/404/413/422: our request or key is wrong; retrying now would not help.
             raise EmbeddingUnavailable(f"the embedding provider refused the request (HTTP {status}); check the "
                                        "profile's URL, model, dimension and API key", status=status)
-        vectors, indices, used[0] = _parse_rows(response)
-        return vectors, indices
+        result, used[0] = self._parse(response)
+        return result
 
 
 class _Status(Exception):

@@ -309,6 +309,9 @@ def list_profiles(db: Database) -> list[dict[str, Any]]:
                 "previous_active": r["previous_active"],
                 "created_at": r["created_at"],
                 "embed_context": r["embed_context"],
+                "rerank": None if r.get("rerank_url") is None else {
+                    "url": r["rerank_url"], "model": r["rerank_model"], "key_env": r["rerank_key_env"],
+                    "candidates": r["rerank_candidates"]},
                 "coverage": {
                     "covered_versions": covered,
                     "current_versions": current,
@@ -350,6 +353,8 @@ def why_not_activatable(session: Any, name: str, active: str | None) -> list[str
         profile = session.fetch_one("index_profile_get", {"name": name})
         if profile is not None and not gate_scored_fusion(gate, profile):
             reasons.append("its fusion changed after its latest gate (`kbindex profile fusion`): gate it again")
+        if profile is not None and not gate_scored_rerank(gate, profile):
+            reasons.append("its reranker changed after its latest gate (`kbindex profile rerank`): gate it again")
     return reasons
 
 
@@ -366,6 +371,65 @@ def gate_scored_fusion(gate: Mapping[str, Any], profile: Mapping[str, Any]) -> b
         return now.fusion == "weighted"
     scored = LexicalParams(fusion=gate["fusion"], rrf_k=int(gate["rrf_k"]), lexical_weight=float(gate["lexical_weight"]))
     return _fusion_of(scored) == _fusion_of(now)
+
+
+def _rerank_of(row: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """What decides a reranked ranking: the reranker's URL, remote model and candidates (all None: none)."""
+    return (row.get("rerank_url"), row.get("rerank_model"), row.get("rerank_candidates"))
+
+
+def gate_scored_rerank(gate: Mapping[str, Any], profile: Mapping[str, Any]) -> bool:
+    """Whether a gate row scored the profile with the reranker it has now (a row from before migration 0048
+    scored none)."""
+    return _rerank_of(gate) == _rerank_of(profile)
+
+
+def set_rerank(db: Database, name: str, *, url: str | None, model: str | None = None, key_env: str | None = None,
+               candidates: int = 50, force: bool = False) -> dict[str, Any]:
+    """Give profile ``name`` an HTTP reranker (``url`` and ``model``; resources/http_reranker.py), or none (``url``
+    None). Query-time only: nothing is re-indexed, search reranks from its next query, and nothing is sent to the
+    provider here. As set_fusion: a shadow profile's latest gate no longer counts; the active profile changes only
+    with ``force`` (IllegalTransition otherwise), recorded in the profile history. InvalidRequest for an unknown
+    profile or a recipe that cannot work (check_reranker)."""
+    from resources.http_embedder import ProviderConfig
+    from resources.http_reranker import check_reranker
+
+    validate_profile_name(name)
+    if url is None:
+        wanted: dict[str, Any] = {"rerank_url": None, "rerank_model": None, "rerank_key_env": None, "rerank_candidates": None}
+    else:
+        config = ProviderConfig(url=url, model=model or "", api_key_env=key_env or None)
+        check_reranker(config, candidates)
+        wanted = {"rerank_url": url, "rerank_model": model, "rerank_key_env": key_env or None,
+                  "rerank_candidates": candidates}
+    with db.transaction() as tx:
+        rows = tx.fetch_all("index_profile_lock_all")
+        if _find(rows, name) is None:
+            raise InvalidRequest(f"no index profile named {name!r} (see `kbindex profile list`)")
+        current = tx.fetch_one("index_profile_get", {"name": name})
+        assert current is not None
+        active = _find(rows, name)["is_active"]  # type: ignore[index]
+        changed = _rerank_of(wanted) != _rerank_of(current) or wanted["rerank_key_env"] != current["rerank_key_env"]
+        if active and not force and changed:
+            raise IllegalTransition(
+                f"profile {name!r} is active: a reranker change would alter search without a quality gate. Gate a "
+                "shadow profile with this reranker first, then repeat with --force",
+                profile=name,
+            )
+        row = tx.fetch_one("index_profile_rerank_set", {"name": name, **wanted})
+        before = {k: current[k] for k in wanted}
+        tx.execute(
+            "index_profile_event_insert",
+            {
+                "profile": name,
+                "action": "rerank",
+                "from_profile": None,
+                "forced": bool(active and force),
+                "detail": json.dumps({"from": before, "to": wanted}),
+            },
+        )
+    assert row is not None
+    return dict(row)
 
 
 def set_fusion(db: Database, name: str, *, fusion: str, rrf_k: int | None = None, lexical_weight: float | None = None,
@@ -573,6 +637,7 @@ def evaluate_profile(
     cache: dict[tuple[str, str], np.ndarray] | None = None,
     k: int = DEFAULT_K,
     mode: str | None = None,
+    reranker: Any = None,
 ) -> RetrievalScores:
     """nDCG@k and recall@k of a profile's recipe on ``eval_set``, in memory (the index is not touched).
 
@@ -581,7 +646,10 @@ def evaluate_profile(
     ``mode`` (default: the profile's ``search_mode``, the one search uses): cosine of the profile's
     model (dense), BM25 with the profile's k1, b and ``lexical_analyzer`` over the eval corpus (lexical), or
     their fusion as the profile's ``fusion`` says (hybrid: the weighted sum with ``lexical_weight``, or RRF with ``rrf_k`` over each
-    side's ``hybrid_depth(k)`` best chunks, as search fuses), every chunk scored exactly.
+    side's ``hybrid_depth(k)`` best chunks, as search fuses), every chunk scored exactly. A profile with a
+    reranker (migration 0048) then has each query's ``rerank_candidates`` best chunks reordered by it, as search
+    does (``reranker`` overrides the profile's HTTP reranker; its failure fails the evaluation, it does not fall
+    back: a gate must score what it says it scored).
     """
     params = LexicalParams.of(profile)
     mode = check_mode(mode or params.search_mode)
@@ -627,11 +695,30 @@ def evaluate_profile(
         else:
             scores = fuse_matrix(scores, bm25, params.lexical_weight)
     assert scores is not None
+    if profile.get("rerank_url") and profile.get("rerank_candidates"):
+        if reranker is None:
+            from resources.http_reranker import HttpReranker, reranker_config
+
+            reranker = HttpReranker(reranker_config(profile))  # type: ignore[arg-type]
+        scores = _reranked(scores, [c.text for c in chunks], queries, reranker, int(profile["rerank_candidates"]))
     per_paragraph = np.maximum.reduceat(scores, np.asarray(starts), axis=1)
     doc_ids = [d for d, _, _ in eval_set.corpus]
     top = np.argsort(-per_paragraph, axis=1, kind="stable")[:, :k]
     rankings = {qid: [doc_ids[j] for j in top[i]] for i, (qid, _) in enumerate(eval_set.queries)}
     return evaluate(rankings, eval_set.qrels, k)
+
+
+def _reranked(scores: np.ndarray, texts: list[str], queries: list[str], reranker: Any, candidates: int) -> np.ndarray:
+    """``scores`` with each query's ``candidates`` best chunks lifted above the rest in the reranker's order (as
+    search returns them); candidates the reranker left out keep their score, below the ones it ranked."""
+    out = np.array(scores, dtype=np.float64, copy=True)
+    for i, query in enumerate(queries):
+        cand = np.argsort(-out[i], kind="stable")[:candidates]
+        ranked = reranker.rerank(query, [texts[j] for j in cand])
+        top = float(out[i].max()) if out.shape[1] else 0.0
+        for position, (index, _) in enumerate(ranked):
+            out[i, cand[index]] = top + 1.0 + (len(ranked) - position)
+    return out
 
 
 def run_gate(
@@ -649,6 +736,7 @@ def run_gate(
     parameters (the row records the shadow's fusion: changing it afterwards makes the gate stale for activation).
 
     passed = shadow nDCG@10 >= active nDCG@10 - tolerance and shadow recall@10 >= active recall@10 - tolerance.
+    A profile with an HTTP reranker is scored through it (one request per query; the row records the reranker).
     Returns the recorded ``profile_gate`` row. ``embedders`` (by model name) overrides the model loading (tests).
     """
     validate_profile_name(name)
@@ -693,6 +781,7 @@ def run_gate(
             "lexical_weight": scored.lexical_weight,
             "lexical_analyzer": scored.analyzer,
             "baseline_lexical_analyzer": LexicalParams.of(active).analyzer,
+            **dict(zip(("rerank_url", "rerank_model", "rerank_candidates"), _rerank_of(shadow), strict=True)),
         },
     )
     assert row is not None
@@ -713,4 +802,5 @@ __all__ = [
     "rollback_profile",
     "run_gate",
     "set_fusion",
+    "set_rerank",
 ]

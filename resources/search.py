@@ -13,15 +13,24 @@ filter may drop them all), so search runs in a transaction with pgvector 0.8 ite
 (``relaxed_order``) and re-orders the hits exactly by distance. If the walk stops at
 ``max_scan_tuples`` with fewer than k hits (a small tenant among big ones), an exhaustive query over the
 tenant's current chunks gives the exact answer, which is cheap precisely because the tenant is small.
+
+A profile with an HTTP reranker (migration 0048, resources/http_reranker.py) has the ``rerank_candidates`` best
+chunks of that answer (fused, and already within the caller's permissions and filters: nothing else is sent)
+reordered by the reranker before the k best are returned. A reranker that fails (timeout, rate limit, 5xx after
+its retries, an answer that fails the checks) costs the search nothing but the order: the unreranked hits come
+back with ``rerank_error`` set to the stable code.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipelines.domain.errors import InvalidRequest
+import httpx
+
+from pipelines.domain.errors import EmbeddingUnavailable, InvalidRequest, KbindexError
 from pipelines.domain.identifiers import validate_tenant
 from pipelines.domain.lexical import MODES, LexicalParams, check_params, fuse, fuse_rrf
 from pipelines.domain.metadata import NO_FILTERS, ReadScope
@@ -43,6 +52,7 @@ p50 90 ms, p95 161 ms, recall@10 0.944; exhaustive (with the metadata index of m
 p95 16 ms, recall 1.0. A filter keeping a tenth of that tenant (28.5k chunks) walks: the probe costs it
 p50 11 vs 5 ms."""
 MAX_QUERY_CHARS = 10_000
+log = logging.getLogger("kbindex")
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,18 @@ class SearchHit:
         out = asdict(self)
         out["heading_path"] = list(self.heading_path)
         return out
+
+
+class SearchHits(list[SearchHit]):
+    """The hits, best first, and what the rerank stage did: ``reranked`` None (the profile has no reranker), True
+    (the order is the reranker's) or False (it failed: the unreranked order, ``rerank_error`` its stable code)."""
+
+    reranked: bool | None = None
+    rerank_error: str | None = None
+
+    def status(self) -> dict[str, Any]:
+        """What the API and the CLI show besides the hits."""
+        return {"reranked": self.reranked, "rerank_error": self.rerank_error}
 
 
 def ef_search_for(k: int) -> int:
@@ -86,7 +108,8 @@ def search(
     max_scan_tuples: int = DEFAULT_MAX_SCAN_TUPLES,
     read: ReadScope | None = None,
     fusion: str | None = None,
-) -> list[SearchHit]:
+    reranker: Any = None,
+) -> SearchHits:
     """The ``k`` best chunks of ``tenant_id``'s current versions for ``query``, best first.
 
     ``mode``: ``dense`` (cosine), ``lexical`` (BM25) or ``hybrid`` (both, fused as pipelines/domain/lexical.py
@@ -105,6 +128,9 @@ def search(
 
     ``fusion``: ``weighted`` or ``rrf`` for this query instead of the profile's (``python -m bench.retrieval``
     compares both on one index); None = the profile's ``fusion``.
+
+    ``reranker``: overrides the profile's HTTP reranker (an object with ``rerank(query, texts)``); the profile
+    decides whether and over how many candidates to rerank. Returns SearchHits (a list, with the rerank status).
     """
     validate_tenant(tenant_id)
     if not isinstance(k, int) or not 1 <= k <= MAX_K:
@@ -125,6 +151,8 @@ def search(
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from exc
     mode = mode or params.search_mode
+    candidates = int(profile.get("rerank_candidates") or 0) if profile.get("rerank_url") else 0
+    fetch = max(k, candidates)  # the rerank stage picks from the candidates, then k are returned
     vector = None
     if mode != "lexical":
         if isinstance(embedder, ProfileEmbedders):  # a long-lived caller: whichever profile is active now
@@ -142,17 +170,17 @@ def search(
         tx.execute("search_snapshot")
         # Before any other statement of the transaction, so each is planned for its own parameters: without it
         # lexical_stats_get ran psycopg's prepared generic plan 30 times in 35 (tests/integration/test_search_plan_cache.py).
-        depth = k if mode != "hybrid" else hybrid_depth(k)
+        depth = fetch if mode != "hybrid" else hybrid_depth(fetch)
         tx.fetch_one("search_settings", {"ef_search": ef_search_for(depth), "max_scan_tuples": max(1, int(max_scan_tuples))})
         weights = query_weights(tx, analyze, query, **scope) if analyze is not None else None
         if mode == "dense":
-            rows = _dense_rows(tx, vector, scope, visible, k)
+            rows = _dense_rows(tx, vector, scope, visible, fetch)
             scores = {r["chunk_id"]: 1.0 - float(r["distance"]) for r in rows}
         elif mode == "lexical":
-            rows = lexical_search(tx, weights, params, k=k, read=visible, **scope) if weights else []
+            rows = lexical_search(tx, weights, params, k=fetch, read=visible, **scope) if weights else []
             scores = {r["chunk_id"]: float(r["bm25"]) for r in rows}
         else:
-            rows, scores = _hybrid_rows(tx, vector, weights, params, scope, visible, k)
+            rows, scores = _hybrid_rows(tx, vector, weights, params, scope, visible, fetch)
     hits = [
         SearchHit(
             document_id=r["document_id"],
@@ -167,7 +195,34 @@ def search(
         for r in rows
     ]
     hits.sort(key=lambda h: (-h.score, h.chunk_id))
-    return hits[:k]
+    out = SearchHits(hits[:k])
+    if candidates and hits:
+        if reranker is None:
+            from resources.http_reranker import reranker_for_profile
+
+            reranker = reranker_for_profile(profile)
+        out = _rerank(reranker, query, hits[:candidates], hits[candidates:], k)
+    return out
+
+
+def _rerank(reranker: Any, query: str, candidates: list[SearchHit], rest: list[SearchHit], k: int) -> SearchHits:
+    """The candidates in the reranker's order (any it left out after, in their order), then the rest, k of them;
+    each hit keeps its retrieval score. On a reranker failure the unreranked order with its stable code."""
+    try:
+        try:
+            ranked = reranker.rerank(query, [h.text for h in candidates])
+        except httpx.HTTPError as exc:  # what the transport does not map itself (a malformed URL, say)
+            raise EmbeddingUnavailable(f"the reranker could not be asked ({type(exc).__name__})") from exc
+    except KbindexError as exc:
+        log.warning("rerank failed (%s): returning the unreranked order", exc.code)
+        out = SearchHits((candidates + rest)[:k])
+        out.reranked, out.rerank_error = False, exc.code
+        return out
+    order = [i for i, _ in ranked]
+    order += [i for i in range(len(candidates)) if i not in set(order)]
+    out = SearchHits(([candidates[i] for i in order] + rest)[:k])
+    out.reranked = True
+    return out
 
 
 def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[str, Any], k: int) -> list[dict[str, Any]]:

@@ -819,7 +819,10 @@ def create_app(
             "`as=` only versions without an allow list; a whole-tenant token, everything, or the `as=` "
             "principals. `filter` (repeatable, combined with AND): `key=value`, `key=a|b`, `key!=value`, "
             "`key>=2026-01-01`, `key<10` (numbers or dates), `key` (exists), `!key` (absent); on a list-valued "
-            "key `=` means contains."
+            "key `=` means contains. `reranked`: null when the active profile has no reranker, true when the hits "
+            "are in its reranker's order, false when the reranker failed and they are in the unreranked order, "
+            "with `rerank_error` its stable code (EMBEDDING_TIMEOUT, EMBEDDING_RATE_LIMITED, EMBEDDING_UNAVAILABLE, "
+            "EMBEDDING_INVALID_RESPONSE): a reranker failure never fails the search."
         ),
         responses={
             **READ_ERRORS,
@@ -851,15 +854,18 @@ def create_app(
         if not q.strip():
             raise InvalidRequest("the query must not be blank")
 
-        def run() -> list[Any]:
+        def run() -> tuple[list[Any], dict[str, Any]]:
             fn = search_fn or _default_search()
             if state["embedder"] is None:
                 state["embedder"] = _default_embedder()
-            return _jsonable(list(fn(db, state["embedder"], q, tenant_id=who.tenant_id, k=k, mode=mode, read=scope)))
+            found = fn(db, state["embedder"], q, tenant_id=who.tenant_id, k=k, mode=mode, read=scope)
+            status = found.status() if callable(getattr(found, "status", None)) else {"reranked": None, "rerank_error": None}
+            return _jsonable(list(found)), status
 
         with searches.slot(who.tenant_id):  # counted before any await: 429 for the tenant, 503 for all
-            hits = await to_thread.run_sync(run, limiter=search_threads)
-        return {"query": q, "k": k, "mode": mode, "hits": hits}
+            hits, status = await to_thread.run_sync(run, limiter=search_threads)
+        # reranked: null (the profile has no reranker), true, or false with rerank_error (the unreranked order).
+        return {"query": q, "k": k, "mode": mode, "hits": hits, **status}
 
     # -- model migration ---------------------------------------------------------------------
 

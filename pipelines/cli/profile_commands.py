@@ -132,6 +132,47 @@ def fusion_command(
     console.print(f"profile {row['name']}: fusion {_fusion_text(row)} ({state})", highlight=False)
 
 
+def _rerank_text(row: dict) -> str:
+    rerank = row.get("rerank")
+    if not rerank:
+        return "no reranker"
+    key = f", key ${rerank['key_env']}" if rerank.get("key_env") else ""
+    return f"reranked by {rerank['model']} at {rerank['url']} (top {rerank['candidates']}{key})"
+
+
+@profile_app.command("rerank")
+def rerank_command(
+    name: str = typer.Argument(...),
+    url: str = typer.Option(None, "--url", help="The reranker's base URL: POST {url}/rerank (Cohere, Jina or TEI style)."),
+    model: str = typer.Option(None, "--model", help="The remote reranking model, e.g. BAAI/bge-reranker-base."),
+    key_env: str = typer.Option(None, "--key-env", help="NAME of the environment variable holding the API key (KBINDEX_EMBED_KEY_*)."),
+    candidates: int = typer.Option(50, "--candidates", help="How many of search's best chunks the reranker reorders (1..200)."),
+    off: bool = typer.Option(False, "--off", help="No reranking for NAME."),
+    force: bool = typer.Option(False, "--force", help="Change the ACTIVE profile's reranker without a gate (recorded)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Rerank NAME's search results through an HTTP reranker, or stop (--off); query-time only, nothing is
+    re-indexed (a shadow profile needs a new gate; the active profile only with --force, exit 3 otherwise)."""
+    from pipelines.domain.errors import InvalidRequest
+    from resources.profiles import set_rerank
+
+    with open_database(writes=True) as db, errors_to_exit():
+        if off == bool(url or model):
+            raise InvalidRequest("give --url and --model, or --off")
+        if not off and not (url and model):
+            raise InvalidRequest("--url and --model are both required")
+        row = set_rerank(db, name, url=None if off else url, model=model, key_env=key_env, candidates=candidates,
+                         force=force)
+    if as_json:
+        print_json(row)
+        return
+    shown = {"rerank": None if row["rerank_url"] is None else {
+        "url": row["rerank_url"], "model": row["rerank_model"], "key_env": row["rerank_key_env"],
+        "candidates": row["rerank_candidates"]}}
+    state = "active: search uses it now" if row["is_active"] else "gate it again before activating"
+    console.print(f"profile {row['name']}: {_rerank_text(shown)} ({state})", highlight=False)
+
+
 @profile_app.command("list")
 def list_command(as_json: bool = JsonOption) -> None:
     """Profiles with model, chunking, state, coverage, latest gate and (while building) migration progress."""
@@ -162,7 +203,7 @@ def list_command(as_json: bool = JsonOption) -> None:
     console.print(table)
     for r in rows:  # below the table, which has no room left in 80 columns
         console.print(f"{r['name']}: search {r['search_mode']} ({_fusion_text(r)}), lexical analyzer "
-                      f"{r['lexical_analyzer']}, {_context_text(r)}", highlight=False)
+                      f"{r['lexical_analyzer']}, {_context_text(r)}, {_rerank_text(r)}", highlight=False)
     for r in rows:
         if r["migration"]:
             console.print(f"migration to {r['name']}: {progress_line(r['migration'])}", highlight=False)

@@ -11,7 +11,7 @@ from rich.console import Group
 from rich.padding import Padding
 from rich.text import Text
 
-from pipelines.cli.app import JsonOption, app, console, errors_to_exit, open_database, print_json
+from pipelines.cli.app import JsonOption, app, console, err_console, errors_to_exit, open_database, print_json
 from pipelines.domain.errors import InvalidRequest
 from pipelines.domain.lexical import MODES
 
@@ -56,6 +56,9 @@ def search_command(
             raise InvalidRequest(f"--mode must be one of {', '.join(MODES)}")
         embedder = embedder_for_profile(profile, home=Settings.from_env().home)  # `kbindex dev` keeps one warm
         hits = search(db, embedder, query, tenant_id=tenant, k=k, mode=mode, read=read)
+    rerank_error = getattr(hits, "rerank_error", None)
+    if rerank_error:  # stderr: the JSON on stdout stays the list of hits it always was
+        err_console.print(f"rerank failed ({rerank_error}): results in the unreranked order", highlight=False)
     if as_json:
         print_json([hit.to_dict() for hit in hits])
         return

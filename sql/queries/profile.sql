@@ -2,7 +2,7 @@
 -- One profile's recipe (model, dimension, chunker parameters, OCR, search fusion, lexical analyzer, context in chunks).
 SELECT name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, activated_at, created_at,
        ocr, search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k, lexical_analyzer,
-       embed_context
+       embed_context, rerank_url, rerank_model, rerank_key_env, rerank_candidates
 FROM index_profile
 WHERE name = %(name)s;
 
@@ -10,7 +10,7 @@ WHERE name = %(name)s;
 -- The profile search reads.
 SELECT name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, activated_at, created_at,
        search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k, lexical_analyzer,
-       embed_context
+       embed_context, rerank_url, rerank_model, rerank_key_env, rerank_candidates
 FROM index_profile
 WHERE is_active;
 
@@ -18,7 +18,7 @@ WHERE is_active;
 -- Shadow profiles being built beside the active one.
 SELECT name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, activated_at, created_at,
        search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k, lexical_analyzer,
-       embed_context
+       embed_context, rerank_url, rerank_model, rerank_key_env, rerank_candidates
 FROM index_profile
 WHERE building
 ORDER BY created_at;

@@ -139,7 +139,7 @@ latest_gate AS (
 SELECT ip.name, ip.model, ip.dimension, ip.chunk_tokens, ip.chunk_overlap, ip.is_active, ip.building,
        ip.activated_at, ip.previous_active, ip.created_at, ip.search_mode, ip.lexical_weight, ip.bm25_k1, ip.bm25_b,
        ip.fusion, ip.rrf_k, ip.lexical_analyzer,
-       ip.embed_context,
+       ip.embed_context, ip.rerank_url, ip.rerank_model, ip.rerank_key_env, ip.rerank_candidates,
        (SELECT count(*) FROM current_version)::integer AS current_versions,
        coalesce(cv.n, 0) AS covered_versions,
        g.gate_id, g.passed AS gate_passed, g.baseline_profile AS gate_baseline, g.eval_set AS gate_eval_set,
@@ -240,20 +240,21 @@ ORDER BY b.created_at, b.name;
 INSERT INTO profile_gate (profile, baseline_profile, eval_set, eval_digest, documents, queries, k,
                           shadow_ndcg, shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds,
                           mode, baseline_mode, fusion, rrf_k, lexical_weight, lexical_analyzer,
-                          baseline_lexical_analyzer)
+                          baseline_lexical_analyzer, rerank_url, rerank_model, rerank_candidates)
 VALUES (%(profile)s, %(baseline_profile)s, %(eval_set)s, %(eval_digest)s, %(documents)s, %(queries)s, %(k)s,
         %(shadow_ndcg)s, %(shadow_recall)s, %(active_ndcg)s, %(active_recall)s, %(tolerance)s, %(passed)s,
         %(seconds)s, %(mode)s, %(baseline_mode)s, %(fusion)s, %(rrf_k)s, %(lexical_weight)s,
-        %(lexical_analyzer)s, %(baseline_lexical_analyzer)s)
+        %(lexical_analyzer)s, %(baseline_lexical_analyzer)s, %(rerank_url)s, %(rerank_model)s, %(rerank_candidates)s)
 RETURNING gate_id, profile, baseline_profile, eval_set, eval_digest, documents, queries, k, shadow_ndcg,
           shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds, created_at, mode, baseline_mode,
-          fusion, rrf_k, lexical_weight, lexical_analyzer, baseline_lexical_analyzer;
+          fusion, rrf_k, lexical_weight, lexical_analyzer, baseline_lexical_analyzer, rerank_url, rerank_model,
+          rerank_candidates;
 
 -- name: profile_gate_latest
 -- The profile's latest gate result (activation requires it to have passed against the active profile).
 SELECT gate_id, profile, baseline_profile, eval_set, eval_digest, documents, queries, k, shadow_ndcg,
        shadow_recall, active_ndcg, active_recall, tolerance, passed, seconds, created_at, fusion, rrf_k, lexical_weight,
-       lexical_analyzer, baseline_lexical_analyzer
+       lexical_analyzer, baseline_lexical_analyzer, rerank_url, rerank_model, rerank_candidates
 FROM profile_gate
 WHERE profile = %(profile)s
 ORDER BY gate_id DESC
@@ -266,3 +267,11 @@ UPDATE index_profile
  WHERE name = %(name)s
 RETURNING name, model, dimension, chunk_tokens, chunk_overlap, is_active, building, created_at,
           search_mode, lexical_weight, bm25_k1, bm25_b, fusion, rrf_k, lexical_analyzer;
+
+-- name: index_profile_rerank_set
+-- Set or clear (all NULL) a profile's HTTP reranker (query-time only: nothing is re-indexed). No row back: no such profile.
+UPDATE index_profile
+   SET rerank_url = %(rerank_url)s, rerank_model = %(rerank_model)s, rerank_key_env = %(rerank_key_env)s,
+       rerank_candidates = %(rerank_candidates)s
+ WHERE name = %(name)s
+RETURNING name, model, is_active, building, rerank_url, rerank_model, rerank_key_env, rerank_candidates;

@@ -90,6 +90,7 @@ def _record_gate(db, profile: str, baseline: str, shadow: float, active: float, 
             "mode": "hybrid", "baseline_mode": "hybrid",
             "fusion": None, "rrf_k": None, "lexical_weight": None,  # as a row from before migration 0044
             "lexical_analyzer": None, "baseline_lexical_analyzer": None,  # ... and 0045
+            "rerank_url": None, "rerank_model": None, "rerank_candidates": None,  # ... and 0048
         },
     )
 

@@ -189,7 +189,34 @@ def test_the_cli_sets_shows_and_clears_a_reranker(db_url, monkeypatch):
     assert on.exit_code == 0, on.output
     listed = runner.invoke(app, ["profile", "list"])
     assert "reranked by BAAI/bge-reranker-base at http://127.0.0.1:8080 (top 20)" in " ".join(listed.output.split())
+    import json
+
+    (active,) = [p for p in json.loads(runner.invoke(app, ["profile", "list", "--json"]).stdout) if p["is_active"]]
+    assert active["rerank"] == {"url": "http://127.0.0.1:8080", "model": "BAAI/bge-reranker-base", "key_env": None,
+                                "candidates": 20}
     assert runner.invoke(app, ["profile", "rerank", "minilm-v1", "--url", "http://127.0.0.1:8080", "--model", "m"]).exit_code == 3
     assert runner.invoke(app, ["profile", "rerank", "minilm-v1", "--off", "--url", "http://127.0.0.1:8080"]).exit_code != 0
     off = runner.invoke(app, ["profile", "rerank", "minilm-v1", "--off", "--force"])
     assert off.exit_code == 0 and "no reranker" in off.output
+
+
+def test_cli_search_keeps_its_json_and_says_on_stderr_that_the_reranker_failed(db, db_url, indexed, tmp_path):
+    import json
+
+    from pipelines.cli.app import app
+
+    runner = CliRunner()
+    env = {"KBINDEX_DATABASE_URL": db_url, "KBINDEX_HOME": str(tmp_path)}
+    args = ["search", QUERY, "--tenant", "acme", "-k", "3", "--mode", "lexical", "--json"]  # lexical: no model to load
+    with FakeEmbeddingServer() as server:
+        profiles.set_rerank(db, "minilm-v1", url=server.url, model="fake-rerank", candidates=8, force=True)
+        good = runner.invoke(app, args, env=env)
+        assert [r["kind"] for r in server.stats()["records"]] == ["rerank"]
+    with FakeEmbeddingServer(faults={"unavailable": 1.0}) as broken:
+        profiles.set_rerank(db, "minilm-v1", url=broken.url, model="fake-rerank", candidates=8, force=True)
+        bad = runner.invoke(app, args, env=env)
+        assert broken.stats()["records"], "the reranker was asked"
+    assert good.exit_code == 0 and bad.exit_code == 0, (good.output, bad.output)
+    assert len(json.loads(good.stdout)) == len(json.loads(bad.stdout)) == 3
+    assert "rerank failed" not in good.stderr
+    assert "rerank failed (EMBEDDING_UNAVAILABLE): results in the unreranked order" in " ".join(bad.stderr.split())

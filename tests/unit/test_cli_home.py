@@ -32,7 +32,7 @@ READ_ONLY = {
 }
 # Commands that set a home up or write (open_database(writes=True)): they may create one.
 CREATES_HOME = {"dev", "db start", "migrate", "api", "embed-service", "publish", "cancel", "retry",
-                "profile create", "profile backfill", "profile activate", "profile rollback", "profile gate", "profile fusion",
+                "profile create", "profile backfill", "profile activate", "profile rollback", "profile gate", "profile fusion", "profile rerank",
                 "delete", "erase", "source add"}
 NEEDS_NO_HOME = {"db stop"}  # says "not running" without a home, and creates nothing
 

@@ -244,8 +244,13 @@ class Hosts:
                     total += int(nxt)
         return total
 
+    def stop_losing(self) -> None:
+        """End ``lose`` (a cut stays)."""
+        for ns in (self.ns_db, self.ns_client):
+            _run("ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "kbloss", check=False)
+
     def heal(self) -> None:
-        """The links as they were: no cut, and no packet loss (relay.lose_packets' table) left for the next test."""
+        """The links as they were: no cut, and no packet loss (``lose``'s table) left for the next test."""
         for ns in (self.ns_db, self.ns_client, self.ns_embed):
             if ns is None:
                 continue

@@ -36,7 +36,7 @@ from resources.database import Database
 from resources.publisher import Publisher
 from resources.verifier import verify
 from bench.netns import Hosts
-from tests.network.relay import dropped_packets, lose_packets, relay_url, start_relay, stop_losing
+from tests.network.relay import relay_url, start_relay
 
 WORKER = str(Path(__file__).with_name("burst_worker.py"))
 CHUNKS_PER_VERSION = 12  # tests/network/client.chunks_of
@@ -159,7 +159,7 @@ def run_burst(hosts: Hosts, database: str, blobs: Path, *, versions: int, docume
     running: list[_Worker] = []
     try:
         if loss_percent:
-            lose_packets(hosts, loss_percent)
+            hosts.lose(loss_percent)
         url = relay_url(database)
         running = [_Worker(hosts, url, f"w{i}", lease_s, batch, embed_s, freeze and i == 0, env or {})
                    for i in range(workers)]
@@ -180,7 +180,7 @@ def run_burst(hosts: Hosts, database: str, blobs: Path, *, versions: int, docume
                     break
                 time.sleep(0.5)
         wall = time.monotonic() - started
-        dropped = dropped_packets(hosts) if loss_percent else 0
+        dropped = hosts.dropped_packets() if loss_percent else 0
     finally:
         for w in running:
             if w.proc.poll() is None:
@@ -188,7 +188,7 @@ def run_burst(hosts: Hosts, database: str, blobs: Path, *, versions: int, docume
         errors = [w.stop() for w in running]
         relay.kill()
         relay.communicate(timeout=30)
-        stop_losing(hosts)
+        hosts.stop_losing()
     report = _read_result(local, task_ids, [line for w in running for line in w.lines], wall, dropped)
     report.done_s = wall if done is None else done
     if freeze and running:

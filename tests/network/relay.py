@@ -8,8 +8,9 @@ and one writer per direction, and the same delay for every chunk, so bytes leave
 (nothing is reordered, nothing merged across directions). An end of stream or an error on either side ends
 both. It prints ``LISTENING`` once it accepts connections.
 
-``lose_packets`` drops a share of the packets arriving over the veth in both namespaces (nftables
-``numgen random``): TCP retransmits them, as on a lossy link. ``stop_losing`` (or ``Hosts.heal``, which every test's teardown calls) ends it.
+Packet loss is ``Hosts.lose`` (bench/netns.py): a share of the packets arriving over the veth dropped in both
+namespaces (nftables ``numgen random``), which TCP retransmits, as on a lossy link; ``Hosts.stop_losing`` (or
+``Hosts.heal``, which every test's teardown calls) ends it.
 """
 
 from __future__ import annotations
@@ -104,31 +105,6 @@ def relay_url(database: str, port: int = RELAY_PORT) -> str:
     from bench.netns import SERVER_ADDR
 
     return f"postgresql://postgres@{SERVER_ADDR}:{port}/{database}"
-
-
-def lose_packets(hosts, percent: int) -> None:
-    """Drop ``percent`` % of the packets arriving over the veth, in both namespaces, at random (``Hosts.lose``)."""
-    hosts.lose(percent)
-
-
-def dropped_packets(hosts) -> int:
-    """Packets ``lose_packets`` dropped so far, both namespaces (the rules' counters)."""
-    from bench.netns import _run
-
-    total = 0
-    for ns in (hosts.ns_db, hosts.ns_client):
-        out = _run("ip", "netns", "exec", ns, "nft", "list", "table", "inet", "kbloss", check=False).stdout
-        for word, nxt in zip(out.split(), out.split()[1:]):
-            if word == "packets":
-                total += int(nxt)
-    return total
-
-
-def stop_losing(hosts) -> None:
-    from bench.netns import _run
-
-    for ns in (hosts.ns_db, hosts.ns_client):
-        _run("ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "kbloss", check=False)
 
 
 if __name__ == "__main__":

@@ -84,8 +84,11 @@ def dev_command(
     logs = make_private_dirs(settings.home / "logs")  # 0700, the logs 0600: they quote documents and errors
     status = DevStatus(ui_url=f"http://{host}:{port}", log_path=logs / "dagster.log",
                        sample_tenant=SAMPLE_TENANT if sample else None)
-    # SIGTERM (systemd, docker stop, kill) shuts down like Ctrl-C: Dagster and the service stop with us.
+    # SIGTERM (systemd, docker stop, kill) and SIGHUP (the terminal closed) shut down like Ctrl-C: Dagster and the
+    # service stop with us. Dagster runs in its own session, so a hang-up never reaches it: without this, closing
+    # the terminal killed kbindex dev and left Dagster running with nobody to stop it.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
     # The warm model every run embeds through; runs load their own until it answers (it never blocks start-up).
     service = start_service(settings.home, env, wait=False, log=logs / "embedder.log")
     env["KBINDEX_EMBED_SERVICE"] = str(settings.home)
@@ -109,6 +112,7 @@ def dev_command(
         # Dagster's whole group and the service at once, one shared grace, SIGKILL only past it (dev_stop.py).
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the stop half-way
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         report = stop_all(proc, service)
         with open_private(status.log_path, "a") as log:
             log.write(f"==== {report.line()} ====\n")

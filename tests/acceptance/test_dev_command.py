@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(240)
-def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster_pg_url):
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup-terminal-closed"])
+def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster_pg_url, stop_signal):
     home = Path(tempfile.mkdtemp(prefix="kbdev-"))  # short: the service's Unix socket lives here
     port = free_port()
     env = {**os.environ, "KBINDEX_DATABASE_URL": db_url, "DAGSTER_PG_URL": dagster_pg_url, "KBINDEX_HOME": str(home),
@@ -54,10 +55,10 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
         assert len(family) >= 4  # dagster dev, webserver, daemon, code server(s), embedding service
 
         sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop_signal)
         proc.wait(90)
         took = time.monotonic() - sent
-        print(f"kbindex dev: SIGTERM -> exit {took:.1f} s")
+        print(f"kbindex dev: {stop_signal.name} -> exit {took:.1f} s")
         assert proc.returncode == 0
         assert took < 15, f"stopping took {took:.1f} s"  # was 33 s and a SIGKILL (issue #29)
 

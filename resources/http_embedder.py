@@ -146,7 +146,7 @@ class ProviderConfig:
         )
 
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 def check_provider(config: ProviderConfig, *, dimension: int) -> None:
@@ -163,7 +163,7 @@ def check_provider(config: ProviderConfig, *, dimension: int) -> None:
     if config.dimension != dimension:
         raise InvalidRequest(f"the index stores vector({dimension}): the provider must return {dimension} "
                              "dimensions (sent as `dimensions` in every request)")
-    if config.api_key_env is not None and not _ENV_NAME.match(config.api_key_env):
+    if config.api_key_env is not None and not ENV_NAME_RE.match(config.api_key_env):
         raise InvalidRequest(f"--api-key-env takes the NAME of an environment variable (e.g. {KEY_ENV_PREFIX}OPENAI), "
                              "never the key itself")
     problem = transport_problem(config)

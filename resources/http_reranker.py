@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from pipelines.domain.errors import EmbeddingInvalidResponse, InvalidRequest
-from resources.http_embedder import _ENV_NAME, WINDOW_ENV, HttpEmbedder, ProviderConfig, transport_problem
+from resources.http_embedder import ENV_NAME_RE, WINDOW_ENV, HttpEmbedder, ProviderConfig, transport_problem
 
 MAX_CANDIDATES = 200
 """The most chunks one search sends to the reranker (and the CHECK of index_profile.rerank_candidates)."""
@@ -51,7 +51,7 @@ def check_reranker(config: ProviderConfig, candidates: int) -> None:
         raise InvalidRequest("--url must not carry credentials or a query: put the key in the variable named by --key-env")
     if not config.model.strip() or len(config.model) > 200:
         raise InvalidRequest("--model must name the remote reranking model (1-200 characters)")
-    if config.api_key_env is not None and not _ENV_NAME.match(config.api_key_env):
+    if config.api_key_env is not None and not ENV_NAME_RE.match(config.api_key_env):
         raise InvalidRequest("--key-env takes the NAME of an environment variable, never the key itself")
     if not 1 <= candidates <= MAX_CANDIDATES:
         raise InvalidRequest(f"--candidates must be between 1 and {MAX_CANDIDATES}")

@@ -219,7 +219,8 @@ def _rerank(reranker: Any, query: str, candidates: list[SearchHit], rest: list[S
         out.reranked, out.rerank_error = False, exc.code
         return out
     order = [i for i, _ in ranked]
-    order += [i for i in range(len(candidates)) if i not in set(order)]
+    ranked_ids = set(order)
+    order += [i for i in range(len(candidates)) if i not in ranked_ids]
     out = SearchHits(([candidates[i] for i in order] + rest)[:k])
     out.reranked = True
     return out

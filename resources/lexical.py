@@ -28,7 +28,6 @@ from functools import lru_cache, partial
 from typing import Any
 
 from pipelines.domain.lexical import (
-    LEGACY_ANALYZER,
     LexicalParams,
     check_analyzer,
     english_term_counts,
@@ -68,7 +67,7 @@ def _stem_words(words: list[str]) -> list[str]:
 
 
 @lru_cache(maxsize=16)
-def analyzer_for(model: str, analyzer: str = LEGACY_ANALYZER) -> Analyzer:
+def analyzer_for(model: str, analyzer: str) -> Analyzer:
     """The term analysis of a profile with ``model`` and ``lexical_analyzer`` ``analyzer`` (ValueError for an
     unknown analyzer; the CHECK of migration 0045 keeps them out of the table)."""
     if check_analyzer(analyzer) == "english":

@@ -383,6 +383,8 @@ class Chaos:
         self.stopped_pids: set[int] = set()
         self.serial = 0
         self.pg_down = threading.Event()
+        self.pg_stops = 0
+        """PostgreSQL stops begun so far: a connection opened before the latest one reports it on its next use."""
         self.abort = threading.Event()
         self._events_seen = 0
         self._pid_runs: dict[int, str] = {}
@@ -894,6 +896,7 @@ class Chaos:
         with self.fault_lock:
             self._note("stopping PostgreSQL (pg_ctl -m fast)")
             started = time.monotonic()
+            self.pg_stops += 1
             self.pg_down.set()
             try:
                 self.pg.stop()
@@ -916,21 +919,25 @@ class Chaos:
         embedder = FakeEmbedder(model_name=self.model)
         db = Database(self.app_url, max_size=2)
         conn: psycopg.Connection | None = None
+        conn_stops = self.pg_stops  # the stops already begun when ``conn`` was opened
         strict = True
         try:
             while not self.stop_event.is_set():
                 tenant = self.rng.choice(self.search_tenants)
                 query = self.docs.query()
+                stops = self.pg_stops  # the pool checks each connection it hands out: only this query's own window counts
                 try:
                     if strict:
                         if conn is None or conn.closed or conn.broken:
+                            conn_stops = self.pg_stops
                             conn = self._snapshot_connection()
+                        stops = conn_stops
                         self._strict_search(conn, search, embedder, tenant, query)
                     else:
                         self._bracketed_search(db, search, embedder, tenant, query)
                 except (psycopg.Error, KbindexError) as exc:
                     self.c.reader["errors"] += 1
-                    if not self.outage() and self.c.reader["errors"] <= 3:
+                    if not self.outage(since_stops=stops) and self.c.reader["errors"] <= 3:
                         self.c.errors.append(f"reader (database up): {type(exc).__name__}: {exc}")
                     if conn is not None:
                         try:
@@ -948,8 +955,13 @@ class Chaos:
                 conn.close()
             db.close()
 
-    def outage(self) -> bool:
-        """PostgreSQL stopped, or the link to it cut or lossy (or healed moments ago): errors are expected now."""
+    def outage(self, since_stops: int | None = None) -> bool:
+        """PostgreSQL stopped, or the link to it cut or lossy (or healed moments ago): errors are expected now.
+
+        ``since_stops`` is ``pg_stops`` when the failing connection was opened: a connection that lived through a
+        stop fails on its first use after PostgreSQL is back (AdminShutdown), when ``pg_down`` is already clear."""
+        if since_stops is not None and self.pg_stops != since_stops:
+            return True
         return self.pg_down.is_set() or (self.network is not None and self.network.expected())
 
     def _snapshot_connection(self) -> psycopg.Connection:

@@ -5,6 +5,7 @@ Usage (from the checkout)::
 
     python -m bench.scale.search [--chunks 1000000] [--queries 100] [--m 24] [--ef-construction 100]
                                  [--no-lexical] [--modes dense] [--keep | --seeded]
+                                 [--permission-rounds 5]
 
 Uses KBINDEX_DATABASE_URL if set (a scratch database ``kbindex_bench_search`` is created and dropped
 next to it), otherwise its own embedded PostgreSQL under a temporary folder.
@@ -655,6 +656,64 @@ def measure(url: str, queries_per_tenant: int, out: Callable[[str], None], rng: 
     return results
 
 
+def permission_rounds(url: str, queries_per_tenant: int, rounds: int, out: Callable[[str], None],
+                      rng: np.random.Generator) -> list[dict]:
+    """Permissions on vs off, alone and repeated: the product's dense search as PERMISSIONS and as EVERYTHING,
+    ``rounds`` times over the same ``queries_per_tenant`` queries per tenant, the two sides alternating which goes
+    first on each query; per round, each side's p95 and their ratio. A p95 of a few ms over 100 queries is the
+    5th-slowest sample, so one round's ratio swings with a single stall: the median round is the figure."""
+    product = settings_grid()[0]
+    rows = []
+    with Database(url, max_size=2) as db:
+        for tenant in MEASURED_TENANTS:
+            current = db.fetch_one("bench_search_tenant_current", {"tenant_id": tenant, "profile": PROFILES[0]})
+            questions = tenant_queries(db, tenant, queries_per_tenant, rng, np.random.default_rng(LEXICAL_SEED + 2))
+            if not questions:
+                continue
+            sides = {"off": EVERYTHING, "on": PERMISSIONS}
+            for i in range(min(10, len(questions))):  # warm both
+                for read in sides.values():
+                    product_search(db, questions[i].vector, tenant, product, read)
+            per_round, differing = [], 0  # equal work: the principal may read everything, so the answers match
+            for r in range(rounds):
+                ms: dict[str, list[float]] = {"off": [], "on": []}
+                for i, q in enumerate(questions):
+                    order = ("off", "on") if (i + r) % 2 == 0 else ("on", "off")
+                    got = {}
+                    for side in order:
+                        t0 = time.perf_counter()
+                        got[side] = product_search(db, q.vector, tenant, product, sides[side])[0]
+                        ms[side].append((time.perf_counter() - t0) * 1000)
+                    differing += got["on"] != got["off"]
+                p95 = {side: percentile(v, 95) for side, v in ms.items()}
+                per_round.append({"on_p95_ms": p95["on"], "off_p95_ms": p95["off"], "ratio": p95["on"] / p95["off"],
+                                  "on_p50_ms": statistics.median(ms["on"]), "off_p50_ms": statistics.median(ms["off"])})
+                out(f"permissions {tenant:<8} round {r + 1}/{rounds}: p95 on/off {p95['on']:.2f}/{p95['off']:.2f} ms "
+                    f"= {p95['on'] / p95['off']:.3f}")
+            ratios = [x["ratio"] for x in per_round]
+            rows.append({"tenant": tenant, "current_chunks": current["current_chunks"], "queries": len(questions),
+                         "rounds": per_round, "answers_differing": differing, "median_ratio": statistics.median(ratios),
+                         "min_ratio": min(ratios), "max_ratio": max(ratios)})
+    return rows
+
+
+def permission_summary(rows: list[dict]) -> list[str]:
+    """Per tenant, the median round's p95 ratio (on / off) and the spread; the worst median against the target."""
+    lines = []
+    for r in rows:
+        on = statistics.median(x["on_p95_ms"] for x in r["rounds"])
+        off = statistics.median(x["off_p95_ms"] for x in r["rounds"])
+        lines.append(f"permissions dense on/off, {r['tenant']} ({r['current_chunks']:,} current chunks, "
+                     f"{r['queries']} queries x {len(r['rounds'])} rounds): median p95 {on:.2f}/{off:.2f} ms, "
+                     f"median ratio {r['median_ratio']:.3f} (rounds {r['min_ratio']:.3f}-{r['max_ratio']:.3f}); "
+                     f"queries answered differently: {r['answers_differing']}")
+    if rows:
+        worst = max(r["median_ratio"] for r in rows)
+        verdict = "met" if worst <= 1.10 else "missed"
+        lines.append(f"permissions dense on/off: worst median ratio {worst:.3f} (target: within 10%: {verdict})")
+    return lines
+
+
 HEADER = (f"{'tenant':<8} {'current':>9} {'mode':<7} {'plan':>5}  {'setting':<18} {'scope':<29} {'kept':>6} "
           f"{'p50 ms':>7} {'p95 ms':>7} "
           f"{'recall@10':>9} {'min':>5} {'all terms':>9} {'fallback':>8} {'scoped':>6} {'exact ms':>8}")
@@ -702,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
                         "references cost the most at 1M)")
     parser.add_argument("--lexical", action=argparse.BooleanOptionalAction, default=True,
                         help="also seed the lexical index and measure hybrid and lexical search (default: on)")
+    parser.add_argument("--permission-rounds", type=int, metavar="N",
+                        help="measure only permissions on vs off (dense), N rounds over --queries queries per tenant")
     parser.add_argument("--json", dest="json_path", help="also write the results here")
     parser.add_argument("--keep", action="store_true",
                         help=f"keep the seeded {SCRATCH} database (with KBINDEX_DATABASE_URL: a server that outlives the run)")
@@ -730,6 +791,14 @@ def main(argv: list[str] | None = None) -> int:
             f"table {sizes['table_bytes'] / 2**30:.2f} GiB, HNSW {sizes['hnsw_bytes'] / 2**30:.2f} GiB; "
             f"{sizes['lexical_chunks']:,} lexical rows, {sizes['postings']:,} postings, "
             f"{sizes['lexical_bytes'] / 2**30:.2f} GiB")
+        if args.permission_rounds:
+            rows = permission_rounds(url, args.queries, args.permission_rounds, out, np.random.default_rng(QUERY_SEED))
+            for line in permission_summary(rows):
+                out(line)
+            if args.json_path:
+                with open(args.json_path, "w", encoding="utf-8") as fh:
+                    json.dump({"sizes": sizes, "seeding_s": timings, "permission_rounds": rows}, fh, indent=2)
+            return 0
         out(HEADER)
         # Queries from their own generator: a --seeded run asks the same questions as the run that seeded.
         results = measure(url, args.queries, out, np.random.default_rng(QUERY_SEED), (args.modes,) if args.modes else MODES)

@@ -108,3 +108,21 @@ def test_seeded_lexical_index_is_what_publish_leaves(db_url, template_url):
                     row = tx.fetch_one("lexical_stats_reconcile",
                                        {"tenant_id": tenant, "profile": profile, "document_ids": names})
                 assert row["terms_changed"] == 0 and row["ledgers"] == len(names), (tenant, profile, row)
+
+
+def test_permission_rounds_compare_equal_work_round_by_round(tmp_path, capsys):
+    """--permission-rounds: only permissions on vs off, repeated; both sides answer every query alike (the
+    principal may read everything), each round's ratio is its own two p95s, the summary holds them to 10%."""
+    report = tmp_path / "perm.json"
+    assert main(["--chunks", "3000", "--queries", "6", "--no-lexical", "--permission-rounds", "3",
+                 "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "permissions dense on/off: worst median ratio" in out and "target: within 10%" in out
+    rows = json.loads(report.read_text())["permission_rounds"]
+    assert len(rows) >= 3 and {r["tenant"] for r in rows} <= set(MEASURED_TENANTS)
+    assert all(r["current_chunks"] > 0 and r["answers_differing"] == 0 for r in rows)
+    for r in rows:
+        assert len(r["rounds"]) == 3
+        for x in r["rounds"]:
+            assert x["ratio"] == x["on_p95_ms"] / x["off_p95_ms"]
+        assert r["min_ratio"] <= r["median_ratio"] <= r["max_ratio"]

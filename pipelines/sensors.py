@@ -12,16 +12,21 @@ order with the fresh ones (unless a live run still covers them). A crash shared 
 bisected (record_crashed_runs); a run that can do nothing useful any more (a queued run whose leases
 were all taken over, a launched run that lost every lease) is canceled before the tick plans
 its runs, so it pins no partition keys and gives its run slot back (release_runs).
+A tick that finds nothing due waits up to KBINDEX_CLAIM_WAIT_SECONDS for a publish's NOTIFY and claims it
+then, so a lone publish is not left for the daemon's next loop, 5 s later (resources/task_wakeup.py).
 """
 
 
+import contextlib
 import os
 import signal
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import dagster as dg
+import psycopg
 from dagster import DagsterRunStatus, RunsFilter
 
 from pipelines.jobs import index_versions_job
@@ -40,6 +45,7 @@ from resources.dagster_resources import (
 )
 from resources.partition_keys import record_added
 from resources.task_queue import ClaimedTask, RunLeases, TaskQueue
+from resources.task_wakeup import TaskWakeup
 
 # A run is sized by its work, not its number of versions: a run pays a fixed cost (process start, imports,
 # Dagster's step events: seconds), which 160 long documents spread thin and 160 abstracts do not (issue #14:
@@ -69,6 +75,10 @@ BATCH_MIN = int(os.environ.get("KBINDEX_RUN_BATCH_MIN", "12"))
 # two runs of 20 abstracts cost twice that for nothing (the embedding service keeps every core busy for
 # one run). A burst of 1,000 publishes on the 1M-version bench ended in two runs of 19 and 20.
 RUN_SPLIT_BYTES = int(os.environ.get("KBINDEX_RUN_SPLIT_BYTES", str(256 * 1024)))
+# A tick that finds nothing due waits this long for a publish (a task event's NOTIFY, resources/task_wakeup.py)
+# and claims it at once, instead of at the next tick: the daemon ticks a sensor at most every 5 s. Kept below
+# that loop so the daemon's other sensors still run every loop; 0 claims once per tick, as Dagster would.
+CLAIM_WAIT_SECONDS = float(os.environ.get("KBINDEX_CLAIM_WAIT_SECONDS", "3.5"))
 MAX_WAITING_RUNS = int(os.environ.get("KBINDEX_MAX_WAITING_RUNS", "1"))
 LEASE_SECONDS = float(os.environ.get("KBINDEX_LEASE_SECONDS", "60"))
 # A reservation lasts the longest expected wait for a run slot: a run queued behind the per-tenant limit
@@ -266,21 +276,17 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
     # With the run queue full, start no new work, but still take over expired leases (invariant 7:
     # nothing stays RUNNING past its lease plus one claim tick).
     queue_full = waiting >= MAX_WAITING_RUNS
-    # for_run: each lease is a reservation its run adopts when it starts (task_adopt); one that ends
-    # unadopted gives its attempt back.
-    limit, left = claim_limit(database, queue_full)
-    claimed = queue.claim(owner, limit=limit, expired_only=queue_full, for_run=True)
-    if not queue_full and len(claimed) < limit and left > 0:
-        # Capacity live work left free goes to requested profile backfills (a model migration): the
-        # tick's run slots, not the live claim's limit (which, with nothing due, is only room for
-        # BATCH_UNSIZED takeovers per slot and held a migration to half its runs' size).
-        room = backfill_limit(database, BATCH_MAX * max(1, RUN_SPREAD) - len(claimed), left, bool(claimed))
-        claimed += queue.claim_backfill(owner, room, for_run=True) if room else []
-    # After the claim (a slow cancel never delays a takeover, invariant 7) and before planning: a released
-    # run pins no keys, so the tasks taken over from it share big runs instead of getting one run each.
-    released = release_runs(context.instance, queue, runs)
-    for run_id in released:
-        context.log.warning(f"run {run_id} holds none of its leases any more: canceled to free its run slot")
+    deadline = time.monotonic() + CLAIM_WAIT_SECONDS
+    with contextlib.ExitStack() as stack:
+        wakeup = None if queue_full else _listen(stack, database, context)  # LISTEN before the claim: none missed
+        claimed = claim_due(database, queue, owner, queue_full)
+        # After the claim (a slow cancel never delays a takeover, invariant 7) and before planning: a released
+        # run pins no keys, so the tasks taken over from it share big runs instead of getting one run each.
+        released = release_runs(context.instance, queue, runs)
+        for run_id in released:
+            context.log.warning(f"run {run_id} holds none of its leases any more: canceled to free its run slot")
+        while not claimed and wakeup is not None and wakeup.wait(deadline):
+            claimed = claim_due(database, queue, owner, queue_full)
     if not claimed:
         if queue_full:
             return dg.SkipReason(f"{waiting} run(s) still waiting to start; no expired leases to take over")
@@ -315,6 +321,34 @@ def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseRes
         run_requests=requests,
         dynamic_partitions_requests=[document_versions.build_add_request(plan.add)] if plan.add else [],
     )
+
+
+def claim_due(database: DatabaseResource, queue: TaskQueue, owner: str, queue_full: bool) -> list[ClaimedTask]:
+    """Claim what is due for ``owner``: live work sized by claim_limit (only expired leases with the run queue
+    full), then requested profile backfills in the capacity it left. for_run: each lease is a reservation its
+    run adopts when it starts (task_adopt); one that ends unadopted gives its attempt back."""
+    limit, left = claim_limit(database, queue_full)
+    claimed = queue.claim(owner, limit=limit, expired_only=queue_full, for_run=True)
+    if not queue_full and len(claimed) < limit and left > 0:
+        # Capacity live work left free goes to requested profile backfills (a model migration): the
+        # tick's run slots, not the live claim's limit (which, with nothing due, is only room for
+        # BATCH_UNSIZED takeovers per slot and held a migration to half its runs' size).
+        room = backfill_limit(database, BATCH_MAX * max(1, RUN_SPREAD) - len(claimed), left, bool(claimed))
+        claimed += queue.claim_backfill(owner, room, for_run=True) if room else []
+    return claimed
+
+
+def _listen(stack: contextlib.ExitStack, database: DatabaseResource,
+            context: dg.SensorEvaluationContext) -> TaskWakeup | None:
+    """The tick's wake-up on new task events, or None (waiting is off, or the LISTEN failed: the tick then
+    claims once, as without it, and says why)."""
+    if CLAIM_WAIT_SECONDS <= 0:
+        return None
+    try:
+        return stack.enter_context(TaskWakeup(database.db.url))
+    except psycopg.Error as exc:
+        context.log.warning(f"could not LISTEN for new tasks ({type(exc).__name__}): claiming once this tick")
+        return None
 
 
 def task_queue(database: DatabaseResource) -> TaskQueue:

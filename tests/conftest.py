@@ -89,3 +89,11 @@ def corpus_dir() -> Path:
     if not CORPUS.is_dir():
         pytest.skip("../shared/corpus is not present")
     return CORPUS
+
+
+@pytest.fixture(autouse=True)
+def _claim_once_per_tick(monkeypatch):
+    """Sensor ticks evaluated in the test process claim once, as Dagster's own sensors would: the daemon's wait
+    for a publish (pipelines.sensors.CLAIM_WAIT_SECONDS) would make every idle tick last 3.5 s. Daemons the
+    tests start keep the default; tests/integration/test_claim_wakeup.py turns it on in process."""
+    monkeypatch.setattr("pipelines.sensors.CLAIM_WAIT_SECONDS", 0.0)

@@ -183,7 +183,7 @@ class EventHub:
             conn, listening = None, False
             try:
                 conn = await self._connect()
-                await conn.execute(queries["api_listen_task_event"])
+                await conn.execute(queries["listen_task_event"])
                 listening = True
                 ready.set()
                 self._wake(None)  # anything committed while (re)connecting

@@ -343,10 +343,6 @@ SELECT ARRAY(SELECT (SELECT count(*) FROM lat WHERE lat.s <= b)::bigint
        (SELECT count(*) FROM lat)::bigint AS n,
        (SELECT coalesce(sum(lat.s), 0) FROM lat)::float8 AS total_seconds;
 
--- name: api_listen_task_event
--- Subscribe this connection to the task_event trigger's wake-ups (the payload is the newest event id).
-LISTEN kbindex_task_event;
-
 -- name: api_task_event_heads
 -- The newest event id of each listed task (one backward step of task_event_task_idx per task): the SSE
 -- hub wakes only the streams whose task has an event newer than what they have sent.

@@ -437,3 +437,8 @@ FROM judged j
 GROUP BY j.run_ix
 HAVING NOT bool_or(j.held) AND bool_or(j.lost)
 ORDER BY j.run_ix;
+
+-- name: listen_task_event
+-- Subscribe this connection to the task_event trigger's wake-ups (the payload is the newest event id): the
+-- API's SSE hub, and the claiming sensor waiting for a publish between its claims.
+LISTEN kbindex_task_event;

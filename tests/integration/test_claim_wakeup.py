@@ -1,0 +1,107 @@
+"""The claiming sensor waits inside its tick for a publish (issue #34: publish -> searchable waited on
+Dagster's 5-s sensor loop): LISTEN before the claim, claim again on a task event, until the tick's deadline."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import dagster as dg
+import psycopg
+import pytest
+
+import pipelines.sensors as sensors
+from resources.dagster_resources import DatabaseResource, leases_of
+from resources.task_wakeup import TaskWakeup
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def tick(instance, db_url) -> dg.SensorResult | dg.SkipReason:
+    with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
+        return sensors.claim_index_tasks(ctx)
+
+
+def test_a_publish_during_an_idle_tick_is_claimed_by_that_tick(db_url, publish_task, instance, monkeypatch):
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 30.0)
+    results = []
+    ticking = threading.Thread(target=lambda: results.append(tick(instance, db_url)))
+    ticking.start()
+    time.sleep(1.0)  # the tick has claimed nothing and is waiting
+    assert ticking.is_alive()
+    published = publish_task()
+    ticking.join(20)
+    assert not ticking.is_alive(), "the tick kept waiting after the publish"
+    (result,) = results
+    assert isinstance(result, dg.SensorResult), result
+    assert [t for r in result.run_requests for t, _ in leases_of(r.tags)] == [published.task_id]
+
+
+def test_an_idle_tick_ends_at_its_deadline_with_nothing_claimed(db_url, instance, monkeypatch):
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 1.0)
+    started = time.monotonic()
+    result = tick(instance, db_url)
+    waited = time.monotonic() - started
+    assert isinstance(result, dg.SkipReason) and result.skip_message == "no due index tasks"
+    assert 1.0 <= waited < 10.0
+
+
+def test_an_event_that_makes_nothing_due_does_not_end_the_wait(db_url, publish_task, instance, monkeypatch):
+    """Any task event wakes the tick (a run's progress): it claims nothing, and waits again until a publish."""
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 30.0)
+    first = publish_task()
+    results = []
+    ticking = threading.Thread(target=lambda: results.append(tick(instance, db_url)))
+    ticking.start()
+    ticking.join(20)
+    (claimed_first,) = results  # the first publish was due: claimed at once, no waiting
+    assert [t for r in claimed_first.run_requests for t, _ in leases_of(r.tags)] == [first.task_id]
+
+    results.clear()
+    ticking = threading.Thread(target=lambda: results.append(tick(instance, db_url)))
+    ticking.start()
+    time.sleep(1.0)
+    with psycopg.connect(db_url, autocommit=True) as conn:  # an event of the claimed task: nothing new is due
+        conn.execute("NOTIFY kbindex_task_event, '0'")
+    time.sleep(1.0)
+    assert ticking.is_alive(), "an event with nothing due ended the wait"
+    second = publish_task()
+    ticking.join(20)
+    (result,) = results
+    assert [t for r in result.run_requests for t, _ in leases_of(r.tags)] == [second.task_id]
+
+
+def test_a_full_run_queue_does_not_wait(db_url, instance, monkeypatch):
+    """With the run queue full the tick only takes over expired leases: no publish could be started, so no wait."""
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 30.0)
+    monkeypatch.setattr(sensors, "MAX_WAITING_RUNS", 0)
+    started = time.monotonic()
+    result = tick(instance, db_url)
+    assert isinstance(result, dg.SkipReason) and "still waiting to start" in result.skip_message
+    assert time.monotonic() - started < 10.0
+
+
+def test_a_failed_listen_claims_once_and_says_so(db_url, instance, monkeypatch, capsys):
+    def refuse(url, role="run"):
+        raise psycopg.OperationalError("connection refused")
+
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 30.0)
+    monkeypatch.setattr(sensors, "TaskWakeup", refuse)
+    started = time.monotonic()
+    result = tick(instance, db_url)
+    assert isinstance(result, dg.SkipReason) and result.skip_message == "no due index tasks"
+    assert time.monotonic() - started < 10.0
+    assert "could not LISTEN for new tasks (OperationalError): claiming once this tick" in capsys.readouterr().err
+
+
+def test_a_publish_committed_after_listen_and_before_the_wait_still_wakes_it(db_url, publish_task):
+    with TaskWakeup(db_url) as wakeup:
+        publish_task()  # between the claim (nothing due) and the wait
+        started = time.monotonic()
+        assert wakeup.wait(started + 30.0)
+        assert time.monotonic() - started < 10.0
+        assert not wakeup.wait(time.monotonic() + 0.2), "one wake-up per event burst: the rest were drained"

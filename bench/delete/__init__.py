@@ -18,7 +18,8 @@ Each document pair (one per path) is published, changed (metadata ``dept``/``rev
 poll (every ``poll`` s) where all three modes agree: searchable = a hit of that document; changed = a hit, read as
 ``group:finance``, with the new version number and exactly the new metadata; gone = no hit, read with the
 operator override (every version, whatever its allow list). Before each operation the bench waits until no task
-is unfinished and no Dagster run is in progress (idle).
+is unfinished and no Dagster run is in progress (idle), then a random 0..``gap`` s (``--gap``), so operations
+arrive at random points of the sensor daemon's 5-s loop rather than each one the same time after the last run.
 
 Set-up is bench/chaos's (its own embedded PostgreSQL, ``dagster dev``), without faults, embedding through the
 fake OpenAI-compatible provider (bench/fake_embedding_server.py) in this process: runs in any process embed
@@ -63,6 +64,9 @@ class DeleteConfig:
     """Seconds one operation may take to show in (or leave) search before the bench gives up."""
     idle_timeout: float = 120.0
     poll: float = 0.05
+    gap: float = 5.0
+    """Once idle, each operation waits a random 0..gap s first (seeded), so it lands anywhere in the sensor daemon's
+    5-s loop, as a lone publish does. 0: back to back, which locks every operation to the same phase of that loop."""
     keep: bool = False
 
 
@@ -158,6 +162,8 @@ class DeleteBench(Chaos):
                  done: Callable[[Any], Callable[[], bool]], found: Callable[[], set[str]], what: str) -> Any:
         """Wait for idle, run ``operation``, time until ``done(result)()``; record seconds and texts embedded."""
         self._wait_idle()
+        if self.dcfg.gap > 0:
+            time.sleep(self.rng.uniform(0, self.dcfg.gap))
         self.load.append(os.getloadavg()[0])
         before = self._texts_embedded()
         started = time.monotonic()
@@ -237,7 +243,8 @@ class DeleteBench(Chaos):
             still_found = [doc for n in range(self.dcfg.documents)
                            for doc, (phrase, _) in ((f"policy-{n}", _page(2 * n)), (f"policy-fast-{n}", _page(2 * n + 1)))
                            if self._modes_with(phrase, doc, everything)]  # none comes back once later runs published
-            report = {"ok": not still_found, "documents": self.dcfg.documents,
+            report = {"ok": not still_found, "documents": self.dcfg.documents, "gap_s": self.dcfg.gap,
+                      "claim_wait_s": float(os.environ.get("KBINDEX_CLAIM_WAIT_SECONDS", "3.5")),
                       **{m: {**summary(self.seconds[m]), "texts_embedded": self.texts[m],
                              **({"run_embed_step": self.runs[m]} if m != "publish" else {}),
                              **({"phases": self.phases[m]} if m in self.phases else {})} for m in MEASURES},
@@ -287,7 +294,8 @@ def format_report(report: dict[str, Any]) -> str:
     }
     load = report["load_average_1m"]
     lines = [f"idle, one at a time, all of dense, lexical and hybrid; {report['documents']} documents per path; "
-             f"machine load (1 min) {load['min']}-{load['max']} on {load['cpus']} CPUs",
+             f"a random 0-{report['gap_s']:g} s pause before each; the sensor waits {report['claim_wait_s']:g} s "
+             f"per idle tick for a publish (KBINDEX_CLAIM_WAIT_SECONDS); machine load (1 min) {load['min']}-{load['max']} on {load['cpus']} CPUs",
              f"{'measure':<42} {'n':>3} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'texts embedded':>15}"]
     for m in MEASURES:
         s = report[m]

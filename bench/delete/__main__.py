@@ -17,9 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     p = argparse.ArgumentParser(prog="python -m bench.delete", description=__doc__)
     p.add_argument("--documents", type=int, default=DeleteConfig.documents, help="documents per path")
+    p.add_argument("--gap", type=float, default=DeleteConfig.gap,
+                   help="pause a random 0..GAP s before each operation, once idle (0: back to back)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
     a = p.parse_args(argv)
-    report = run_delete(DeleteConfig(documents=a.documents, keep=a.keep), out=lambda line: print(line, flush=True))
+    report = run_delete(DeleteConfig(documents=a.documents, gap=a.gap, keep=a.keep), out=lambda line: print(line, flush=True))
     print(json.dumps({k: v for k, v in report.items() if k != "dagster_log_tail"}, indent=2), flush=True)
     if report.get("dagster_log_tail"):
         print("--- dagster log tail ---\n" + report["dagster_log_tail"], flush=True)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_deletes_and_metadata_changes_through_runs_and_the_fast_path_are_timed():
     lines: list[str] = []
-    report = run_delete(DeleteConfig(documents=3), out=lines.append)
+    report = run_delete(DeleteConfig(documents=3, gap=0.5), out=lines.append)
     shown = "\n".join(lines) + "\n" + format_report(report)
     print(shown)
     assert report["ok"], f"{shown}\n{report}"

@@ -6,7 +6,7 @@ from bench.delete import MEASURES, format_report, summary, targets
 
 
 def _report(seconds: dict[str, float], texts: int = 0) -> dict:
-    report = {"documents": 1, "fast_in_process": {"delete_fast": 1, "metadata_fast": 0},
+    report = {"documents": 1, "gap_s": 5.0, "claim_wait_s": 3.5, "fast_in_process": {"delete_fast": 1, "metadata_fast": 0},
               "load_average_1m": {"cpus": 2, "min": 1.0, "p50": 1.5, "max": 2.0}}
     for m in MEASURES:
         report[m] = {**summary([seconds[m]]), "texts_embedded": [texts if m.startswith("metadata") else 0]}
@@ -26,6 +26,7 @@ def test_each_path_is_judged_against_its_issue_target():
     assert "target delete p50 <= 5 s (#29), pipeline: MISSED" in shown
     assert "target metadata-only p50 <= 2 s with 0 texts embedded (#30), fast: met" in shown
     assert "deletes 1/1, metadata-only 0/1" in shown
+    assert "a random 0-5 s pause before each; the sensor waits 3.5 s per idle tick" in shown
     assert "copied 1/1, embedded 0 texts" in shown
 
 

@@ -375,6 +375,9 @@ def run_corpus(folder: Path, args: argparse.Namespace, context: bool = False) ->
                 rows = {row_name(row, analyzer): searched for row, searched in SEARCHED.items()
                         if row in ANALYZED or "dense" not in by_row}
                 by_row.update(rank_queries(db, embedder, corpus, qids, args.chunk_k, rows, analyzer))
+            rerank = rerank_rows(db, embedder, corpus, qids, args, by_analyzer) if args.rerank_url else None
+            if rerank is not None:
+                by_row.update(rerank["rows"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     stock = stock_bm25(corpus, qids)
@@ -386,7 +389,8 @@ def run_corpus(folder: Path, args: argparse.Namespace, context: bool = False) ->
         "context": bool(profile["embed_context"]), "titles": len(corpus.titles),
         "paragraphs": len(corpus.docs), "chunks": indexed["chunks"], "queries": len(qids), "chunk_k": args.chunk_k,
         "analyzers": list(by_analyzer), "profiles": {a: p["name"] for a, p in by_analyzer.items()},
-        "rows": [r for r in row_order(list(by_analyzer)) if r in by_row],
+        "rows": [r for r in row_order(list(by_analyzer)) if r in by_row] + (list(rerank["rows"]) if rerank else []),
+        "rerank": None if rerank is None else {k: v for k, v in rerank.items() if k != "rows"},
     }
     for row, (rankings, latencies) in by_row.items():
         ndcg, recall = score(rankings, corpus.qrels)
@@ -417,6 +421,23 @@ def run_corpus(folder: Path, args: argparse.Namespace, context: bool = False) ->
     return out
 
 
+def rerank_rows(db: Database, embedder: Embedder, corpus: Corpus, qids: list[str], args: argparse.Namespace,
+                by_analyzer: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``reranked`` row: the last analyzer's profile (active after its rows) given the HTTP reranker of
+    ``--rerank-url`` (``kbindex profile rerank``'s own set_rerank, forced: it is active), then every query through
+    search in its default fusion, reranked. Queries whose rerank failed keep search's order (and count)."""
+    from resources.profiles import set_rerank
+
+    analyzer, profile = list(by_analyzer.items())[-1]
+    set_rerank(db, profile["name"], url=args.rerank_url, model=args.rerank_model, key_env=args.rerank_key_env,
+               candidates=args.rerank_candidates, force=True)
+    failed: dict[str, int] = {}
+    name = "reranked"
+    rows = rank_queries(db, embedder, corpus, qids, args.chunk_k, {name: ("hybrid", None)}, analyzer, failed)
+    return {"rows": rows, "row": name, "analyzer": analyzer, "url": args.rerank_url, "model": args.rerank_model,
+            "candidates": args.rerank_candidates, "failed_queries": failed.get(name, 0)}
+
+
 def row_order(analyzers: Sequence[str]) -> list[str]:
     """Every row printed for ``analyzers``, in order: the stock BM25, then each searched row (the analyzed ones
     once per analyzer, side by side)."""
@@ -429,11 +450,13 @@ def row_order(analyzers: Sequence[str]) -> list[str]:
 def rank_queries(
     db: Database, embedder: Embedder, corpus: Corpus, qids: list[str], chunk_k: int,
     rows: Mapping[str, tuple[str, str | None]] | None = None, analyzer: str = "wordpiece",
+    rerank_failed: dict[str, int] | None = None,
 ) -> dict[str, tuple[dict[str, list[str]], list[float]]]:
     """Every query through resources.search.search (the active profile) for every searched row in ``rows``
     (default ``SEARCHED``: every mode, hybrid once per fusion): document rankings and per-query ms (embedding
     included where the mode embeds). The rows take turns on each query, in a rotating order, so load from
-    anything else on the machine falls on all of them alike; one warm-up query is not timed."""
+    anything else on the machine falls on all of them alike; one warm-up query is not timed. ``rerank_failed``
+    counts, per row, the queries whose rerank stage failed (search's order kept)."""
     rows = dict(rows or SEARCHED)
     names = list(rows)
     for mode, fusion in rows.values():
@@ -448,6 +471,8 @@ def rank_queries(
                 hits = search(db, embedder, corpus.queries[q], tenant_id=TENANT, k=chunk_k, mode=mode, fusion=fusion)
                 out[name][1].append(1000 * (time.perf_counter() - started))
                 out[name][0][q] = top_documents([h.document_id for h in hits])
+                if rerank_failed is not None and getattr(hits, "reranked", None) is False:
+                    rerank_failed[name] = rerank_failed.get(name, 0) + 1
             progress.advance(bar)
     return out
 
@@ -468,6 +493,15 @@ def report(r: dict[str, Any]) -> str:
         suffix = "" if a == "wordpiece" else f"-{a}"
         lines.append(f"  {a}: rrf - weighted nDCG@10 {r['rrf_minus_weighted_ndcg@10' + suffix]:+.4f}; "
                      f"hybrid (weighted) - dense at p95 {r['hybrid_minus_dense_p95_ms' + suffix]:+.1f} ms")
+    rerank = r.get("rerank")
+    if rerank:
+        lines.append(f"  {rerank['row']}: hybrid ({rerank['analyzer']} analyzer) in the profile's fusion, top "
+                     f"{rerank['candidates']} reranked by "
+                     f"{rerank['model']} at {rerank['url']}; rerank failed on {rerank['failed_queries']} of "
+                     f"{r['queries']} queries (search's order kept)")
+    else:
+        lines.append("  reranked: not measured (no reranker runs offline here: --rerank-url URL --rerank-model M "
+                     "names an HTTP one, e.g. a local TEI server)")
     lines += [
         "  (bm25-stock: bm25s in memory, whole paragraphs, no database; the analyzers' rows are searched one "
         "profile after the other)",
@@ -510,6 +544,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--analyzer", action="append", default=None, metavar="NAME[,NAME]",
                         help=f"lexical analyzers to compare (repeatable or comma list; default: all of "
                              f"{', '.join(ANALYZERS)}): a profile per analyzer, lexical and hybrid rows for each")
+    parser.add_argument("--rerank-url", default=None,
+                        help="add a 'reranked' row: the last analyzer's profile reranked through this HTTP "
+                             "reranker (POST URL/rerank, Cohere, Jina or TEI style), as `kbindex profile rerank` sets it")
+    parser.add_argument("--rerank-model", default="", help="the reranker's model name (with --rerank-url)")
+    parser.add_argument("--rerank-key-env", default=None, help="environment variable holding its API key")
+    parser.add_argument("--rerank-candidates", type=int, default=50, help="search's best chunks it reorders")
     parser.add_argument("--json", action="store_true", help="print one JSON object per corpus (and per variant)")
     args = parser.parse_args(argv)
     args.analyzer = list(dict.fromkeys(

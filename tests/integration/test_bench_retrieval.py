@@ -81,3 +81,23 @@ def test_the_bench_takes_one_analyzer_or_a_list_and_refuses_an_unknown_one(pg_se
     with pytest.raises(SystemExit):
         main(["--corpus", str(EVAL), "--analyzer", "wordpiece,porter"])
     assert "porter" in capsys.readouterr().err
+
+
+def test_the_reranked_row_goes_through_the_profiles_http_reranker(pg_server_url, monkeypatch, capsys):
+    """--rerank-url: the last analyzer's profile gets the reranker as `kbindex profile rerank` sets it, and the
+    reranked row is search's hybrid reordered by it (the fake provider: word overlap); its failures are counted."""
+    from bench.fake_embedding_server import FakeEmbeddingServer
+
+    monkeypatch.setenv("KBINDEX_DATABASE_URL", pg_server_url)
+    with FakeEmbeddingServer(schedule={2: "unavailable", 3: "unavailable"}) as server:
+        assert main(["--corpus", str(EVAL), "--model", "fake-384", "--max-queries", "8", "--repeats", "0", "--json",
+                     "--analyzer", "english", "--rerank-url", server.url, "--rerank-model", "fake-rerank",
+                     "--rerank-candidates", "20"]) == 0
+        r = json.loads(capsys.readouterr().out)
+        sent = [rec for rec in server.records if rec.get("kind") == "rerank"]
+    assert r["rows"][-1] == "reranked" and 0 < r["reranked"]["ndcg@10"] <= 1
+    assert r["rerank"] == {"row": "reranked", "analyzer": "english", "url": server.url, "model": "fake-rerank", "candidates": 20,
+                           "failed_queries": 1}, "the second query's rerank failed after its retries: counted"
+    assert len({rec["query"] for rec in sent}) == 8, "each of the 8 queries (the untimed warm-up repeats the first)"
+    assert "rerank failed on 1 of 8 queries" in report(r)
+    assert "reranked: not measured" in report({**r, "rerank": None})

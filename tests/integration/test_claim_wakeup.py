@@ -105,3 +105,26 @@ def test_a_publish_committed_after_listen_and_before_the_wait_still_wakes_it(db_
         assert wakeup.wait(started + 30.0)
         assert time.monotonic() - started < 10.0
         assert not wakeup.wait(time.monotonic() + 0.2), "one wake-up per event burst: the rest were drained"
+
+
+def test_a_waiting_tick_leaves_a_fast_path_delete_to_its_publisher(db, db_url, publisher, instance, monkeypatch):
+    """Woken by a delete whose publishing process finishes it itself (the fast path), the tick lets it: the grace
+    before its claim is what keeps it from sending the tombstone through a run."""
+    from resources.chunk_copy import FastPublish
+    from resources.publisher import Publisher
+    from resources.task_queue import TaskQueue
+
+    first = publisher.publish("acme", "doc-1", b"body", "doc-1.txt")
+    assert [t for r in tick(instance, db_url).run_requests for t, _ in leases_of(r.tags)] == [first.task_id]
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 4.0)
+    monkeypatch.setattr(sensors, "CLAIM_WAKE_GRACE_SECONDS", 1.0)
+    results = []
+    ticking = threading.Thread(target=lambda: results.append(tick(instance, db_url)))
+    ticking.start()
+    time.sleep(1.0)
+    fast = Publisher(db, publisher.blobs, fast=FastPublish(db, TaskQueue(db, lease_seconds=60)))
+    deleted = fast.delete("acme", "doc-1")
+    ticking.join(20)
+    assert deleted.status == "SUCCEEDED", "the fast path published the tombstone in the call"
+    (result,) = results
+    assert isinstance(result, dg.SkipReason), "the tick claimed nothing: the tombstone was never due to it"

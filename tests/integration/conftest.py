@@ -29,6 +29,15 @@ class PinnedClock:
 
 
 @pytest.fixture
+def instance():
+    """A throwaway Dagster instance, for sensor ticks and runs stored by hand."""
+    import dagster as dg
+
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
 def clock() -> PinnedClock:
     return PinnedClock()
 

@@ -8,17 +8,10 @@ import time
 
 import dagster as dg
 import psycopg
-import pytest
 
 import pipelines.sensors as sensors
 from resources.dagster_resources import DatabaseResource, leases_of
 from resources.task_wakeup import TaskWakeup
-
-
-@pytest.fixture
-def instance():
-    with dg.instance_for_test() as inst:
-        yield inst
 
 
 def tick(instance, db_url) -> dg.SensorResult | dg.SkipReason:

@@ -12,7 +12,6 @@ import json
 
 import dagster as dg
 import psycopg
-import pytest
 from dagster import DagsterRunStatus
 
 import pipelines.sensors as sensors
@@ -149,12 +148,6 @@ def run_keys(instance, request: dg.RunRequest) -> list[str]:
                                request.tags["dagster/asset_partition_range_end"])
     with dg.partition_loading_context(dynamic_partitions_store=instance):
         return list(document_versions.get_partition_keys_in_range(rng))
-
-
-@pytest.fixture
-def instance():
-    with dg.instance_for_test() as inst:
-        yield inst
 
 
 def test_after_a_30_version_run_loses_its_leases_the_next_tick_batches_them_again(db, db_url, publish_task, instance):

@@ -14,7 +14,6 @@ import uuid
 
 import dagster as dg
 import psycopg
-import pytest
 from dagster import DagsterRunStatus
 from dagster._core.events import EngineEventData
 
@@ -24,12 +23,6 @@ from resources.dagster_resources import LEASES_TAG, OWNER_TAG, TENANT_TAG, Datab
 from resources.task_queue import TaskQueue
 
 SLOT_STATUSES = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
-
-
-@pytest.fixture
-def instance():
-    with dg.instance_for_test() as inst:
-        yield inst
 
 
 def started_run(instance, owner: str, claimed, job: str = index_versions_job.name) -> dg.DagsterRun:

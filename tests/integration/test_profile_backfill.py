@@ -7,7 +7,6 @@ from __future__ import annotations
 
 
 import dagster as dg
-import pytest
 
 from pipelines import sensors
 from pipelines.lineage_job import backfill_profile_job, prune_lineage_keys_job
@@ -16,12 +15,6 @@ from resources.dagster_resources import DatabaseResource, leases_of
 from resources.partition_keys import prunable
 from resources.profiles import create_profile, request_backfill
 from resources.task_queue import TaskQueue
-
-
-@pytest.fixture
-def instance():
-    with dg.instance_for_test() as inst:
-        yield inst
 
 
 def tick(instance, db_url) -> dg.SensorResult:

@@ -21,7 +21,6 @@ from datetime import timedelta
 
 import dagster as dg
 import psycopg
-import pytest
 from dagster import DagsterRunStatus
 
 import pipelines.sensors as sensors
@@ -39,12 +38,6 @@ from resources.dagster_resources import (
 )
 from resources.database import Session
 from resources.task_queue import RunLeases
-
-
-@pytest.fixture
-def instance():
-    with dg.instance_for_test() as inst:
-        yield inst
 
 
 def tick(instance, db_url) -> dg.SensorResult | dg.SkipReason:

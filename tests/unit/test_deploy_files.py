@@ -421,3 +421,33 @@ def test_every_postgresql_connection_bound_is_in_the_deployment_and_reaches_the_
     launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
     for where in (code_server, launcher):
         assert {"name": "kbindex-connection-bounds"} in where["envConfigMaps"]
+
+
+# The Kubernetes versions the manifests are checked against, offline (kubernetes-validate bundles the
+# schemas): the oldest still in upstream support when this was written, and the newest the package knows.
+KUBERNETES_VERSIONS = ("1.32.0", "latest")
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_validates_against_the_kubernetes_schema(manifests, version):
+    """Strict: an unknown field (a typo in a key) fails as well as a wrong type or a missing required one."""
+    import kubernetes_validate
+    from kubernetes_validate.utils import latest_version
+
+    target = latest_version() if version == "latest" else version
+    assert {d["kind"] for d in manifests} >= {"ConfigMap", "Job", "DaemonSet", "NetworkPolicy"}
+    for doc in manifests:
+        kubernetes_validate.validate(doc, target, strict=True)
+
+
+def test_the_schema_check_refuses_a_misspelt_field(manifests):
+    import copy
+
+    import kubernetes_validate
+    from kubernetes_validate.utils import latest_version
+
+    (daemonset,) = [d for d in manifests if d["kind"] == "DaemonSet"]
+    bad = copy.deepcopy(daemonset)
+    bad["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError, match="imagePullPolicyy"):
+        kubernetes_validate.validate(bad, latest_version(), strict=True)

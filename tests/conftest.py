@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,12 @@ from resources.local_postgres import with_database as _with_database
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    # Started in the background (`cmd &` in a script, nohup): SIGINT came in ignored. Dagster, run in process by
+    # many tests, sets SIGTERM to whatever SIGINT's handler is when it restores its own, so this process would end
+    # up ignoring SIGTERM, and so would every process the later tests start (a stop test then sees nothing stop).
+    # Restore Python's default, as in a foreground run.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # xdist's workers inherit COLUMNS=80 / LINES from execnet; the CLI's consoles would freeze that width at
     # import, while every CLI test sets the width its assertions need (CliRunner env, subprocess env).

@@ -180,6 +180,9 @@ class ChaosConfig:
     net_loss_percent: int = 0
     """After the cuts, a lossy period dropping this share of the link's packets (0: none)."""
     net_loss_seconds: float = 20.0
+    net_delay_ms: int = 0
+    """Every connection over the link goes through a relay (bench/relay.py) that adds this delay each way during the
+    lossy period (0 each way the rest of the round); 0: no relay, the period is loss only."""
 
 
 # --------------------------------------------------------------------------------------------------

@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--net-loss", type=int, default=d.net_loss_percent,
                    help="then drop this %% of the link's packets for --net-loss-seconds (default %(default)s: none)")
     p.add_argument("--net-loss-seconds", type=float, default=d.net_loss_seconds)
+    p.add_argument("--net-delay-ms", type=int, default=d.net_delay_ms,
+                   help="and add this delay each way for that period (a relay every connection goes through; "
+                        "default %(default)s: none)")
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
     a = p.parse_args(argv)
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         migration_at=a.migration_at, backfill_mode=a.backfill_mode, backfill_partitions=a.backfill_partitions, vector_sample=a.vector_sample,
         delete_share=a.delete_share, revive_share=a.revive_share, source_passes=a.source_passes, source_files=a.source_files,
         network=a.network, net_cuts=a.net_cuts, net_cut_seconds=a.net_cut_seconds, net_loss_percent=a.net_loss,
-        net_loss_seconds=a.net_loss_seconds,
+        net_loss_seconds=a.net_loss_seconds, net_delay_ms=a.net_delay_ms,
     )
     report = run_chaos(config, out=lambda line: print(line, flush=True))
     print(format_report(report), flush=True)

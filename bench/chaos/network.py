@@ -13,7 +13,9 @@ one, and cuts anyway when none comes: the record says which stage it found). The
 what the run host held at the cut: how long until every lease it held moved on (finished, released for a
 retry, or claimed again), how they moved on, how many were taken over (claimed under a later attempt), and how long until the Dagster runs that were STARTED at the cut ended (their run
 slots free). Optionally a lossy period follows (``loss_percent`` of the link's packets dropped for
-``loss_seconds``).
+``loss_seconds``), slow as well with ``net_delay_ms``: then every connection from B, all round, goes through a
+relay in A (bench/relay.py, no netem here) that adds nothing until that period and the delay each way during
+it; the record counts the tasks that finished and the leases taken over meanwhile.
 
 The round's connection bounds (NET_BOUNDS) are the defaults' shape, shortened so that a silent connection
 errors within about 5 s, against a 20 s lease (the defaults: 30 s against 60 s).
@@ -42,8 +44,8 @@ ACTIVE_RUN = ("STARTED", "STARTING", "CANCELING", "QUEUED_STARTING")
 class NetPostgres:
     """The namespaced server behind the interface bench.chaos uses for its embedded one (stop, start, cleanup)."""
 
-    def __init__(self, hosts: Any) -> None:
-        self.hosts = hosts
+    def __init__(self, hosts: Any, relay: Any = None) -> None:
+        self.hosts, self.relay = hosts, relay
         self.admin_url = hosts.local_url()
 
     def stop(self) -> None:
@@ -54,6 +56,8 @@ class NetPostgres:
         self.hosts.wait_ready()
 
     def cleanup(self) -> None:
+        if self.relay is not None:
+            self.relay.kill()
         self.hosts.close()
 
 
@@ -72,13 +76,23 @@ class NetworkFaults:
         self.healed_at = 0.0
         self.grace = 15.0
         self.done = threading.Event()
+        self.relay: Any = None
 
     def start(self) -> NetPostgres:
         self.hosts.start()
         self.hosts.wait_ready()
-        return NetPostgres(self.hosts)
+        if self.cfg.net_delay_ms > 0:
+            from bench.relay import start_relay
+
+            self.relay = start_relay(self.hosts, self.cfg.net_delay_ms, initial_ms=0)
+        return NetPostgres(self.hosts, self.relay)
 
     def remote_url(self, database: str) -> str:
+        """Where B's clients reach PostgreSQL: the relay in front of it, or the server itself."""
+        if self.relay is not None:
+            from bench.relay import relay_url
+
+            return relay_url(database)
         return self.hosts.remote_url(database)
 
     def local_url(self, database: str) -> str:
@@ -212,22 +226,36 @@ class NetworkFaults:
                     f" {record['runs_ended_seconds_after_heal']} s after the heal")
 
     def _lossy(self) -> None:
-        """``net_loss_percent`` % of the link's packets dropped for ``net_loss_seconds``."""
-        cfg = self.cfg
-        self.chaos._note(f"lossy link: {cfg.net_loss_percent} % of packets dropped for {cfg.net_loss_seconds:.0f} s")
+        """``net_loss_percent`` % of the link's packets dropped for ``net_loss_seconds`` (and, with the relay,
+        ``net_delay_ms`` added each way), with what finished and what was taken over meanwhile."""
+        from bench.chaos import _sql
+
+        cfg, chaos = self.cfg, self.chaos
+        delay = f", {cfg.net_delay_ms} ms added each way" if self.relay is not None else ""
+        chaos._note(f"lossy link: {cfg.net_loss_percent} % of packets dropped{delay} for {cfg.net_loss_seconds:.0f} s")
+        count = ("SELECT count(*) FILTER (WHERE status = 'SUCCEEDED'), (SELECT count(*) FROM task_event"  # takeovers as
+                 " WHERE kind = 'transition' AND from_status = 'RUNNING' AND to_status = 'RUNNING') FROM index_task")  # the report counts them
+        succeeded_before, takeovers_before = _sql(chaos.url, count)[0]
         self.active.set()
         started = time.monotonic()
         try:
             self.hosts.lose(cfg.net_loss_percent)
-            while time.monotonic() - started < cfg.net_loss_seconds and not self.chaos.stop_event.is_set():
+            if self.relay is not None:
+                self.relay.slow()
+            while time.monotonic() - started < cfg.net_loss_seconds and not chaos.stop_event.is_set():
                 time.sleep(0.2)
             dropped = self.hosts.dropped_packets()
         finally:
+            if self.relay is not None:
+                self.relay.fast()
             self.hosts.heal()
             self.healed_at = time.monotonic()
             self.active.clear()
-        self.loss = {"percent": cfg.net_loss_percent, "seconds": round(self.healed_at - started, 1),
-                     "packets_dropped": dropped}
+        succeeded_after, takeovers_after = _sql(chaos.url, count)[0]
+        self.loss = {"percent": cfg.net_loss_percent, "delay_ms_each_way": cfg.net_delay_ms if self.relay else 0,
+                     "seconds": round(self.healed_at - started, 1), "packets_dropped": dropped,
+                     "tasks_succeeded_meanwhile": succeeded_after - succeeded_before,
+                     "leases_taken_over_meanwhile": takeovers_after - takeovers_before}
 
     # -- figures -------------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ PostgreSQL runs in one network namespace, the workers in another (bench/netns.py
 and ``nft``). Each round publishes the same burst of versions to a fresh database and lets several worker
 processes index it on the real claim / LeaseKeeper heartbeat / fenced publish path with the fake embedder
 (tests/network/burst.py); the slow round goes through a relay that adds a delay each way and drops a share of
-the link's packets (tests/network/relay.py: the kernel has no netem). One worker freezes itself past its
+the link's packets (bench/relay.py: the kernel has no netem). One worker freezes itself past its
 lease right after its first claim, so the takeover path runs in every round.
 
 Printed per round: wall time, task statuses, takeovers (and how many no worker reported: must be 0),

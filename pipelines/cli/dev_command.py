@@ -87,6 +87,10 @@ def dev_command(
     # SIGTERM (systemd, docker stop, kill) and SIGHUP (the terminal closed) shut down like Ctrl-C: Dagster and the
     # service stop with us. Dagster runs in its own session, so a hang-up never reaches it: without this, closing
     # the terminal killed kbindex dev and left Dagster running with nobody to stop it.
+    # Ctrl-C is ours even when SIGINT came in ignored (started with `&` from a script, or under nohup): Dagster
+    # maps SIGTERM to its SIGINT handler, so a `dagster dev` that inherited an ignored SIGINT ignored our stop too
+    # and was killed after the 12 s grace, every time. A handler, unlike SIG_IGN, is not inherited by Dagster.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, _interrupt)
     # The warm model every run embeds through; runs load their own until it answers (it never blocks start-up).

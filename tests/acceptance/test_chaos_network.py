@@ -1,7 +1,9 @@
 """A small ``bench.chaos --network`` round (bench/chaos/network.py): PostgreSQL on a network namespace of its own,
 ``dagster dev``, its runs, the publisher, the source driver and the reader on another, reached only over a veth
 link; alongside two SIGKILLs and a PostgreSQL restart, the link is cut silently (nftables DROP, no RST) for 30 s,
-longer than the 20 s lease, twice: timed for a run at embed, then at publish; then healed.
+longer than the 20 s lease, twice: timed for a run at embed, then at publish; then healed; then the link is slow
+and lossy for 45 s (every connection goes through bench/relay.py, which adds 250 ms each way for that period, and
+5 % of the packets are dropped).
 Nothing may be duplicated, half visible or lost, no write may come from a superseded lease, `verify` must be clean,
 and every run active at a cut must have ended (its slot free) within lease + 60 s of the heal.
 Skipped, with the reason, where network namespaces or nftables are not permitted. A soak round (about 4-5 minutes
@@ -18,14 +20,14 @@ from bench.netns import unavailable
 pytestmark = pytest.mark.soak
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_network_chaos_round_survives_silent_partitions_at_embed_and_publish():
     if reason := unavailable():
         pytest.skip(reason)
     config = ChaosConfig(
-        tasks=20, kills=2, stops=0, pg_restarts=1, seconds_limit=420, seed=21,
+        tasks=20, kills=2, stops=0, pg_restarts=1, seconds_limit=480, seed=21,
         source_passes=3, source_files=5, source_sensor_seconds=10,
-        network=True, net_cuts=2, net_cut_seconds=30.0,
+        network=True, net_cuts=2, net_cut_seconds=30.0, net_loss_percent=5, net_loss_seconds=45.0, net_delay_ms=250,
     )
     lines: list[str] = []
     report = run_chaos(config, out=lines.append)
@@ -51,3 +53,5 @@ def test_network_chaos_round_survives_silent_partitions_at_embed_and_publish():
     assert report["fencing"]["takeovers_after_lease_expiry"] >= max(1, net["leases_taken_over_after_cuts"]), shown
     assert report["faults"]["process_kills"] >= 2 and len(report["faults"]["postgres_restarts"]) == 1, shown
     assert report["checks"]["tasks_not_terminal"] == 0, shown
+    slow = net["lossy_period"]
+    assert slow["delay_ms_each_way"] == 250 and slow["seconds"] >= 45 and slow["packets_dropped"] > 0, shown

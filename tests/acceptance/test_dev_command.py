@@ -22,9 +22,16 @@ from bench.dagster_dev import free_port
 pytestmark = pytest.mark.slow
 
 
+def _as_a_background_job() -> None:
+    """What a non-interactive shell does to a command started with `&` (and nohup to SIGHUP): SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup-terminal-closed"])
-def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster_pg_url, stop_signal):
+@pytest.mark.parametrize(("stop_signal", "started"), [(signal.SIGTERM, None), (signal.SIGHUP, None),
+                                                      (signal.SIGTERM, _as_a_background_job)],
+                         ids=["sigterm", "sighup-terminal-closed", "sigterm-started-with-sigint-ignored"])
+def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster_pg_url, stop_signal, started):
     home = Path(tempfile.mkdtemp(prefix="kbdev-"))  # short: the service's Unix socket lives here
     port = free_port()
     env = {**os.environ, "KBINDEX_DATABASE_URL": db_url, "DAGSTER_PG_URL": dagster_pg_url, "KBINDEX_HOME": str(home),
@@ -33,7 +40,7 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
     with open(out_path, "wb") as out:  # not a TTY: the status prints plain lines when they change
         proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import main; main()", "dev", "--no-sample",
                                  "--port", str(port)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
+                                env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=started)
     try:
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:

@@ -1,7 +1,7 @@
 """A burst of versions indexed by several workers over a slow, lossy link (issue #32), and what it left.
 
 ``run_burst`` publishes ``versions`` versions (``documents`` documents, several versions each, so some are
-superseded), puts the relay (relay.py: added delay) in front of PostgreSQL and drops a share of the link's
+superseded), puts the relay (bench/relay.py: added delay) in front of PostgreSQL and drops a share of the link's
 packets, and starts ``workers`` worker processes in namespace B (burst_worker.py: the real claim, heartbeat
 and fenced publish code; ``embed_s`` per version stands for the embedding's time). Optionally the first worker freezes right after its first claim for longer than a
 lease, so at least one takeover must happen. When every task has ended (or ``timeout`` has passed) it stops
@@ -36,7 +36,7 @@ from resources.database import Database
 from resources.publisher import Publisher
 from resources.verifier import verify
 from bench.netns import Hosts
-from tests.network.relay import relay_url, start_relay
+from bench.relay import relay_url, start_relay
 
 WORKER = str(Path(__file__).with_name("burst_worker.py"))
 CHUNKS_PER_VERSION = 12  # tests/network/client.chunks_of
@@ -187,7 +187,6 @@ def run_burst(hosts: Hosts, database: str, blobs: Path, *, versions: int, docume
                 os.kill(w.proc.pid, signal.SIGCONT)
         errors = [w.stop() for w in running]
         relay.kill()
-        relay.communicate(timeout=30)
         hosts.stop_losing()
     report = _read_result(local, task_ids, [line for w in running for line in w.lines], wall, dropped)
     report.done_s = wall if done is None else done

@@ -1,5 +1,5 @@
 """A slow, lossy link between the workers and PostgreSQL (issue #32): 500 ms added to every round trip (the
-relay, relay.py: the kernel has no netem) and 5 % of the packets dropped each way (nftables; TCP
+relay, bench/relay.py: the kernel has no netem) and 5 % of the packets dropped each way (nftables; TCP
 retransmits). A burst of versions, several worker processes on the real claim / heartbeat / fenced publish
 path, one of them frozen past its lease right after a claim (burst.py). Every task SUCCEEDED exactly once,
 the index passes ``kbindex verify``'s checks, and every takeover is one a worker reported.
@@ -15,7 +15,7 @@ import time
 
 from tests.network.burst import CHUNKS_PER_VERSION, run_burst
 from bench.netns import ROOT
-from tests.network.relay import relay_url, start_relay
+from bench.relay import relay_url, start_relay
 
 DELAY_MS = 250  # each way: 500 ms added to every round trip
 VERSIONS, DOCUMENTS, WORKERS, BATCH = 12, 4, 3, 2
@@ -53,7 +53,45 @@ def test_the_relay_adds_its_delay_to_every_round_trip_and_keeps_the_bytes_in_ord
         assert float(per_trip) >= 2 * DELAY_MS / 1000 and ok == "True", out.stderr
     finally:
         relay.kill()
-        relay.communicate(timeout=30)
+
+
+SWITCH_PROBE = """
+import sys, time, psycopg
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    for line in sys.stdin:  # one line from the test: measure a round trip now
+        started = time.monotonic()
+        conn.execute("SELECT 1").fetchone()
+        print(round(time.monotonic() - started, 3), flush=True)
+"""
+
+
+def test_the_relay_switches_its_delay_for_connections_already_open(hosts, net_db):
+    """bench.chaos --network slows the whole link for one period: one open connection, fast, then slow after
+    SIGUSR1 (Relay.slow), then fast again after SIGUSR2 (Relay.fast)."""
+    relay = start_relay(hosts, DELAY_MS, initial_ms=0)
+    probe = subprocess.Popen(["ip", "netns", "exec", hosts.ns_client, sys.executable, "-c", SWITCH_PROBE,
+                              relay_url(net_db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={"PYTHONPATH": str(ROOT)})
+
+    def trip() -> float:
+        probe.stdin.write("go\n")
+        probe.stdin.flush()
+        return float(probe.stdout.readline())
+
+    try:
+        fast = trip()
+        relay.slow()
+        time.sleep(0.2)
+        slow = trip()
+        relay.fast()
+        time.sleep(0.2)
+        trip()  # a chunk queued under the slow delay may still be in line
+        fast_again = trip()
+        print(f"round trips: {fast} s, slowed {slow} s, fast again {fast_again} s")
+        assert fast < DELAY_MS / 1000 and slow >= 2 * DELAY_MS / 1000 and fast_again < DELAY_MS / 1000
+    finally:
+        probe.kill()
+        relay.kill()
 
 
 def test_a_burst_over_a_slow_lossy_link_succeeds_once_each_and_reports_its_takeovers(hosts, net_db, tmp_path):

@@ -213,9 +213,16 @@ class NetworkFaults:
             chaos.url, "SELECT t.status, t.attempts > l.attempt, count(*) FROM index_task t"
                        " JOIN unnest(%s::bigint[], %s::int[]) AS l(task_id, attempt) ON l.task_id = t.task_id"
                        " GROUP BY 1, 2 ORDER BY 1, 2", [ids, attempts])}
-        record["taken_over"] = int(_sql(
-            chaos.url, "SELECT count(*) FROM index_task t JOIN unnest(%s::bigint[], %s::int[]) AS l(task_id, attempt)"
-                       " ON l.task_id = t.task_id WHERE t.attempts > l.attempt", [ids, attempts])[0][0])
+        # A later attempt is a takeover (a claim of the expired lease: RUNNING -> RUNNING) or a retry (the run
+        # failed the task, e.g. INDEX_WRITE_FAILED when its connection died, and a claim took it from RETRY_WAIT).
+        later, taken = _sql(
+            chaos.url,
+            "SELECT count(*) FILTER (WHERE t.attempts > l.attempt), count(*) FILTER (WHERE EXISTS ("
+            " SELECT 1 FROM task_event e WHERE e.task_id = t.task_id AND e.kind = 'transition'"
+            " AND e.from_status = 'RUNNING' AND e.to_status = 'RUNNING' AND e.attempt > l.attempt))"
+            " FROM index_task t JOIN unnest(%s::bigint[], %s::int[]) AS l(task_id, attempt) ON l.task_id = t.task_id",
+            [ids, attempts])[0]
+        record["taken_over"], record["retried_after_failing"] = int(taken), int(later) - int(taken)
         record["leases_moved_on_seconds_after_heal"] = None if leases_at is None else round(leases_at - healed, 1)
         record["runs_ended_seconds_after_heal"] = None if runs_at is None else round(runs_at - healed, 1)
         record["runs_not_ended_within_lease_plus_60s"] = 0 if runs_at is not None and runs_at - healed <= bound else len(

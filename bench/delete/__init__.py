@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos import Chaos, ChaosConfig, _sql
+from pipelines.sensors import CLAIM_WAIT_SECONDS
 
 MODES = ("dense", "lexical", "hybrid")
 TENANT = "deletes"
@@ -244,7 +245,7 @@ class DeleteBench(Chaos):
                            for doc, (phrase, _) in ((f"policy-{n}", _page(2 * n)), (f"policy-fast-{n}", _page(2 * n + 1)))
                            if self._modes_with(phrase, doc, everything)]  # none comes back once later runs published
             report = {"ok": not still_found, "documents": self.dcfg.documents, "gap_s": self.dcfg.gap,
-                      "claim_wait_s": float(os.environ.get("KBINDEX_CLAIM_WAIT_SECONDS", "3.5")),
+                      "claim_wait_s": CLAIM_WAIT_SECONDS,  # dagster dev reads the same environment
                       **{m: {**summary(self.seconds[m]), "texts_embedded": self.texts[m],
                              **({"run_embed_step": self.runs[m]} if m != "publish" else {}),
                              **({"phases": self.phases[m]} if m in self.phases else {})} for m in MEASURES},

@@ -908,7 +908,7 @@ class Chaos:
             finally:
                 self.pg_down.clear()
         seconds = round(time.monotonic() - started, 1)
-        self.c.pg_restarts.append({"down_seconds": seconds})
+        self.c.pg_restarts.append({"down_seconds": seconds, "back_at": time.time()})
         self._note(f"PostgreSQL is back after {seconds} s")
 
     # -- reader ------------------------------------------------------------------------------------
@@ -957,6 +957,21 @@ class Chaos:
             if conn is not None:
                 conn.close()
             db.close()
+
+    def _restarts_with_sensor_back(self) -> list[dict[str, Any]]:
+        """Each PostgreSQL restart with ``sensor_ticking_again_seconds``: from the server accepting connections
+        to the start of the claiming sensor's first tick after it that did not fail (issue #32: <= 30 s), from
+        Dagster's tick records (each tick's body carries its start time and sensor name). None: none came."""
+        rows = _sql(self.dg_url, "SELECT status, tick_body FROM job_ticks WHERE tick_body LIKE %s",
+                    ['%"claim_index_tasks"%'])
+        ticks = sorted((json.loads(body)["timestamp"], status) for status, body in rows)
+        out = []
+        for restart in self.c.pg_restarts:
+            back = restart["back_at"]
+            first = next((t for t, status in ticks if t >= back and status in ("SUCCESS", "SKIPPED")), None)
+            out.append({"down_seconds": restart["down_seconds"],
+                        "sensor_ticking_again_seconds": None if first is None else round(first - back, 1)})
+        return out
 
     def outage(self, since_stops: int | None = None) -> bool:
         """PostgreSQL stopped, or the link to it cut or lossy (or healed moments ago): errors are expected now.
@@ -1274,7 +1289,7 @@ class Chaos:
                 "process_kills": self.c.kills, "kills_by_stage_at_kill": dict(self.c.kills_by_stage),
                 "kills_by_run_kind": dict(self.c.kills_by_run_kind),
                 "kill_attempts_missed_run_already_gone": self.c.kill_misses,
-                "sigstops": self.c.stops, "postgres_restarts": self.c.pg_restarts,
+                "sigstops": self.c.stops, "postgres_restarts": self._restarts_with_sensor_back(),
                 "embedding_faults_recorded_on_tasks": {c: codes.get(c, 0) for c in EMBEDDING_CODES},
                 "embedding_faults_absorbed_by_shared_window_retry": dict(shared_fallbacks),
                 "configured_rates": self.cfg.faults,

@@ -52,6 +52,9 @@ def test_network_chaos_round_survives_silent_partitions_at_embed_and_publish():
         assert cut["runs_ended_seconds_after_heal"] is not None, shown
     assert report["fencing"]["takeovers_after_lease_expiry"] >= max(1, net["leases_taken_over_after_cuts"]), shown
     assert report["faults"]["process_kills"] >= 2 and len(report["faults"]["postgres_restarts"]) == 1, shown
+    for restart in report["faults"]["postgres_restarts"]:  # issue #32: the sensor ticks again within 30 s
+        assert restart["sensor_ticking_again_seconds"] is not None, shown
+        assert restart["sensor_ticking_again_seconds"] <= 30, shown
     assert report["checks"]["tasks_not_terminal"] == 0, shown
     slow = net["lossy_period"]
     assert slow["delay_ms_each_way"] == 250 and slow["seconds"] >= 45 and slow["packets_dropped"] > 0, shown

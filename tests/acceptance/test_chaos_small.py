@@ -53,6 +53,9 @@ def test_small_chaos_round_loses_duplicates_and_half_shows_nothing():
     faults = report["faults"]
     assert faults["process_kills"] >= 3, shown
     assert len(faults["sigstops"]) == 1 and len(faults["postgres_restarts"]) == 1, shown
+    for restart in report["faults"]["postgres_restarts"]:  # issue #32: the sensor ticks again within 30 s
+        assert restart["sensor_ticking_again_seconds"] is not None, shown
+        assert restart["sensor_ticking_again_seconds"] <= 30, shown
     assert report["tasks"]["tasks"] >= 25, shown
     reader = report["reader"]
     assert reader.get("strict_hits", 0) > 0 and reader.get("bracketed_hits", 0) > 0, shown

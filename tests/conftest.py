@@ -101,6 +101,6 @@ def corpus_dir() -> Path:
 @pytest.fixture(autouse=True)
 def _claim_once_per_tick(monkeypatch):
     """Sensor ticks evaluated in the test process claim once, as Dagster's own sensors would: the daemon's wait
-    for a publish (pipelines.sensors.CLAIM_WAIT_SECONDS) would make every idle tick last 3.5 s. Daemons the
+    for a publish (pipelines.sensors.CLAIM_WAIT_SECONDS) would make every idle tick last 4.5 s. Daemons the
     tests start keep the default; tests/integration/test_claim_wakeup.py turns it on in process."""
     monkeypatch.setattr("pipelines.sensors.CLAIM_WAIT_SECONDS", 0.0)

@@ -69,9 +69,9 @@ HOST_TAG = "kbindex/run_worker_host"
 SERVER_TAG = "kbindex/run_worker_server"
 """The fork server's pid (the run process's parent)."""
 STOP_GRACE_SECONDS = 15
+"""A fork server told to stop (SIGTERM) SIGKILLs the runs still alive this long after."""
 REPORT_RETRY_SECONDS = 2.0
 """How often the fork server tries again to record a run's exit that PostgreSQL could not take."""
-"""A fork server told to stop (SIGTERM) SIGKILLs the runs still alive this long after."""
 SOCKET_PATH_MAX = 100
 """Unix socket paths longer than this (the limit is 108 bytes) move to a short folder under the temp dir."""
 
@@ -379,6 +379,7 @@ class ForkServer:
         """Import what a run needs and build an instance once, then close it: no connection stays open."""
         with dg.DagsterInstance.from_ref(dg.deserialize_value(ref)):
             pass
+        dagster_private.warm_run_command()
         try:
             dagster_private.warm_definitions(dg.deserialize_value(origin))
         except Exception:  # noqa: BLE001 - the child loads (and reports) the definitions itself

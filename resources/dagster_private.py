@@ -466,6 +466,16 @@ def execute_run_here(run_id: str, instance: dg.DagsterInstance) -> int:
         return _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
 
 
+def warm_run_command() -> None:
+    """Import what ``execute_run_here`` imports: Dagster's CLI package, whose click options are built at import.
+
+    A fork server does this before forking; a run child that imported it itself spent ~0.3 s of CPU on it,
+    about a fifth of a small-document run's CPU (py-spy over ``bench.scale.small_docs``). No fallback: a
+    moved module fails ``execute_run_here`` just the same.
+    """
+    import dagster._cli.api  # noqa: F401
+
+
 def warm_definitions(job_code_origin: object) -> bool:
     """Load the job's repository and job definitions into this process (a fork server does, before forking).
 

@@ -181,7 +181,8 @@ class EmbedderResource(dg.ConfigurableResource):
     fallback is ``none`` (a ``tcp://`` service by default): then the embed step fails retryably
     (``served_embedder``).
     A profile whose model is ``fake-384`` gets the deterministic FakeEmbedder (tests and fault
-    injection only; faults from KBINDEX_FAKE_FAULTS, e.g. ``timeout=0.1,wrong_dimension=0.05``).
+    injection only; faults from KBINDEX_FAKE_FAULTS, e.g. ``timeout=0.1,wrong_dimension=0.05``), in the run,
+    or in the service when that is on another host (``tcp://``).
     """
 
     batch_size: int = 64
@@ -251,16 +252,11 @@ class EmbedderResource(dg.ConfigurableResource):
 
     def for_model(self, model: str) -> Any:
         """The profile model's embedder, chosen exactly as search chooses it (``embedder_for_model``)."""
-        from resources.embedder import FakeEmbedder
+        from resources.embedder import fake_embedder_from_env
 
-        if model.startswith("fake-"):
-            rates = {}
-            for part in filter(None, os.environ.get("KBINDEX_FAKE_FAULTS", "").split(",")):
-                name, _, rate = part.partition("=")
-                rates[name.strip()] = float(rate)
-            seed = int(os.environ.get("KBINDEX_FAKE_SEED", "0")) + os.getpid()
+        if model.startswith("fake-") and not self._remote_service():
             # One fake per model and process: faults are drawn per call, not replayed for every version.
-            fake = _FAKES.setdefault(model, FakeEmbedder(model_name=model, rates=rates, seed=seed))
+            fake = _FAKES.setdefault(model, fake_embedder_from_env(model))
             delay = float(os.environ.get("KBINDEX_FAKE_DELAY", "0") or 0)
             return _Slowed(fake, delay) if delay > 0 else fake
         if model.startswith("http:"):  # an HTTP provider: nothing to load, no embedding service in between
@@ -277,6 +273,14 @@ class EmbedderResource(dg.ConfigurableResource):
                 self._served[model] = served_embedder(model, self.service_home, lambda: self._local(model), fall_back)
             return self._served[model]
         return self._local(model)
+
+    def _remote_service(self) -> bool:
+        """This run embeds through a service on another host (``tcp://``): then every model goes there, the fake
+        included (the service applies its delay and faults), so a fault on that link reaches the fake's runs as it
+        would a real model's. A service on this machine leaves the fake in the run, as before."""
+        from resources.embedding_service import service_address
+
+        return self._use_service and service_address(self.service_home).is_tcp
 
     def _local(self, model: str) -> Any:
         from resources.embedder import embedder_for_model

@@ -465,6 +465,18 @@ def checked_embed(
     return out
 
 
+def fake_embedder_from_env(model: str) -> FakeEmbedder:
+    """The fault-injecting fake a run (or the embedding service serving one) uses for a ``fake-*`` model: faults by
+    rate from KBINDEX_FAKE_FAULTS (``timeout=0.05,wrong_dimension=0.02``), seeded by KBINDEX_FAKE_SEED plus the pid
+    (each process draws its own faults). Tests and fault injection only."""
+    rates = {}
+    for part in filter(None, os.environ.get("KBINDEX_FAKE_FAULTS", "").split(",")):
+        name, _, rate = part.partition("=")
+        rates[name.strip()] = float(rate)
+    seed = int(os.environ.get("KBINDEX_FAKE_SEED", "0")) + os.getpid()
+    return FakeEmbedder(model_name=model, rates=rates, seed=seed)
+
+
 def embedder_for_model(model: str, *, batch_size: int = DEFAULT_BATCH_SIZE) -> Embedder:
     """The embedder a profile's ``model`` names, the same way for indexing and for search.
 

@@ -192,10 +192,12 @@ def embedder_on_threads(model: str, threads: int) -> Any:
     """An embedder for ``model`` whose runtime uses ``threads`` threads: a service worker's share of the cores
     (and the layout bench.pipeline's bare system copies)."""
     from resources.derived_models import DERIVED_MODELS, DerivedModelEmbedder
-    from resources.embedder import FakeEmbedder, embedder_for_model
+    from resources.embedder import FakeEmbedder, embedder_for_model, fake_embedder_from_env
 
     if model in DERIVED_MODELS:
         return DerivedModelEmbedder(model, threads=threads)
+    if model.startswith("fake-"):  # with the faults KBINDEX_FAKE_FAULTS asks for, as in a run (fault injection)
+        return fake_embedder_from_env(model)
     embedder = embedder_for_model(model)
     if not isinstance(embedder, FakeEmbedder):
         import torch
@@ -228,9 +230,12 @@ def _worker_answer(op: str, model: str, texts: list[str]) -> tuple[Any, ...]:
         if delay > 0 and model.startswith("fake-"):  # fault injection, as for a run's fake (dagster_resources)
             time.sleep(delay)
         return ("ok", (embedder.model_name, np.asarray(embedder.embed(texts), dtype=np.float32)))
-    except EmbeddingError as exc:
-        return ("error", exc.code, exc.message)
     except Exception as exc:  # noqa: BLE001 - the client classifies it; the worker keeps serving
+        from resources.embedder import translate_provider_error
+
+        known = translate_provider_error(exc)  # an EmbeddingError, or a provider's timeout / rate limit / refusal
+        if known is not None:
+            return ("error", known.code, known.message)
         return ("error", "EMBEDDING_UNAVAILABLE", f"the embedding service failed ({type(exc).__name__})")
 
 

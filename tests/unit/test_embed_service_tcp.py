@@ -247,3 +247,38 @@ def test_a_dagster_run_with_a_tcp_service_embeds_there_without_asking_first_and_
         embedder.embed(["refunds"])
     monkeypatch.setenv("KBINDEX_EMBED_SERVICE_FALLBACK", "local")  # the operator's choice: ask, and fall back
     assert EmbedderResource(service_home="tcp://127.0.0.1:9")._service_fits([]) is False
+
+
+def test_a_run_with_a_tcp_service_embeds_even_the_fake_model_there_and_one_on_this_machine_keeps_it_local(
+        monkeypatch, tmp_path):
+    """bench.chaos --network cuts the embedding host mid-batch under the fake model: its runs must embed across that
+    link (a ``tcp://`` service), while a service on this machine still leaves the fake in the run."""
+    from resources.dagster_resources import EmbedderResource
+    from resources.embedder import FakeEmbedder
+
+    monkeypatch.delenv("KBINDEX_EMBED_SERVICE_FALLBACK", raising=False)
+    monkeypatch.delenv("KBINDEX_FAKE_DELAY", raising=False)
+    remote = EmbedderResource(service_home="tcp://127.0.0.1:9")
+    remote._use_service = True
+    served = remote.for_model("fake-384")
+    assert type(served) is ServiceEmbedder and served.model_name == "fake-384"
+    local = EmbedderResource(service_home=str(tmp_path))
+    local._use_service = True
+    assert isinstance(local.for_model("fake-384"), FakeEmbedder)
+    assert isinstance(EmbedderResource(service_home="tcp://127.0.0.1:9").for_model("fake-384"), FakeEmbedder)
+
+
+def test_the_services_fake_injects_the_faults_asked_for_and_answers_them_with_their_codes(monkeypatch):
+    """A worker's fake honours KBINDEX_FAKE_FAULTS as a run's does; a timeout comes back as EMBEDDING_TIMEOUT,
+    not as an unclassified failure."""
+    monkeypatch.setattr(embedding_service, "_WORKER", {"threads": 1})
+    monkeypatch.setenv("KBINDEX_FAKE_DELAY", "0")
+    monkeypatch.setenv("KBINDEX_FAKE_FAULTS", "timeout=1.0")
+    assert embedding_service._worker_answer("embed", "fake-384", ["refunds"])[:2] == ("error", "EMBEDDING_TIMEOUT")
+    monkeypatch.setattr(embedding_service, "_WORKER", {"threads": 1})
+    monkeypatch.setenv("KBINDEX_FAKE_FAULTS", "wrong_dimension=1.0")
+    status, (model, vectors) = embedding_service._worker_answer("embed", "fake-384", ["refunds"])
+    assert (status, model, vectors.shape) == ("ok", "fake-384", (1, 385))  # the run's checked_embed refuses it
+    monkeypatch.setattr(embedding_service, "_WORKER", {"threads": 1})
+    monkeypatch.delenv("KBINDEX_FAKE_FAULTS")
+    assert embedding_service._worker_answer("embed", "fake-384", ["refunds"])[1][1].shape == (1, 384)

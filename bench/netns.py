@@ -14,6 +14,11 @@ removes the rules; connections that neither side has given up on carry on.
 by its own veth pair (``EMBED_ADDR`` on C, ``EMBED_CLIENT_ADDR`` on B), so ``cut_embed()`` silences the
 worker <-> embedding service link while B still reaches PostgreSQL.
 
+``add_api_host()`` adds a fourth host on demand: namespace D for the HTTP API, linked to A by its own veth pair
+(``API_PG_ADDR`` on D, which reaches PostgreSQL's ``SERVER_ADDR`` through A) and to B by another (``API_ADDR`` on D,
+where the API listens, ``API_CLIENT_ADDR`` on B, where its clients are), so ``cut_api()`` silences the API <-> PostgreSQL
+link while the API's clients still reach it and B still reaches PostgreSQL.
+
 ``inside(namespace)`` moves the calling thread into a namespace (the threads and processes it starts meanwhile
 follow it): bench.chaos --network runs its whole soak on host B that way. ``stop_postgres()`` stops the server
 (fast) for a restart fault; ``lose(percent)`` drops a share of the link's packets until ``heal()``.
@@ -35,6 +40,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -44,6 +50,12 @@ CLIENT_ADDR = "10.77.0.2"
 PORT = 5432
 EMBED_ADDR = "10.77.1.1"
 EMBED_CLIENT_ADDR = "10.77.1.2"
+API_PG_ADDR = "10.77.2.2"
+"""The API host's end of its link to A (whose end is API_DB_ADDR); PostgreSQL's SERVER_ADDR is routed through it."""
+API_DB_ADDR = "10.77.2.1"
+API_ADDR = "10.77.3.1"
+"""Where the API host listens, on its link to B."""
+API_CLIENT_ADDR = "10.77.3.2"
 PG_USER = "embedded_postgres"
 CLONE_NEWNET = 0x40000000
 
@@ -81,6 +93,7 @@ class Hosts:
         self.prefix = prefix
         self.ns_db, self.ns_client = f"{prefix}db{tag}", f"{prefix}cl{tag}"
         self.ns_embed: str | None = None  # add_embed_host()
+        self.ns_api: str | None = None  # add_api_host()
         self.tmp = Path(tempfile.mkdtemp(prefix="kbindex-net-"))
         self.pgdata = self.tmp / "data"
         self.socket_dir = self.tmp / "sock"
@@ -125,7 +138,7 @@ class Hosts:
 
         stop_pgdata(self.pgdata)
         with open(self.pgdata / "pg_hba.conf", "a") as hba:
-            hba.write(f"\nhost all all {CLIENT_ADDR}/32 trust\n")
+            hba.write(f"\nhost all all {CLIENT_ADDR}/32 trust\nhost all all {API_PG_ADDR}/32 trust\n")
         self.socket_dir.mkdir()
         self.socket_dir.chmod(0o777)
         self.pg_ctl = POSTGRES_BIN_PATH / "pg_ctl"
@@ -161,7 +174,7 @@ class Hosts:
                 if pid_file.exists():
                     subprocess.run(["kill", "-9", pid_file.read_text().split()[0]], check=False)
             self.started = False
-        for ns in (self.ns_client, self.ns_db, self.ns_embed):
+        for ns in (self.ns_client, self.ns_db, self.ns_embed, self.ns_api):
             if ns is not None:
                 _run("ip", "netns", "delete", ns, check=False)
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -182,6 +195,27 @@ class Hosts:
                 _run("ip", "-n", ns, "link", "set", dev, "up")
             _run("ip", "-n", c, "link", "set", "lo", "up")
         return self.ns_embed
+
+    def _pair(self, ns1: str, dev1: str, addr1: str, ns2: str, dev2: str, addr2: str) -> None:
+        _run("ip", "link", "add", dev1, "type", "veth", "peer", "name", dev2)
+        for ns, dev, addr in ((ns1, dev1, addr1), (ns2, dev2, addr2)):
+            _run("ip", "link", "set", dev, "netns", ns)
+            _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _run("ip", "-n", ns, "link", "set", dev, "up")
+
+    def add_api_host(self) -> str:
+        """Namespace D for the HTTP API (idempotent; returns its name): linked to A, through which it reaches
+        ``SERVER_ADDR`` (pg_hba admits ``API_PG_ADDR``), and to B, whose clients reach it on ``API_ADDR``."""
+        if self.ns_api is None:
+            d = f"{self.prefix}ap{os.getpid() % 100000}"
+            _run("ip", "netns", "delete", d, check=False)  # left by a killed run with this pid
+            _run("ip", "netns", "add", d)
+            self.ns_api = d
+            self._pair(d, f"v{d}"[:15], API_PG_ADDR, self.ns_db, f"a{self.ns_db}"[:15], API_DB_ADDR)
+            self._pair(d, f"w{d}"[:15], API_ADDR, self.ns_client, f"a{self.ns_client}"[:15], API_CLIENT_ADDR)
+            _run("ip", "-n", d, "route", "add", f"{SERVER_ADDR}/32", "via", API_DB_ADDR)
+            _run("ip", "-n", d, "link", "set", "lo", "up")
+        return self.ns_api
 
     def __enter__(self) -> Hosts:
         return self.start()
@@ -228,6 +262,14 @@ class Hosts:
             self._drop(ns, "kbembcut", f"ip saddr {peer}")
         self.is_cut = True
 
+    def cut_api(self) -> None:
+        """Drop every packet between the API host D and PostgreSQL, both directions, silently; the API's clients
+        (B <-> D) and B <-> A still work."""
+        assert self.ns_api is not None, "add_api_host() first"
+        for ns, peer in ((self.ns_db, API_PG_ADDR), (self.ns_api, SERVER_ADDR)):
+            self._drop(ns, "kbapicut", f"ip saddr {peer}")
+        self.is_cut = True
+
     def lose(self, percent: int) -> None:
         """Drop ``percent`` % of the packets arriving over the A <-> B link, both namespaces, at random (TCP
         retransmits them, as on a lossy link); ``heal()`` ends it."""
@@ -251,24 +293,30 @@ class Hosts:
 
     def heal(self) -> None:
         """The links as they were: no cut, and no packet loss (``lose``'s table) left for the next test."""
-        for ns in (self.ns_db, self.ns_client, self.ns_embed):
+        for ns in (self.ns_db, self.ns_client, self.ns_embed, self.ns_api):
             if ns is None:
                 continue
-            for table in ("kbcut", "kbloss", "kbembcut"):
+            for table in ("kbcut", "kbloss", "kbembcut", "kbapicut"):
                 _run("ip", "netns", "exec", ns, "nft", "delete", "table", "inet", table, check=False)
         self.is_cut = False
 
     # -- clients --------------------------------------------------------------------------------
     def client(self, script: str, *args: str, env: dict[str, str] | None = None,
-               namespace: str | None = None) -> subprocess.Popen[str]:
+               namespace: str | None = None, log: Path | None = None) -> subprocess.Popen[str]:
         """``python script args...`` inside namespace B (or ``namespace``; this worktree's code), pipes for stdin
-        and stdout. ``script`` ``-m`` runs a module."""
+        and stdout (with ``log``: stdout and stderr appended to that file instead, for a long-lived server whose
+        output nobody reads). ``script`` ``-m`` runs a module."""
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
-        return subprocess.Popen(
-            ["ip", "netns", "exec", namespace or self.ns_client, sys.executable, script, *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
-            cwd=str(ROOT),
-        )
+        out: Any = subprocess.PIPE if log is None else open(log, "ab")  # noqa: SIM115 - the child keeps it
+        try:
+            return subprocess.Popen(
+                ["ip", "netns", "exec", namespace or self.ns_client, sys.executable, script, *args],
+                stdin=subprocess.PIPE if log is None else subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.PIPE if log is None else subprocess.STDOUT, text=True, env=full_env, cwd=str(ROOT),
+            )
+        finally:
+            if log is not None:
+                out.close()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until the server answers over the Unix socket."""

@@ -17,8 +17,6 @@ not come within the ceilings, so the bounded runs can fail.
 
 from __future__ import annotations
 
-import json
-import queue as queues
 import threading
 import time
 from collections.abc import Iterator
@@ -35,6 +33,7 @@ from resources.publisher import Publisher
 from resources.settings import ConnectionBounds
 from resources.task_queue import TaskQueue
 from tests.network.conftest import FAST_BOUNDS
+from bench.net_services import ApiClient, SseStream
 from bench.netns import Hosts
 
 SERVER = str(Path(__file__).with_name("api_server.py"))
@@ -51,17 +50,17 @@ SHARED = {"KBINDEX_PG_API_KEEPALIVES_IDLE_S": "10", "KBINDEX_PG_API_KEEPALIVES_I
 
 
 class Api:
-    """api_server.py in namespace B; ``get`` over its Unix socket."""
+    """api_server.py in namespace B; ``get`` over its Unix socket (bench.net_services.ApiClient)."""
 
     def __init__(self, hosts: Hosts, net_db: str, tmp: Path, env: dict[str, str]) -> None:
         self.uds = str(tmp / "api.sock")
         self.proc = hosts.client(SERVER, hosts.remote_url(net_db), self.uds, str(POLL_S), env=env)
-        self.http = httpx.Client(transport=httpx.HTTPTransport(uds=self.uds), base_url="http://api",
-                                 timeout=httpx.Timeout(CEILING_S, connect=2.0))
+        self.client = ApiClient(uds=self.uds, ceiling=CEILING_S)
+        self.get = self.client.get
         deadline = time.monotonic() + 60
         while True:  # up, and the database reachable through it
             try:
-                if self.http.get("/readyz").status_code == 200:
+                if self.get("/readyz")[0] == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -69,18 +68,8 @@ class Api:
                 raise RuntimeError(f"the API did not start: {self.proc.communicate(timeout=10)[1][-2000:]}")
             time.sleep(0.2)
 
-    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int | None, str | None, float]:
-        """(status or None when no answer came within the ceiling, error code, seconds taken)."""
-        started = time.monotonic()
-        try:
-            r = self.http.get(path, headers=headers)
-        except httpx.ReadTimeout:
-            return None, None, time.monotonic() - started
-        code = r.json()["error"]["code"] if r.status_code >= 400 else None
-        return r.status_code, code, time.monotonic() - started
-
     def close(self) -> None:
-        self.http.close()
+        self.client.close()
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.communicate(timeout=30)
@@ -101,43 +90,9 @@ def api(hosts, net_db, tmp_path, api_env) -> Iterator[Api]:
         a.close()
 
 
-class Stream:
-    """One event stream read on a thread: (event id, data) on ``events``, None when it ended."""
-
-    def __init__(self, api: Api, task_id: int, last: int = 0) -> None:
-        self.events: queues.Queue[tuple[int, dict] | None] = queues.Queue()
-        self.response: httpx.Response | None = None
-        headers = {**ACME, **({"Last-Event-ID": str(last)} if last else {})}
-        self.client = httpx.Client(transport=httpx.HTTPTransport(uds=api.uds), base_url="http://api",
-                                   timeout=httpx.Timeout(10.0, read=None))
-        self.request = self.client.build_request("GET", f"/tasks/{task_id}/events", headers=headers)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            self.response = self.client.send(self.request, stream=True)
-            assert self.response.status_code == 200
-            fields: dict[str, str] = {}
-            for line in self.response.iter_lines():
-                if line == "" and "data" in fields:
-                    self.events.put((int(fields["id"]), json.loads(fields["data"])))
-                    fields = {}
-                elif line and not line.startswith(":"):
-                    name, _, value = line.partition(":")
-                    fields[name] = value.lstrip(" ")
-        except Exception:  # noqa: BLE001 - a broken stream ends like a finished one, for the test to see
-            pass
-        self.events.put(None)
-
-    def next(self, timeout: float) -> tuple[int, dict] | None:
-        """The next event; TimeoutError when none came within ``timeout``; None when the stream ended."""
-        try:
-            return self.events.get(timeout=timeout)
-        except queues.Empty:
-            raise TimeoutError(f"no event within {timeout:g} s") from None
-
-    def close(self) -> None:
-        self.client.close()
+def open_stream(api: Api, task_id: int, last: int = 0) -> SseStream:
+    """One of acme's event streams, read on a thread (bench.net_services.SseStream)."""
+    return api.client.stream(task_id, ACME, last)
 
 
 @pytest.fixture
@@ -202,7 +157,7 @@ def test_the_api_cut_off_from_postgresql_answers_503_within_5_s_and_its_db_free_
 
 def test_open_event_streams_resume_after_the_partition_with_exactly_the_missed_events(hosts, api, running):
     task_id, queue, lease = running
-    stream = Stream(api, task_id)
+    stream = open_stream(api, task_id)
     try:
         seen = [stream.next(10)[0], stream.next(10)[0]]  # PENDING, RUNNING
         queue.progress(lease, "parse", 1, 1)
@@ -233,7 +188,7 @@ def test_open_event_streams_resume_after_the_partition_with_exactly_the_missed_e
         print(f"healed: a new event came {time.monotonic() - after:.2f} s after it was written")
         assert live is not None and live[0] == event_ids(queue, task_id, missed[-1])[0]
 
-        again = Stream(api, task_id, last=seen[-1])  # a client that reconnects gets exactly the same
+        again = open_stream(api, task_id, last=seen[-1])  # a client that reconnects gets exactly the same
         try:
             assert [again.next(10)[0] for _ in range(3)] == [*missed, live[0]]
         finally:
@@ -256,7 +211,7 @@ def test_a_silently_dropped_listen_connection_is_noticed_and_replaced(hosts, net
     a bound that wakes an idle connection, notifications never come again: the stream only sees new events at
     its 60 s safety-net poll."""
     task_id, queue, lease = running
-    stream = Stream(api, task_id)
+    stream = open_stream(api, task_id)
     try:
         seen = [stream.next(10)[0], stream.next(10)[0]]
         (port,) = listener_ports(hosts, net_db)

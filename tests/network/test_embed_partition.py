@@ -31,18 +31,18 @@ import pytest
 from resources.blob_store import BlobStore
 from resources.database import Database
 from resources.embedder import FakeEmbedder
-from resources.embedding_service import ServiceEmbedder, service_available
 from resources.publisher import Publisher
 from resources.search import search
 from resources.settings import EmbedServiceBounds
 from resources.verifier import verify
 from tests.network.conftest import FAST_BOUNDS
-from bench.netns import EMBED_ADDR, Hosts
+from bench.net_services import embed_address, requests_served, start_embed_service, stop
+from bench.netns import Hosts
 from tests.network.test_partition import Client, wait_for
 
 WORKER = str(Path(__file__).with_name("embed_worker.py"))
 SERVICE_PORT = 7311
-ADDRESS = f"tcp://{EMBED_ADDR}:{SERVICE_PORT}"
+ADDRESS = embed_address(SERVICE_PORT)
 FAST_EMBED_BOUNDS = {
     "KBINDEX_EMBED_SERVICE_CONNECT_TIMEOUT_S": "2",
     "KBINDEX_EMBED_SERVICE_KEEPALIVES_IDLE_S": "1",
@@ -64,31 +64,14 @@ SECTIONS = 14
 @pytest.fixture(scope="module")
 def embed_service(hosts: Hosts) -> Iterator[Path]:
     """The real service in namespace C on TCP (and its Unix socket, which the test uses to watch it)."""
-    ns = hosts.add_embed_host()
     home = Path(tempfile.mkdtemp(prefix="kbes-net-"))  # short: a Unix socket path is limited to ~100 bytes
-    env = {"KBINDEX_HOME": str(home), "KBINDEX_EMBED_SERVICE_LISTEN": f"{EMBED_ADDR}:{SERVICE_PORT}",
-           "KBINDEX_EMBED_SERVICE_PRELOAD": "", "KBINDEX_EMBED_WORKERS": "1", "KBINDEX_FAKE_DELAY": str(DELAY_S),
-           **FAST_EMBED_BOUNDS}
-    proc = hosts.client("-m", "resources.embedding_service", str(home), env=env, namespace=ns)
+    proc = start_embed_service(hosts, home, {"KBINDEX_EMBED_WORKERS": "1", "KBINDEX_FAKE_DELAY": str(DELAY_S),
+                                             **FAST_EMBED_BOUNDS}, port=SERVICE_PORT)
     try:
-        assert wait_for(lambda: service_available(home), 60), proc.stderr.read() if proc.poll() is not None else ""
         yield home
     finally:
-        proc.terminate()
-        try:
-            proc.communicate(timeout=15)
-        except Exception:  # noqa: BLE001 - stuck: kill it (its workers exit with it)
-            proc.kill()
-            proc.communicate(timeout=15)
+        stop(proc)
         shutil.rmtree(home, ignore_errors=True)
-
-
-def requests_served(home: Path) -> int:
-    client = ServiceEmbedder("", home, timeout=5)
-    try:
-        return int(client.ping()["requests"])
-    finally:
-        client.close()
 
 
 def document() -> bytes:

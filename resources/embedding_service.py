@@ -60,7 +60,13 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.domain.errors import EmbeddingError, EmbeddingInvalidResponse, EmbeddingTimeout, EmbeddingUnavailable
+from pipelines.domain.errors import (
+    EmbeddingError,
+    EmbeddingInvalidResponse,
+    EmbeddingRateLimited,
+    EmbeddingTimeout,
+    EmbeddingUnavailable,
+)
 from pipelines.domain.service_address import ServiceAddress, parse_service_address
 from resources.private_files import make_private_dirs, open_private
 from resources.settings import (
@@ -567,6 +573,8 @@ class ServiceEmbedder:
         _, code, message = failed
         if code == "EMBEDDING_TIMEOUT":
             raise EmbeddingTimeout(message)
+        if code == "EMBEDDING_RATE_LIMITED":  # the service's own provider asked it to slow down: so do we
+            raise EmbeddingRateLimited(message)
         raise EmbeddingUnavailable(f"{code}: {message}")
 
 

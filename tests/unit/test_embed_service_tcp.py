@@ -269,12 +269,15 @@ def test_a_run_with_a_tcp_service_embeds_even_the_fake_model_there_and_one_on_th
 
 
 def test_the_services_fake_injects_the_faults_asked_for_and_answers_them_with_their_codes(monkeypatch):
-    """A worker's fake honours KBINDEX_FAKE_FAULTS as a run's does; a timeout comes back as EMBEDDING_TIMEOUT,
-    not as an unclassified failure."""
+    """A worker's fake honours KBINDEX_FAKE_FAULTS as a run's does; a timeout comes back as EMBEDDING_TIMEOUT and a
+    rate limit as EMBEDDING_RATE_LIMITED (the client raises those codes), not as an unclassified failure."""
     monkeypatch.setattr(embedding_service, "_WORKER", {"threads": 1})
     monkeypatch.setenv("KBINDEX_FAKE_DELAY", "0")
     monkeypatch.setenv("KBINDEX_FAKE_FAULTS", "timeout=1.0")
     assert embedding_service._worker_answer("embed", "fake-384", ["refunds"])[:2] == ("error", "EMBEDDING_TIMEOUT")
+    monkeypatch.setattr(embedding_service, "_WORKER", {"threads": 1})
+    monkeypatch.setenv("KBINDEX_FAKE_FAULTS", "rate_limit=1.0")
+    assert embedding_service._worker_answer("embed", "fake-384", ["refunds"])[:2] == ("error", "EMBEDDING_RATE_LIMITED")
     monkeypatch.setattr(embedding_service, "_WORKER", {"threads": 1})
     monkeypatch.setenv("KBINDEX_FAKE_FAULTS", "wrong_dimension=1.0")
     status, (model, vectors) = embedding_service._worker_answer("embed", "fake-384", ["refunds"])
@@ -282,3 +285,31 @@ def test_the_services_fake_injects_the_faults_asked_for_and_answers_them_with_th
     monkeypatch.setattr(embedding_service, "_WORKER", {"threads": 1})
     monkeypatch.delenv("KBINDEX_FAKE_FAULTS")
     assert embedding_service._worker_answer("embed", "fake-384", ["refunds"])[1][1].shape == (1, 384)
+
+
+def test_the_client_raises_the_code_the_service_answered(monkeypatch):
+    from pipelines.domain.errors import EmbeddingRateLimited, EmbeddingTimeout
+
+    client = ServiceEmbedder("fake-384", "tcp://127.0.0.1:9")
+
+    class Answers:  # a connection whose service answered with an error
+        def __init__(self, code):
+            self.code = code
+
+        def send(self, request):
+            pass
+
+        def poll(self, timeout):
+            return True
+
+        def recv(self):
+            return ("error", self.code, "no")
+
+        def close(self):
+            pass
+
+    for code, error in (("EMBEDDING_TIMEOUT", EmbeddingTimeout), ("EMBEDDING_RATE_LIMITED", EmbeddingRateLimited),
+                        ("INVALID_REQUEST", EmbeddingUnavailable)):
+        client._conns = [Answers(code)]
+        with pytest.raises(error):
+            client._call_many([{"op": "embed"}])

@@ -76,11 +76,18 @@ def start_api(hosts: Hosts, database_url: str, tokens_file: Path, env: dict[str,
     client = ApiClient(base, ceiling=5.0)
     deadline = time.monotonic() + timeout
     try:
-        while client.get("/readyz")[0] != 200:
+        while True:
+            try:
+                if client.get("/readyz")[0] == 200:
+                    break
+            except httpx.TransportError:  # not listening yet
+                pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                stop(proc)
-                raise RuntimeError(f"the API did not start (exit {proc.returncode}); see {log}")
+                raise RuntimeError(f"the API did not start (exit {proc.poll()}); see {log}")
             time.sleep(0.3)
+    except BaseException:
+        stop(proc)
+        raise
     finally:
         client.close()
     return proc, base

@@ -37,6 +37,21 @@ connection bounds are shortened for the round (network.NET_BOUNDS). The bench's 
 Unix socket, which no cut touches. Its figures: cuts, their length and the stage they hit, leases held and
 taken over, seconds from the heal until those leases moved on and the runs active at the cut ended (*runs
 still active lease + 60 s after the heal).
+The HTTP API (``kbindex api``) runs on a host of its own, linked to PostgreSQL's host and to the run host, and the
+embedding service on another, which the runs reach over TCP with its key handshake (KBINDEX_EMBED_SERVICE=tcp://...;
+the fake model is served there too, with its delay and faults). Two more faults (``--net-api-cuts``,
+``--net-embed-cuts``, one each by default, taken in turn with the PostgreSQL cuts):
+- the API host cut off from PostgreSQL (``--net-api-cut-seconds``, 15) while event streams are open on unfinished
+  tasks and searches run through the API: ``/healthz`` answers and every request needing the database a 503 with
+  INDEX_WRITE_FAILED, none hangs; after the heal the streams send exactly the events they missed and searches
+  succeed again. Figures: answers by status and code, the slowest 503, seconds until the streams caught up and
+  a search succeeded (*a /healthz not answered, *a request hung or not that 503, *a stream closed, gapped or not
+  caught up within 30 s, *searches not back);
+- the embedding host cut off from the run host mid-batch (``--net-embed-cut-seconds``, 15): the runs' clients give
+  up (EMBEDDING_UNAVAILABLE, retryable), the tasks are retried after the heal. Figures: seconds until the first
+  failure, failures by code, leases taken over or retried, seconds until they moved on and the runs ended, where
+  the tasks held at the cut ended (*runs still active lease + 60 s after the heal, *leases that never moved on);
+  the round's own checks (duplicates, lost publishes, verify) cover what they wrote.
 
 The reader's check, and why it is sound. Pointers only move forward (search_pointer_advance), and
 search reads chunks joined to the pointer. Two checks alternate:
@@ -183,6 +198,15 @@ class ChaosConfig:
     net_delay_ms: int = 0
     """Every connection over the link goes through a relay (bench/relay.py) that adds this delay each way during the
     lossy period (0 each way the rest of the round); 0: no relay, the period is loss only."""
+    net_api_cuts: int = 1
+    """Silent partitions between the API host (``kbindex api`` on a namespace of its own) and PostgreSQL, with event
+    streams open and searches running through the API (bench/chaos/network.py ``_api_cut``)."""
+    net_api_cut_seconds: float = 15.0
+    """Each: longer than the API's own bounds (~5 s), so every request that needs the database meets the cut."""
+    net_embed_cuts: int = 1
+    """Silent partitions between the run host and the embedding service's host, timed for a run mid-batch."""
+    net_embed_cut_seconds: float = 15.0
+    """Each: longer than the runs' bound on that link (~6 s with network.NET_EMBED_BOUNDS)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -462,6 +486,8 @@ class Chaos:
         )
         if self.sources is not None:
             env["KBINDEX_SOURCE_SYNC_SECONDS"] = str(self.cfg.source_sensor_seconds)
+        if self.network is not None:  # runs embed through the service on the embedding host, over TCP
+            env.update(self.network.dagster_env())
         env.pop("KBINDEX_FAULT_SENSOR_AFTER_CLAIM", None)
         self.dagster = DagsterDev(root, env)
 
@@ -1055,6 +1081,7 @@ class Chaos:
                 from bench.netns import inside
 
                 host.enter_context(inside(self.network.hosts.ns_client))
+                self.network.start_services(root, self.search_tenants)  # the embedding host, the API host
             self.dagster.start()
             ready = self.dagster.wait_ready()
             self._note(f"PostgreSQL at {root / 'pg'}; dagster dev answered in {ready:.1f} s; profile {self.profile} -> {self.model}")

@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source-files", type=int, default=d.source_files, help="files in that folder at first")
     p.add_argument("--network", action="store_true",
                    help="PostgreSQL on a network namespace of its own, reached over a veth link that is cut silently"
-                        " (nftables DROP) for longer than a lease, at embed and at publish (bench/chaos/network.py;"
-                        " needs root, ip and nft; skipped with the reason otherwise)")
+                        " (nftables DROP) for longer than a lease, at embed and at publish; the API and the embedding"
+                        " service on hosts of their own, each cut off too (bench/chaos/network.py; needs root, ip and"
+                        " nft; skipped with the reason otherwise)")
     p.add_argument("--net-cuts", type=int, default=d.net_cuts, help="silent partitions (default %(default)s)")
     p.add_argument("--net-cut-seconds", type=float, default=d.net_cut_seconds, help="each (default %(default)s)")
     p.add_argument("--net-loss", type=int, default=d.net_loss_percent,
@@ -68,6 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--net-delay-ms", type=int, default=d.net_delay_ms,
                    help="and add this delay each way for that period (a relay every connection goes through; "
                         "default %(default)s: none)")
+    p.add_argument("--net-api-cuts", type=int, default=d.net_api_cuts,
+                   help="with --network: silent partitions between the API host and PostgreSQL while event streams"
+                        " are open and searches run (default %(default)s)")
+    p.add_argument("--net-api-cut-seconds", type=float, default=d.net_api_cut_seconds, help="each (default %(default)s)")
+    p.add_argument("--net-embed-cuts", type=int, default=d.net_embed_cuts,
+                   help="with --network: silent partitions between the run host and the embedding host, mid-batch"
+                        " (default %(default)s)")
+    p.add_argument("--net-embed-cut-seconds", type=float, default=d.net_embed_cut_seconds,
+                   help="each (default %(default)s)")
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
     a = p.parse_args(argv)
@@ -89,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         migration_at=a.migration_at, backfill_mode=a.backfill_mode, backfill_partitions=a.backfill_partitions, vector_sample=a.vector_sample,
         delete_share=a.delete_share, revive_share=a.revive_share, source_passes=a.source_passes, source_files=a.source_files,
         network=a.network, net_cuts=a.net_cuts, net_cut_seconds=a.net_cut_seconds, net_loss_percent=a.net_loss,
-        net_loss_seconds=a.net_loss_seconds, net_delay_ms=a.net_delay_ms,
+        net_loss_seconds=a.net_loss_seconds, net_delay_ms=a.net_delay_ms, net_api_cuts=a.net_api_cuts,
+        net_api_cut_seconds=a.net_api_cut_seconds, net_embed_cuts=a.net_embed_cuts,
+        net_embed_cut_seconds=a.net_embed_cut_seconds,
     )
     report = run_chaos(config, out=lambda line: print(line, flush=True))
     print(format_report(report), flush=True)

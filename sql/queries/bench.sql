@@ -55,3 +55,39 @@ SELECT (SELECT count(*) FROM chunk WHERE tenant_id = %(tenant_id)s)::integer AS 
        (SELECT count(*) FROM lexical_chunk WHERE tenant_id = %(tenant_id)s)::integer AS lexical,
        (SELECT count(*) FROM lexical_posting WHERE tenant_id = %(tenant_id)s)::integer AS postings,
        (SELECT count(*) FROM search_pointer WHERE tenant_id = %(tenant_id)s)::integer AS pointers;
+
+-- name: bench_chaos_open_tasks
+-- Benchmark only (bench/chaos/network.py): unfinished tasks to open event streams on before the API host is cut
+-- off, the RUNNING ones first, then the oldest due (the next to be claimed): they write events during the cut.
+SELECT task_id, tenant_id, status
+FROM index_task
+WHERE status IN ('PENDING', 'RUNNING', 'RETRY_WAIT') AND task_type = 'INDEX'
+ORDER BY (status = 'RUNNING') DESC, task_id
+LIMIT %(n)s;
+
+-- name: bench_chaos_event_watermark
+-- Benchmark only (bench/chaos/network.py): the newest task event so far, to count what a fault caused after it.
+SELECT coalesce(max(event_id), 0) AS event_id FROM task_event;
+
+-- name: bench_chaos_failures_after
+-- Benchmark only (bench/chaos/network.py): runs' failures (RUNNING to RETRY_WAIT or DEAD) by code since an event.
+SELECT error_code, count(*) AS n
+FROM task_event
+WHERE event_id > %(after)s AND kind = 'transition' AND from_status = 'RUNNING'
+  AND to_status IN ('RETRY_WAIT', 'DEAD') AND error_code IS NOT NULL
+GROUP BY error_code
+ORDER BY error_code;
+
+-- name: bench_chaos_task_outcomes
+-- Benchmark only (bench/chaos/network.py): where the tasks a fault hit ended, by status and code.
+SELECT status, coalesce(error_code, '') AS error_code, count(*) AS n
+FROM index_task
+WHERE task_id = ANY(%(task_ids)s::bigint[])
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: bench_chaos_mid_embed
+-- Benchmark only (bench/chaos/network.py): RUNNING tasks in their embed step with texts still to embed.
+SELECT task_id, completed, total
+FROM index_task
+WHERE status = 'RUNNING' AND stage = 'embed' AND completed < total;

@@ -473,19 +473,20 @@ class NetworkFaults:
         assert self.embed_home is not None
         waited_from = time.monotonic()
         served = requests_served(self.embed_home)
+        mid: list[Any] = []
         while time.monotonic() - waited_from < cfg.net_stage_wait:
             if chaos.stop_event.is_set():
                 return
             time.sleep(0.1)
             now = requests_served(self.embed_home)
-            if now > served and self.db.fetch_all("bench_chaos_mid_embed"):
+            mid = self.db.fetch_all("bench_chaos_mid_embed") if now > served else []
+            if mid:
                 break  # a batch answered in the last 0.1 s and a task with texts still to embed: mid-batch
             served = now
         mark = self.db.fetch_one("bench_chaos_event_watermark")["event_id"]
         self.hosts.cut_embed()
         cut_at = time.monotonic()
         held = self._running()
-        mid = len(self.db.fetch_all("bench_chaos_mid_embed"))
         runs = self._active_runs()
         pids = [p.pid for p in chaos.dagster.run_processes()]
         found = sorted({s for _, _, s, _ in held if s})
@@ -494,7 +495,7 @@ class NetworkFaults:
         record: dict[str, Any] = {
             "stage_reached": "embed" in found, "stages_held_at_cut": found,
             "waited_for_stage_seconds": round(cut_at - waited_from, 1), "leases_held_at_cut": len(held),
-            "tasks_at_embed_at_cut": sum(1 for _, _, s, _ in held if s == "embed"), "of_them_mid_embed": mid,
+            "tasks_at_embed_at_cut": sum(1 for _, _, s, _ in held if s == "embed"), "mid_embed_when_cut": len(mid),
             "service_requests_before_cut": served, "runs_active_at_cut": len(runs), "held_task_ids": [t for t, *_ in held],
         }
         first_failure = None

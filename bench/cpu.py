@@ -39,6 +39,56 @@ def tree_seconds(pid: int) -> float:
     return total
 
 
+DAGSTER_PARTS = (
+    ("dagster._daemon", "daemon"),
+    ("dagster_webserver", "webserver"),
+    ("dagster api grpc", "code server"),
+    ("dagster code-server", "code server"),
+    ("pipelines.warm_launcher", "fork server"),
+    ("dagster api execute_run", "run processes"),
+)
+"""How ``tree_parts`` names a process of ``dagster dev``'s tree: the first marker its command line holds."""
+
+
+def dagster_part(cmdline: str, parent_part: str | None) -> str:
+    """The part of ``dagster dev`` a process is: a fork server's children are run processes (they keep its
+    command line); anything unrecognised counts as ``dagster dev`` itself."""
+    if parent_part == "fork server":
+        return "run processes"
+    for marker, part in DAGSTER_PARTS:
+        if marker in cmdline:
+            return part
+    return "dagster dev"
+
+
+def tree_parts(pid: int) -> dict[str, float]:
+    """CPU seconds so far of ``dagster dev``'s tree by part (``dagster_part``): where Dagster's core-seconds go.
+
+    A process's own time counts for its part; what its reaped children spent counts for the part they were: the
+    fork server's and the code server's reaped children are run processes (the warm and the default launcher).
+    """
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return {}
+    part_of: dict[int, str] = {}
+    out: dict[str, float] = {}
+    for proc in procs:  # parents come before their children in this listing
+        try:
+            part = dagster_part(" ".join(proc.cmdline()), part_of.get(proc.ppid()))
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        part_of[proc.pid] = part
+        out[part] = out.get(part, 0.0) + t.user + t.system
+        reaped = "run processes" if part in ("fork server", "code server") else part
+        out[reaped] = out.get(reaped, 0.0) + t.children_user + t.children_system
+    return out
+
+
 def own_seconds() -> float:
     """This process's own CPU seconds (not its children: Dagster and the services are measured apart)."""
     t = os.times()
@@ -60,22 +110,35 @@ def postgres_pid(url: str) -> int | None:
 
 @dataclass
 class CpuMeter:
-    """Snapshots of named process trees' CPU; ``spent`` is the difference since ``start``."""
+    """Snapshots of named process trees' CPU; ``spent`` is the difference since ``start``; ``parts_spent`` the same
+    for the tree named ``parts_of`` (``dagster dev``'s), by part (``tree_parts``)."""
 
     roots: Mapping[str, int | None]
+    parts_of: str | None = None
     started: dict[str, float] = field(default_factory=dict)
+    parts_started: dict[str, float] = field(default_factory=dict)
 
     def snapshot(self) -> dict[str, float]:
         out = {name: tree_seconds(pid) for name, pid in self.roots.items() if pid}
         out["bench client"] = own_seconds()
         return out
 
+    def _parts(self) -> dict[str, float]:
+        pid = self.roots.get(self.parts_of) if self.parts_of else None
+        return tree_parts(pid) if pid else {}
+
     def start(self) -> None:
         self.started = self.snapshot()
+        self.parts_started = self._parts()
 
     def spent(self) -> dict[str, float]:
         now = self.snapshot()
         return {name: round(now[name] - self.started.get(name, now[name]), 2) for name in now}
+
+    def parts_spent(self) -> dict[str, float]:
+        now = self._parts()
+        spent = {name: round(now[name] - self.parts_started.get(name, 0.0), 2) for name in now}
+        return dict(sorted(spent.items(), key=lambda item: -item[1]))
 
 
 def budget(spent: Mapping[str, float], wall: float, bare_core_seconds: float, cpus: int) -> dict[str, Any]:
@@ -91,10 +154,15 @@ def budget(spent: Mapping[str, float], wall: float, bare_core_seconds: float, cp
     }
 
 
-def render(account: Mapping[str, Any]) -> str:
+def render(account: Mapping[str, Any], dagster_parts: Mapping[str, float] | None = None) -> str:
     bound = account["ratio_cpu_allows"]
     parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in account["core_seconds"].items())
     return (f"CPU (core-seconds)   {parts}; total {account['total_core_seconds']:.1f}, "
             f"{account['cores_busy']} of {account['cpus']} cores busy on average\n"
-            f"CPU bound            bare encode spent {account['bare_core_seconds']:.1f} core-s on the same texts: "
+            + (f"Dagster by part      {render_parts(dagster_parts)}\n" if dagster_parts else "")
+            + f"CPU bound            bare encode spent {account['bare_core_seconds']:.1f} core-s on the same texts: "
             f"with every core busy the ratio could reach {'n/a' if bound is None else f'{bound:.3g}'} at most")
+
+
+def render_parts(parts: Mapping[str, float]) -> str:
+    return ", ".join(f"{name} {seconds:.2f}" for name, seconds in parts.items())

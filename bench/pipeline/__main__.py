@@ -211,7 +211,7 @@ class Bench:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         meter = CpuMeter({"embedding service": self.service_pid, "PostgreSQL": postgres_pid(self.kb_url),
-                          "Dagster": self.dagster.proc.pid if self.dagster.proc else None})
+                          "Dagster": self.dagster.proc.pid if self.dagster.proc else None}, parts_of="Dagster")
         meter.start()
         started = time.perf_counter()
         for name, body in docs:
@@ -238,7 +238,7 @@ class Bench:
                     self.out(f"  {time.perf_counter() - started:6.0f} s  {done}/{len(docs)} terminal  {line}")
 
             self.wait_terminal(tenant, len(docs), timeout, show)
-        cpu_seconds = meter.spent()
+        cpu_seconds, dagster_parts = meter.spent(), meter.parts_spent()
         (wall, chunks, versions) = self.sql(
             "SELECT extract(epoch FROM max(coalesce(finished_at, updated_at)) - min(created_at))::float8,"
             " coalesce(sum(chunk_count) FILTER (WHERE status = 'SUCCEEDED'), 0)::int,"
@@ -254,6 +254,7 @@ class Bench:
             "wall_seconds": round(wall, 2),
             "chunks_per_second": round(chunks / wall, 2) if wall else 0.0,
             "cpu_seconds": cpu_seconds,
+            "dagster_parts": dagster_parts,
             "final_states": self.final_states(tenant),
             "stages": self.stage_breakdown(tenant),
         }
@@ -599,7 +600,7 @@ def render(report: dict[str, Any]) -> str:
         f"runs launched        {runs['runs']}  versions per run {runs['versions_per_run']} (mean {runs['versions_per_run_mean']}), median run {runs['run_seconds_median']} s",
         f"run steps (s)        {runs['step_seconds']}",
         f"median task phases   {t['stages']}",
-        render_cpu(report["cpu"]),
+        render_cpu(report["cpu"], t.get("dagster_parts")),
         f"final states         {t['final_states']}",
     ]
     if report.get("passes"):

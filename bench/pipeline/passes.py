@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.pipeline.bare import bare_encode, bare_encode_parallel
-from bench.cpu import CpuMeter
+from bench.cpu import CpuMeter, render_parts
 from bench.pipeline.bare_system import BareSystem, rows_of_tenant
 
 ROWS = ("chunks", "lexical", "postings", "pointers")
@@ -79,18 +79,24 @@ def pass_figures(t: dict[str, Any], texts: list[str], one: dict[str, Any], many:
         "bare_processes": many,
         "bare_encode": fastest,
         "bare_system": system,
-        "ratio_encode": round(texts_per_second / fastest["chunks_per_second"], 3) if fastest["chunks_per_second"] else None,
-        "ratio_system": round(system["seconds"] / wall, 3) if wall else None,
+        "ratio_encode": _figure(texts_per_second / fastest["chunks_per_second"]) if fastest["chunks_per_second"] else None,
+        "ratio_system": _figure(system["seconds"] / wall) if wall else None,
         "rows": {"pipeline": pipeline_rows, "bare_system": bare_rows},
         "equal_work": pipeline_rows == bare_rows and system["chunks"] == len(texts),
     }
+
+
+def _figure(ratio: float) -> float:
+    """Three significant digits: the fake model's bare encode takes milliseconds, and three decimals made its
+    ratio 0.0."""
+    return float(f"{ratio:.3g}")
 
 
 def spread(values: list[float | None]) -> dict[str, Any]:
     known = [v for v in values if v is not None]
     if not known:
         return {"median": None, "min": None, "max": None, "values": values}
-    return {"median": round(statistics.median(known), 3), "min": min(known), "max": max(known), "values": values}
+    return {"median": _figure(statistics.median(known)), "min": min(known), "max": max(known), "values": values}
 
 
 def summary(passes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -118,6 +124,8 @@ def render(passes: list[dict[str, Any]], floor: dict[str, Any]) -> str:
             f" | ratios encode {p['ratio_encode']} system {p['ratio_system']}"
             + (f" | idle meanwhile " + ", ".join(f"{k} {v:.1f} core-s" for k, v in p["idle_during_bare"].items())
                if p.get("idle_during_bare") else ""))
+        if t.get("dagster_parts"):
+            lines.append(f"          Dagster by part: {render_parts(t['dagster_parts'])}")
     for key, label in (("ratio_encode", "pipeline / bare encode"), ("ratio_system", "pipeline / bare system")):
         r = floor[key]
         lines.append(f"{label:<22} median {r['median']}  (min {r['min']} - max {r['max']} over {floor['passes']} passes)")

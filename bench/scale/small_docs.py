@@ -138,7 +138,7 @@ def render(report: dict[str, Any]) -> str:
         f"runs             {d['runs']}  versions per run mean {d['versions_per_run_mean']}, median run {d['run_seconds_median']} s",
         f"s per version    {report['seconds_per_version']}",
         f"median phases    {t['stages']}",
-        render_cpu(report["cpu"]),
+        render_cpu(report["cpu"], t.get("dagster_parts")),
         f"final states     {t['final_states']}",
         render_passes(report["passes"], report["floor"]),
     ])

@@ -42,4 +42,8 @@ def test_small_docs_reports_both_floors_over_three_passes_on_equal_work(pg_serve
         assert bare_rows["pointers"] == 20 and bare_rows["chunks"] == p["throughput"]["chunks"] == p["bare_system"]["chunks"]
         assert set(p["bare_system"]["core_seconds"]) == {"encode", "PostgreSQL", "client"}
         assert p["bare_encode"]["chunks"] == p["distinct_texts"]
+        parts = p["throughput"]["dagster_parts"]  # where Dagster's core-seconds went: the runs ran in forked children
+        assert parts["run processes"] > 0 and "daemon" in parts and "code server" in parts
+        assert abs(sum(parts.values()) - p["throughput"]["cpu_seconds"]["Dagster"]) < 0.2
+    assert "Dagster by part      run processes" in printed
     assert floor["equal_work"]

@@ -70,3 +70,57 @@ def test_a_millisecond_bare_encode_still_bounds_the_ratio_above_zero():
     assert 0 < account["ratio_cpu_allows"] < 1e-4
     assert "4.67e-05 at most" in render(account)
     assert "n/a at most" in render(budget({}, wall=1.0, bare_core_seconds=0.0, cpus=2))
+
+
+def _spawn_fork_server(seconds: float) -> subprocess.Popen[bytes]:
+    """A process named like the warm launcher's fork server (its command line holds ``pipelines.warm_launcher``)
+    that forks a burner and reaps it, then forks another that burns and stays alive, and idles."""
+    script = (
+        "import os, time\n"
+        f"burn = {BURN.format(seconds=seconds)!r}\n"
+        "def child(stay):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        exec(burn)\n"
+        "        print('burnt', flush=True)\n"
+        "        time.sleep(60 if stay else 0)\n"
+        "        os._exit(0)\n"
+        "    return pid\n"
+        "os.waitpid(child(False), 0)\n"
+        "child(True)\n"
+        "time.sleep(60)\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", script, "pipelines.warm_launcher"], stdout=subprocess.PIPE)
+
+
+@pytest.mark.timeout(60)
+def test_dagster_parts_give_a_fork_servers_children_to_the_run_processes():
+    proc = _spawn_fork_server(0.4)
+    try:
+        meter = CpuMeter({"Dagster": proc.pid}, parts_of="Dagster")
+        meter.start()  # before either burner has burnt much: the differences hold nearly all of their CPU
+        assert proc.stdout.readline().strip() == b"burnt"
+        assert proc.stdout.readline().strip() == b"burnt"
+        parts = meter.parts_spent()
+        # the reaped one through the fork server's children_* fields, the live one by its parent
+        assert 0.6 <= parts["run processes"] < 1.0, parts
+        assert parts.get("fork server", 0.0) < 0.3, parts  # its own time only, not its children's
+        assert abs(sum(parts.values()) - meter.spent()["Dagster"]) < 0.1  # the parts add up to the tree
+        assert "run processes 0." in render(budget({"Dagster": 1.0}, 1.0, 1.0, 2), parts)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize(("cmdline", "parent", "part"), [
+    ("python -m dagster._daemon run --log-level info", None, "daemon"),
+    ("python -m dagster api grpc --lazy-load-user-code", "code server", "code server"),
+    ("python -m dagster api execute_run {...}", "code server", "run processes"),
+    ("python -m pipelines.warm_launcher /tmp/fork.sock", "daemon", "fork server"),
+    ("python -m pipelines.warm_launcher /tmp/fork.sock", "fork server", "run processes"),
+    ("python -m dagster dev -m pipelines.definitions", None, "dagster dev"),
+])
+def test_a_dagster_process_is_named_by_its_command_line_and_parent(cmdline, parent, part):
+    from bench.cpu import dagster_part
+
+    assert dagster_part(cmdline, parent) == part

@@ -1,0 +1,45 @@
+"""The claiming sensor keeps one Dagster instance per code-server process (pipelines/sensors.py ``tick_instance``).
+
+The daemon hands each evaluation an instance *ref*; ``context.instance`` would build (and dispose of) a new
+instance from it every tick: new storage engines and connections, ~25 ms of the code server's CPU and ~30 ms of
+PostgreSQL's, idle or not. Here ticks evaluated as the daemon evaluates them (from the ref) share one instance,
+claim through it, and a context that brings an instance of its own keeps it.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+import pipelines.sensors as sensors
+from resources.dagster_resources import DatabaseResource, leases_of
+
+
+def _context_from_ref(instance, db_url) -> dg.SensorEvaluationContext:
+    return dg.SensorEvaluationContext(instance_ref=instance.get_ref(),
+                                      resources={"database": DatabaseResource(url=db_url)})
+
+
+def test_ticks_from_the_daemons_ref_share_one_kept_instance_and_claim_through_it(db_url, publish_task, instance,
+                                                                                 monkeypatch):
+    monkeypatch.setattr(sensors, "_TICK_INSTANCES", {})
+    seen = []
+    real = sensors.leased_runs
+    monkeypatch.setattr(sensors, "leased_runs", lambda inst: seen.append(inst) or real(inst))
+
+    published = []
+    for _ in range(3):
+        published.append(publish_task())
+        with _context_from_ref(instance, db_url) as ctx:
+            result = sensors.claim_index_tasks(ctx)
+        assert isinstance(result, dg.SensorResult), result
+        assert [t for r in result.run_requests for t, _ in leases_of(r.tags)] == [published[-1].task_id]
+    assert len(seen) == 3 and seen[0] is seen[1] is seen[2]  # built once, not per tick
+    assert seen[0] is not instance and list(sensors._TICK_INSTANCES.values()) == [seen[0]]
+    assert seen[0].get_ref() == instance.get_ref()  # the daemon's instance, as context.instance would build it
+
+
+def test_a_context_with_its_own_instance_keeps_it(db_url, instance, monkeypatch):
+    monkeypatch.setattr(sensors, "_TICK_INSTANCES", {})
+    with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
+        assert sensors.tick_instance(ctx) is instance
+    assert sensors._TICK_INSTANCES == {}

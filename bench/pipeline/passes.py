@@ -48,7 +48,7 @@ def interleaved_passes(bench: Any, documents: Sequence[tuple[str, bytes]], *, pa
             t["dagster"] = bench.runs(name)
             texts = bench.embed_texts(name)
             unique = list(dict.fromkeys(texts))
-            idle = CpuMeter(dict(zip(("Dagster", "embedding service"), idle_pids(), strict=True)))
+            idle = CpuMeter(dict(zip(("Dagster", "embedding service"), idle_pids(), strict=True)), parts_of="Dagster")
             idle.start()
             out(f"pass {i + 1}/{passes}: bare model.encode of {len(unique)} distinct texts…")
             one = bare_encode(unique, model, embed_batch)
@@ -57,9 +57,11 @@ def interleaved_passes(bench: Any, documents: Sequence[tuple[str, bytes]], *, pa
             system = bare.run(name, documents)
             spent = idle.spent()
             spent.pop("bench client", None)
+            idle_parts = idle.parts_spent()
             results.append(pass_figures(t, texts, one, many, system,
                                         rows_of_tenant(bench.kb_url, name), bare.rows(name)))
             results[-1]["idle_during_bare"] = spent
+            results[-1]["idle_dagster_parts"] = idle_parts
     finally:
         bare.close()
     return results
@@ -126,6 +128,8 @@ def render(passes: list[dict[str, Any]], floor: dict[str, Any]) -> str:
                if p.get("idle_during_bare") else ""))
         if t.get("dagster_parts"):
             lines.append(f"          Dagster by part: {render_parts(t['dagster_parts'])}")
+        if p.get("idle_dagster_parts"):
+            lines.append(f"          Dagster idle by part, over the bare phases: {render_parts(p['idle_dagster_parts'])}")
     for key, label in (("ratio_encode", "pipeline / bare encode"), ("ratio_system", "pipeline / bare system")):
         r = floor[key]
         lines.append(f"{label:<22} median {r['median']}  (min {r['min']} - max {r['max']} over {floor['passes']} passes)")

@@ -45,5 +45,6 @@ def test_small_docs_reports_both_floors_over_three_passes_on_equal_work(pg_serve
         parts = p["throughput"]["dagster_parts"]  # where Dagster's core-seconds went: the runs ran in forked children
         assert parts["run processes"] > 0 and "daemon" in parts and "code server" in parts
         assert abs(sum(parts.values()) - p["throughput"]["cpu_seconds"]["Dagster"]) < 0.2
+        assert abs(sum(p["idle_dagster_parts"].values()) - p["idle_during_bare"]["Dagster"]) < 0.2
     assert "Dagster by part      run processes" in printed
     assert floor["equal_work"]

@@ -50,6 +50,8 @@ class CopiedChunk:
     content_digest: str
     embed_digest: str | None
     """sha256 of the text its vector came from (carried over: the copy stays reusable)."""
+    context_title: str | None = None
+    """The document title a context profile indexed it with (carried over: the copy's lexical rows read it)."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ def load_copy(db: Database, key: Mapping[str, Any], copy_from: int, dimension: i
         chunks.append(CopiedChunk(
             chunk_id=chunk_id(identity, r["ordinal"], heading, r["content_digest"]), ordinal=r["ordinal"],
             heading_path=heading, page=r["page"], text=r["text"], token_count=r["token_count"],
-            content_digest=r["content_digest"], embed_digest=r["embed_digest"],
+            content_digest=r["content_digest"], embed_digest=r["embed_digest"], context_title=r["context_title"],
         ))
     vectors = np.vstack([np.asarray(r["embedding"].to_numpy() if hasattr(r["embedding"], "to_numpy")
                                     else r["embedding"], dtype=np.float32) for r in rows])

@@ -18,8 +18,9 @@ small document does not pay a dozen round trips and a commit of its own; issue #
      one named statement and no temp-table DDL in the transaction; the vectors MUST go binary
      (``%(embeddings)b``): text-formatted vector[] costs 30x.) Each row also records ``embed_digest``
      (sha256 of the chunk's ``embed_text``) so a later version can reuse its vector
-     (resources/embedding_reuse.py). The lexical (BM25) rows of the same chunks go in right after each
-     batch (``lexical_chunk_upsert``, resources/lexical.py; stale ones went with their chunks, by
+     (resources/embedding_reuse.py), and under a context profile ``context_title`` (the document title its
+     lexical row reads too; chunks with a title are refused under a profile without context). The lexical
+     (BM25) rows of the same chunks go in right after each batch (``lexical_chunk_upsert``, resources/lexical.py; stale ones went with their chunks, by
      cascade), and ``lexical_stats_reconcile`` then makes each tenant's BM25 statistics count the
      versions now pointed (one statement per tenant and profile, in that order: stats rows are locked in
      one global order).
@@ -300,6 +301,7 @@ class IndexSink:
                 "token_counts": [c.token_count for c in chunks],
                 "content_digests": [c.content_digest for c in chunks],
                 "embed_digests": [_embed_digest_of(c) for c in chunks],
+                "context_titles": [getattr(c, "context_title", None) for c in chunks],
                 "embeddings": [np.ascontiguousarray(v, dtype=np.float32) for _, _, v in rows],
             },
         )
@@ -318,6 +320,9 @@ def _check_item(item: PublishItem, key: dict[str, Any], profile: dict[str, Any] 
         if getattr(item.work, "tombstone", False) and len(item.chunks):
             raise InternalError(f"version {key['version_number']} is a tombstone: refusing to write chunks for it")
     _check_chunk_ids(item.chunks, key)
+    if not profile.get("embed_context") and any(getattr(c, "context_title", None) for c in item.chunks):
+        # A title would change this profile's lexical rows (and says the chunks were made for another recipe).
+        raise InternalError(f"chunks carry a document title, profile {key['profile']} embeds no context")
     if len(item.chunks) and item.vectors.shape[1] != profile["dimension"]:
         raise EmbeddingInvalidResponse(
             f"embedding dimension {item.vectors.shape[1]}, profile {key['profile']} uses {profile['dimension']}"

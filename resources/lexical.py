@@ -1,10 +1,11 @@
 """The lexical (BM25) index in PostgreSQL: its rows for the publish transaction, its search, its backfill.
 
 - ``lexical_rows``: the ``lexical_chunk_upsert`` parameters of a batch of chunks (terms of heading path +
-  text, pipelines/domain/lexical.py), written by IndexSink.publish in the fenced transaction right after the
-  chunk rows; ``lexical_stats_reconcile`` then makes the tenant's BM25 statistics count the pointed version.
-  Chunk deletions (stale rows of a re-run, retention) cascade to the lexical rows. Retention only removes
-  versions no pointer names, and a profile rollback only changes which profile's (separately kept)
+  text, pipelines/domain/lexical.py; under a context profile the document title first: ``lexical_text``),
+  written by IndexSink.publish in the fenced transaction right after the chunk rows;
+  ``lexical_stats_reconcile`` then makes the tenant's BM25 statistics count the pointed version. Chunk
+  deletions (stale rows of a re-run, retention) cascade to the lexical rows. Retention only removes versions no
+  pointer names, and a profile rollback only changes which profile's (separately kept)
   statistics are read, so neither touches the statistics.
 - ``lexical_search``: BM25 over the tenant's current chunks. Statistics come from ``lexical_term_stats``
   (one index probe per query term), scores from ``lexical_posting`` (the inverted index: a covering-index
@@ -80,16 +81,26 @@ def profile_analyzer(profile: Mapping[str, Any]) -> Analyzer:
     return analyzer_for(profile["model"], LexicalParams.of(profile).analyzer)
 
 
-def lexical_text(heading_path: Sequence[str], text: str) -> str:
-    """What the lexical index reads of a chunk: its heading path, then its text."""
+def lexical_text(heading_path: Sequence[str], text: str, title: str | None = None) -> str:
+    """What the lexical index reads of a chunk: its heading path, then its text; under a context profile its
+    document ``title`` first (the chunk's ``context_title``), as the vector was computed from it, with a heading
+    path that starts with the title not repeating it (chunking._context_prefix). Without a title: exactly what
+    every profile read before issue #35."""
+    title = " ".join(title.split()) if title else ""
+    if title:
+        path = list(heading_path)
+        if path and " ".join(path[0].split()).casefold() == title.casefold():
+            path = path[1:]  # the lone top heading the title was taken from
+        return "\n".join([title, *path, text])
     return "\n".join([*heading_path, text]) if heading_path else text
 
 
 def lexical_rows(chunks: Sequence[Any], analyze: Analyzer) -> dict[str, list[Any]]:
-    """``lexical_chunk_upsert`` arrays for chunks (anything with chunk_id, heading_path, text, content_digest)."""
+    """``lexical_chunk_upsert`` arrays for chunks (anything with chunk_id, heading_path, text, content_digest,
+    and optionally ``context_title``: set only by a context profile's chunker, or read back from its chunk rows)."""
     out: dict[str, list[Any]] = {"chunk_ids": [], "content_digests": [], "terms": [], "tfs": [], "lengths": []}
     for c in chunks:
-        counts = analyze(lexical_text(tuple(c.heading_path), c.text))
+        counts = analyze(lexical_text(tuple(c.heading_path), c.text, getattr(c, "context_title", None)))
         terms = sorted(counts)
         out["chunk_ids"].append(c.chunk_id)
         out["content_digests"].append(c.content_digest)
@@ -237,6 +248,7 @@ class _Row:
         self.heading_path = tuple(row["heading_path"] or ())
         self.text = row["text"]
         self.content_digest = row["content_digest"]
+        self.context_title = row.get("context_title")  # NULL unless the profile embeds context
 
 
 __all__ = ["analyzer_for", "backfill_lexical_index", "lexical_scores", "lexical_search", "profile_analyzer", "query_weights",

@@ -683,7 +683,7 @@ def evaluate_profile(
     if mode != "dense":
         analyze = analyzer_for(profile["model"], params.analyzer)
         bm25 = bm25_matrix(
-            [analyze(lexical_text(tuple(c.heading_path), c.text)) for c in chunks],
+            [analyze(lexical_text(tuple(c.heading_path), c.text, c.context_title)) for c in chunks],
             [analyze(q) for q in queries],
             params.bm25_k1,
             params.bm25_b,

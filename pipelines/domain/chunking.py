@@ -27,7 +27,8 @@ Why it works this way:
   parser's, else the heading every block sits under, else the file name), ``embed_text`` = the title, then the
   heading path below it, then the text ("Refund policy > Eligibility\n..."). The title gets up to an eighth of
   the budget and is never dropped for the headings (it is what tells a chunk's document apart); a heading path
-  that already starts with it does not repeat it. ``text``, ids and digests are as without context.
+  that already starts with it does not repeat it. ``text``, ids and digests are as without context. The chunk
+  keeps the whole title (``context_title``) for the lexical index, which reads title + heading path + text.
 - Identity is deterministic (DESIGN invariant 5): ``content_digest`` = sha256 of the NFC,
   whitespace-collapsed ``text``; ``chunk_id`` = sha256 over (tenant, document, version, profile,
   ordinal, heading path, content digest), 32 hex characters. Same input, same chunks, byte for byte.
@@ -52,9 +53,10 @@ DEFAULT_OVERLAP = 32
 MIN_CHUNK_TOKENS = 8
 HEADING_SEPARATOR = " > "
 CHUNK_ID_CHARS = 32
-CHUNKER_VERSION = 2
+CHUNKER_VERSION = 3
 """Bumped whenever the same input and parameters may chunk differently (2: content-defined cuts,
-issue #15); run state fingerprints include it, so chunks stored by an older chunker are not reused."""
+issue #15; 3: a chunk carries its ``context_title``, issue #35); run state fingerprints include it, so chunks
+stored by an older chunker are not reused."""
 PARAGRAPH_MIN_FILL = (1, 4)
 """A chunk may end at a paragraph end once it fills this share of its room (numerator, denominator)."""
 FINER_MIN_FILL = (1, 2)
@@ -100,6 +102,10 @@ class Chunk:
     """Word pieces of ``embed_text`` (without [CLS]/[SEP]); never more than ``chunk_tokens``."""
     content_digest: str
     """sha256 hex of the normalized ``text``."""
+    context_title: str | None = None
+    """A context profile's document title (whitespace-collapsed, whole; ``embed_text`` may carry it cut short),
+    None without context. The lexical index reads it before the heading path (resources/lexical.py), and it is
+    stored with the chunk so paths that do not parse again (a copied version, the lexical backfill) read it back."""
 
 
 def chunk_document(
@@ -120,6 +126,7 @@ def chunk_document(
     if not 0 <= overlap <= chunk_tokens // 2:
         raise ValueError("overlap must be between 0 and half of chunk_tokens")
     chunks: list[Chunk] = []
+    context_title = (" ".join(title.split()) or None) if title is not None else None
     for heading_path, page, section in _sections(doc.blocks):
         if title is None:
             prefix = _heading_prefix(heading_path, tokenizer, chunk_tokens // 4)
@@ -139,6 +146,7 @@ def chunk_document(
                     embed_text=embed_text,
                     token_count=token_count,
                     content_digest=digest,
+                    context_title=context_title,
                 )
             )
     return chunks

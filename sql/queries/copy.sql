@@ -30,8 +30,9 @@ WHERE me.kind = 'content' AND me.content_hash IS NOT NULL;
 
 -- name: chunk_copy_rows
 -- Every chunk of one version under one profile, in order, with its vector and the digest of the text the
--- vector was computed from (so the copy stays reusable by later versions).
-SELECT ordinal, heading_path, page, text, token_count, content_digest, embed_digest, embedding
+-- vector was computed from (so the copy stays reusable by later versions), and the title a context profile
+-- indexed it with (the copy's lexical rows read it: the copy does not parse again).
+SELECT ordinal, heading_path, page, text, token_count, content_digest, embed_digest, embedding, context_title
 FROM chunk
 WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s AND profile = %(profile)s
   AND version_number = %(version_number)s

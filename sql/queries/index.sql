@@ -52,18 +52,20 @@ WHERE c.tenant_id = v.tenant_id
 -- row names its version). Stable ids make a re-run rewrite nothing: an existing row is updated only if
 -- something in it differs, and never one of another version. embed_digest is the sha256 of the text the
 -- vector was computed from (NULL if the caller did not say): embedding reuse. heading_paths are JSON
--- arrays of strings, one per chunk (text[] cannot be ragged).
+-- arrays of strings, one per chunk (text[] cannot be ragged). context_title: the document title a context
+-- profile embedded and lexically indexed with the chunk (NULL without context, migration 0049).
 INSERT INTO chunk AS c (chunk_id, tenant_id, document_id, version_number, profile, ordinal,
-                        heading_path, page, text, token_count, content_digest, embed_digest, embedding)
+                        heading_path, page, text, token_count, content_digest, embed_digest, embedding,
+                        context_title)
 SELECT r.chunk_id, r.tenant_id, r.document_id, r.version_number, r.profile, r.ordinal,
        ARRAY(SELECT jsonb_array_elements_text(r.heading_path)), r.page, r.text, r.token_count,
-       r.content_digest, r.embed_digest, r.embedding
+       r.content_digest, r.embed_digest, r.embedding, r.context_title
 FROM unnest(%(chunk_ids)s::text[], %(tenant_ids)s::text[], %(document_ids)s::text[], %(version_numbers)s::integer[],
             %(profiles)s::text[], %(ordinals)s::integer[], %(heading_paths)s::jsonb[], %(pages)s::integer[],
             %(texts)s::text[], %(token_counts)s::integer[], %(content_digests)s::text[], %(embed_digests)s::text[],
-            %(embeddings)b::vector[])
+            %(embeddings)b::vector[], %(context_titles)s::text[])
      AS r (chunk_id, tenant_id, document_id, version_number, profile, ordinal, heading_path, page, text,
-           token_count, content_digest, embed_digest, embedding)
+           token_count, content_digest, embed_digest, embedding, context_title)
 ON CONFLICT (chunk_id) DO UPDATE
 SET ordinal        = EXCLUDED.ordinal,
     heading_path   = EXCLUDED.heading_path,
@@ -72,13 +74,15 @@ SET ordinal        = EXCLUDED.ordinal,
     token_count    = EXCLUDED.token_count,
     content_digest = EXCLUDED.content_digest,
     embed_digest   = EXCLUDED.embed_digest,
-    embedding      = EXCLUDED.embedding
+    embedding      = EXCLUDED.embedding,
+    context_title  = EXCLUDED.context_title
 WHERE (c.tenant_id, c.document_id, c.version_number, c.profile) =
       (EXCLUDED.tenant_id, EXCLUDED.document_id, EXCLUDED.version_number, EXCLUDED.profile)
-  AND (c.ordinal, c.heading_path, c.page, c.text, c.token_count, c.content_digest, c.embed_digest, c.embedding)
+  AND (c.ordinal, c.heading_path, c.page, c.text, c.token_count, c.content_digest, c.embed_digest, c.embedding,
+       c.context_title)
       IS DISTINCT FROM
       (EXCLUDED.ordinal, EXCLUDED.heading_path, EXCLUDED.page, EXCLUDED.text, EXCLUDED.token_count,
-       EXCLUDED.content_digest, EXCLUDED.embed_digest, EXCLUDED.embedding);
+       EXCLUDED.content_digest, EXCLUDED.embed_digest, EXCLUDED.embedding, EXCLUDED.context_title);
 
 -- name: index_rows_per_version
 -- How many chunk rows and lexical rows each of these versions has under its profile (the publish checks

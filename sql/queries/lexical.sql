@@ -192,9 +192,11 @@ DELETE FROM lexical_backfill;
 -- name: lexical_chunks_missing
 -- The next chunks after %(after_chunk_id)s (chunk id order) without their lexical row, a batch at a time, for
 -- resources/lexical.py backfill_lexical_index: a walk of the chunk primary key, O(chunks) over the whole
--- backfill however many batches it takes.
+-- backfill however many batches it takes. context_title: the title a context profile indexes with the chunk
+-- (migration 0049), read only where the profile embeds context.
 SELECT c.chunk_id, c.tenant_id, c.document_id, c.profile, c.version_number, c.heading_path, c.text,
-       c.content_digest, ip.model, ip.lexical_analyzer
+       c.content_digest, ip.model, ip.lexical_analyzer,
+       CASE WHEN ip.embed_context THEN c.context_title END AS context_title
 FROM chunk c
 JOIN index_profile ip ON ip.name = c.profile
 WHERE c.chunk_id > %(after_chunk_id)s

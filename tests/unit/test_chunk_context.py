@@ -83,3 +83,54 @@ def test_html_title_is_the_documents_title() -> None:
     assert parsed.metadata["title"] == "Travel expenses"
     assert document_title(parsed, "page.html") == "Travel expenses"
     assert "Travel" not in " ".join(b.text for b in parsed.blocks)  # the title is no block of text
+
+
+# The lexical side of context (issue #35): a context profile's lexical rows read title + heading path + text.
+
+def test_a_context_chunk_keeps_the_whole_title_and_a_plain_one_none(tokenizer: ModelTokenizer) -> None:
+    title = "An extraordinarily long document title " * 10
+    parsed = doc((BODY, ("Eligibility",)))
+    ctx = chunk_document(parsed, tokenizer=tokenizer, chunk_tokens=80, overlap=0, identity=IDENTITY, title=title)
+    assert {c.context_title for c in ctx} == {" ".join(title.split())}  # whole: only the embedding is cut short
+    assert not ctx[0].embed_text.startswith(" ".join(title.split()))
+    plain = chunk_document(parsed, tokenizer=tokenizer, chunk_tokens=80, overlap=0, identity=IDENTITY)
+    assert {c.context_title for c in plain} == {None}
+    blank = chunk_document(parsed, tokenizer=tokenizer, identity=IDENTITY, title="  ")
+    assert {c.context_title for c in blank} == {None}
+
+
+def test_lexical_text_puts_the_title_first_and_does_not_repeat_it() -> None:
+    from resources.lexical import lexical_text
+
+    assert lexical_text(("Eligibility", "Goods"), "Text.", "Refund  policy") == "Refund policy\nEligibility\nGoods\nText."
+    assert lexical_text(("refund POLICY", "Scope"), "Text.", "Refund policy") == "Refund policy\nScope\nText."
+    assert lexical_text((), "Text.", "Handbook") == "Handbook\nText."
+
+
+def old_lexical_text(heading_path: tuple[str, ...], text: str) -> str:
+    """What every profile's lexical rows read before the title reached them (kept to prove nothing moved)."""
+    return "\n".join([*heading_path, text]) if heading_path else text
+
+
+@pytest.mark.parametrize("analyzer", ["english", "wordpiece"])
+def test_rows_without_a_title_are_byte_for_byte_what_they_were(tokenizer: ModelTokenizer, analyzer: str) -> None:
+    from resources.lexical import analyzer_for, lexical_rows, lexical_text
+
+    analyze = analyzer_for("all-MiniLM-L6-v2", analyzer)
+    parsed = doc((BODY, ("Eligibility", "Goods")), ("Refunds are paid in five days.", ()), ("More.", ("Scope",)))
+    plain = chunk_document(parsed, tokenizer=tokenizer, chunk_tokens=64, overlap=8, identity=IDENTITY)
+    for title in (None, ""):
+        assert [lexical_text(c.heading_path, c.text, title) for c in plain] == [
+            old_lexical_text(c.heading_path, c.text) for c in plain]
+    rows = lexical_rows(plain, analyze)
+    expected = [analyze(old_lexical_text(c.heading_path, c.text)) for c in plain]
+    assert rows["terms"] == ["{" + ",".join(map(str, sorted(e))) + "}" for e in expected]
+    assert rows["tfs"] == ["{" + ",".join(str(e[t]) for t in sorted(e)) + "}" for e in expected]
+    assert rows["lengths"] == [sum(e.values()) for e in expected]
+    # The same chunks under a context profile: the title's terms are added to every row, nothing else moves.
+    ctx = chunk_document(parsed, tokenizer=tokenizer, chunk_tokens=64, overlap=8, identity=IDENTITY,
+                         title="Zebra handbook")
+    titled = lexical_rows(ctx, analyze)
+    extra = analyze("Zebra handbook")
+    assert titled["lengths"] == [sum(analyze(old_lexical_text(c.heading_path, c.text)).values())
+                                 + sum(extra.values()) for c in ctx]

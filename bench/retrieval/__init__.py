@@ -29,8 +29,8 @@ nDCG@10 on xquad-en); and embedding throughput, chunks/s through checked_embed b
 ``embedder.embed`` on the same texts, interleaved (best of ``--repeats``), as a ratio (target: >= 0.9).
 
 ``--context`` measures each corpus twice, under a profile without and one with context in chunks (``kbindex
-profile create --context``: the document title + heading path embedded before each chunk), and prints the rows
-side by side. A document's BEIR ``title`` is published as its file name (``Super_Bowl_50.txt``), which only a
+profile create --context``: the document title + heading path embedded before each chunk, and read by its
+lexical index with the chunk), and prints the rows side by side. A document's BEIR ``title`` is published as its file name (``Super_Bowl_50.txt``), which only a
 context profile reads (as the title of a plain-text file), so the rows without context do not see it.
 
 ``pep-titles`` (built by ``python -m bench.retrieval.build_pep_titles ../shared/corpus/en-peps OUT``; a CI-sized

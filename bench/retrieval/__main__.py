@@ -515,16 +515,17 @@ def report(r: dict[str, Any]) -> str:
 
 def context_report(plain: dict[str, Any], ctx: dict[str, Any]) -> str:
     """One corpus without and with context in chunks, side by side: nDCG@10 and recall@10 of every row."""
-    lines = [f"{plain['corpus']}: without / with context in chunks (title + heading path embedded; "
-             f"{ctx['titles']} of {ctx['paragraphs']} documents have a title, published as the file name)",
-             f"  {'row':<16} {'nDCG@10':>8} {'+context':>9} {'diff':>8}   {'recall@10':>9} {'+context':>9}"]
-    for row in ROWS:
+    lines = [f"{plain['corpus']}: without / with context in chunks (title + heading path embedded and in the "
+             f"lexical index; {ctx['titles']} of {ctx['paragraphs']} documents have a title, published as the file "
+             f"name)",
+             f"  {'row':<24} {'nDCG@10':>8} {'+context':>9} {'diff':>8}   {'recall@10':>9} {'+context':>9}"]
+    for row in plain.get("rows", ROWS):
         if row in plain and row in ctx:
             a, b = plain[row], ctx[row]
-            lines.append(f"  {row:<16} {a['ndcg@10']:>8.4f} {b['ndcg@10']:>9.4f} {b['ndcg@10'] - a['ndcg@10']:>+8.4f}"
+            lines.append(f"  {row:<24} {a['ndcg@10']:>8.4f} {b['ndcg@10']:>9.4f} {b['ndcg@10'] - a['ndcg@10']:>+8.4f}"
                          f"   {a['recall@10']:>9.4f} {b['recall@10']:>9.4f}")
-    lines.append("  (bm25-stock reads the paragraph text only, so it is the same in both columns; lexical reads "
-                 "heading path + text in both)")
+    lines.append("  (bm25-stock reads the paragraph text only, so it is the same in both columns; the lexical rows "
+                 "read heading path + text without context, title + heading path + text with it)")
     return "\n".join(lines)
 
 

@@ -20,10 +20,10 @@ small document does not pay a dozen round trips and a commit of its own; issue #
      (sha256 of the chunk's ``embed_text``) so a later version can reuse its vector
      (resources/embedding_reuse.py), and under a context profile ``context_title`` (the document title its
      lexical row reads too; chunks with a title are refused under a profile without context). The lexical
-     (BM25) rows of the same chunks go in right after each batch (``lexical_chunk_upsert``, resources/lexical.py; stale ones went with their chunks, by
-     cascade), and ``lexical_stats_reconcile`` then makes each tenant's BM25 statistics count the
-     versions now pointed (one statement per tenant and profile, in that order: stats rows are locked in
-     one global order).
+     (BM25) rows of the same chunks go in right after each batch (``lexical_chunk_upsert``,
+     resources/lexical.py; stale ones went with their chunks, by cascade), and ``lexical_stats_reconcile``
+     then makes each tenant's BM25 statistics count the versions now pointed (one statement per tenant and
+     profile, in that order: stats rows are locked in one global order).
   4. ``queue.complete_published``: RUNNING -> SUCCEEDED with their events, in the same transaction.
 A tombstone (a delete) is published like any version, with zero chunks: its pointer moves forward onto it,
 nothing is written, and the reconcile takes the document out of its tenant's BM25 statistics; the previous

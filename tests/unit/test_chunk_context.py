@@ -102,7 +102,8 @@ def test_a_context_chunk_keeps_the_whole_title_and_a_plain_one_none(tokenizer: M
 def test_lexical_text_puts_the_title_first_and_does_not_repeat_it() -> None:
     from resources.lexical import lexical_text
 
-    assert lexical_text(("Eligibility", "Goods"), "Text.", "Refund  policy") == "Refund policy\nEligibility\nGoods\nText."
+    assert lexical_text(("Eligibility", "Goods"), "Text.", "Refund  policy") == (
+        "Refund policy\nEligibility\nGoods\nText.")
     assert lexical_text(("refund POLICY", "Scope"), "Text.", "Refund policy") == "Refund policy\nScope\nText."
     assert lexical_text((), "Text.", "Handbook") == "Handbook\nText."
 

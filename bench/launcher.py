@@ -23,6 +23,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql as pgsql
 
+from bench import exit_on_sigterm
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -111,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.launcher", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=6)
     args = parser.parse_args(argv)
+    exit_on_sigterm()
     from bench import server_url
 
     with server_url() as admin_url:

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from bench import exit_on_sigterm
 from bench.chaos import MIGRATION_FAULTS, ChaosConfig, format_report, run_chaos
 
 HTTP_FAULTS = "timeout=0.03,rate_limit=0.05,drop=0.03,unavailable=0.03,wrong_dimension=0.01"
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
     a = p.parse_args(argv)
+    exit_on_sigterm()
     if a.network:
         from bench.netns import unavailable
 

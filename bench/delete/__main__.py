@@ -9,6 +9,7 @@ import json
 import os
 import sys
 
+from bench import exit_on_sigterm
 from bench.delete import DeleteConfig, format_report, run_delete
 
 
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="pause a random 0..GAP s before each operation, once idle (0: back to back)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
     a = p.parse_args(argv)
+    exit_on_sigterm()
     report = run_delete(DeleteConfig(documents=a.documents, gap=a.gap, keep=a.keep), out=lambda line: print(line, flush=True))
     print(json.dumps({k: v for k, v in report.items() if k != "dagster_log_tail"}, indent=2), flush=True)
     if report.get("dagster_log_tail"):

@@ -7,11 +7,9 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 
-from bench import server_url, share_built_models
+from bench import exit_on_sigterm, server_url, share_built_models
 from bench.cpu import CpuMeter, postgres_pid
 from bench.cpu import budget as cpu_budget
 from bench.cpu import render as render_cpu
@@ -649,8 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    if threading.current_thread() is threading.main_thread():  # SIGTERM still stops Dagster and drops the databases
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    exit_on_sigterm()  # SIGTERM still stops Dagster and drops the databases
 
     def out(line: str) -> None:
         print(line, flush=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import signal
 import sys
 import threading
 import time
@@ -15,7 +14,7 @@ import psycopg
 from psycopg import sql as pgsql
 
 from resources.database import Database
-from bench import server_url
+from bench import exit_on_sigterm, server_url
 from resources.local_postgres import with_database
 from resources.migrations import migrate
 from resources.task_queue import TaskQueue
@@ -200,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="synchronous_commit of the workers' sessions (on: every commit waits for fsync)")
     args = parser.parse_args(argv)
     # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the embedded server is stopped and deleted.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    exit_on_sigterm()
     run(args.sizes, args.workers, args.seconds, batch=args.batch, complete=args.complete, mode=args.mode,
         sync_commit=args.sync_commit, out=lambda line: print(line, flush=True))
     return 0

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench import exit_on_sigterm
 from bench.dagster_dev import LAUNCH_RUN
 from bench.scale.corpus import (
     TENANT,
@@ -356,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="both phases are timed to their (cut x --plain)-th finished task")
     parser.add_argument("--window", type=int, default=1000, help="versions per window of the publish timings")
     args = parser.parse_args(argv)
+    exit_on_sigterm()
     from resources.local_postgres import temporary_server
 
     with temporary_server("kbindex-bench-migration-", external_env="KBINDEX_BENCH_DATABASE_URL") as admin_url, \

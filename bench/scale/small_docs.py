@@ -29,6 +29,7 @@ from typing import Any
 
 import psycopg
 
+from bench import exit_on_sigterm
 from bench.cpu import budget as cpu_budget
 from bench.cpu import render as render_cpu
 
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="interleaved passes of pipeline, bare encode and bare system (medians reported)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    exit_on_sigterm()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if not (args.corpus / "en-sotu").is_dir():

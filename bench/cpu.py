@@ -78,10 +78,14 @@ def tree_parts(pid: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for proc in procs:  # parents come before their children in this listing
         try:
-            part = dagster_part(" ".join(proc.cmdline()), part_of.get(proc.ppid()))
-            t = proc.cpu_times()
+            t, parent = proc.cpu_times(), proc.ppid()
         except psutil.Error:
             continue
+        try:
+            cmdline = " ".join(proc.cmdline())
+        except psutil.Error:  # a zombie (a run that exited, not yet reaped) has its times but no command line
+            cmdline = ""
+        part = dagster_part(cmdline, part_of.get(parent))
         part_of[proc.pid] = part
         out[part] = out.get(part, 0.0) + t.user + t.system
         reaped = "run processes" if part in ("fork server", "code server") else part

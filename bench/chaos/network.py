@@ -264,11 +264,7 @@ class NetworkFaults:
             held = self._running()
         self.hosts.cut()
         self.active.set()
-        cut_at = time.monotonic()
-        held = self._running()  # what the run host holds as the link goes silent
-        runs = self._active_runs()
-        pids = [p.pid for p in chaos.dagster.run_processes()]
-        found = sorted({s for _, _, s, _ in held if s})
+        cut_at, held, runs, pids, found = self._at_cut()
         chaos._note(f"network cut {len(self.cuts) + 1} (target stage {stage}, held {len(held)} lease(s) at {found},"
                     f" {len(runs)} run(s) active) for {cfg.net_cut_seconds:.0f} s")
         record: dict[str, Any] = {
@@ -289,6 +285,15 @@ class NetworkFaults:
         chaos._note(f"network healed after {record['cut_seconds']} s")
         self.cuts.append(record)
         self._aftermath(record, held, runs, pids, healed)
+
+    def _at_cut(self) -> tuple[float, list[tuple], list[str], list[int], list[str]]:
+        """Taken as a link goes silent: when, the leases the run host holds, its active runs and run processes, and the
+        stages those leases are at."""
+        cut_at = time.monotonic()
+        held = self._running()
+        runs = self._active_runs()
+        pids = [p.pid for p in self.chaos.dagster.run_processes()]
+        return cut_at, held, runs, pids, sorted({s for _, _, s, _ in held if s})
 
     def _aftermath(self, record: dict[str, Any], held: list[tuple[int, int, str | None, bool]],
                    runs: list[str], pids: list[int], healed: float, label: str = "") -> None:
@@ -485,11 +490,7 @@ class NetworkFaults:
             served = now
         mark = self.db.fetch_one("bench_chaos_event_watermark")["event_id"]
         self.hosts.cut_embed()
-        cut_at = time.monotonic()
-        held = self._running()
-        runs = self._active_runs()
-        pids = [p.pid for p in chaos.dagster.run_processes()]
-        found = sorted({s for _, _, s, _ in held if s})
+        cut_at, held, runs, pids, found = self._at_cut()
         chaos._note(f"embedding host cut off (held {len(held)} lease(s) at {found}, {len(runs)} run(s) active)"
                     f" for {cfg.net_embed_cut_seconds:.0f} s")
         record: dict[str, Any] = {

@@ -15,19 +15,12 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from resources.artifact_store import ArtifactStore
-from resources.blob_store import BlobStore
 from resources.embedder import FakeEmbedder, fake_vector
 from resources.embedding_reuse import embed_digest, stored_vectors
-from resources.indexing_run import IndexingRun
-from resources.lease_keeper import LeaseKeeper
-from resources.profiles import activate_profile, create_profile, list_profiles
-from resources.publisher import Publisher
-from resources.run_state import RunState
+from resources.profiles import activate_profile, list_profiles
 from resources.search import search
-from resources.task_queue import TaskQueue
+from tests.integration.context_profiles import MODEL, index_both, markdown, rows, two_profiles
 
-MODEL = "fake-a"
 FILENAME = "refund_policy.md"
 TITLE = "refund policy"  # no lone top heading: the file name, '_' read as a space
 SECTIONS = {
@@ -36,48 +29,20 @@ SECTIONS = {
 }
 
 
-def markdown(sections: dict[str, str]) -> bytes:
-    return "\n\n".join(f"## {h}\n\n{t}" for h, t in sections.items()).encode()
-
-
-def rows(db_url: str, sql: str, params: tuple = ()) -> list[tuple]:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        cur = conn.execute(sql, params)
-        return cur.fetchall() if cur.description else []
-
-
 def vector(text: str) -> np.ndarray:
     return np.array([float(x) for x in text.strip("[]").split(",")], dtype=np.float32)
 
 
 @pytest.fixture
 def world(db, db_url, tmp_path):
-    rows(db_url, "UPDATE index_profile SET model = %s WHERE is_active RETURNING name", (MODEL,))
-    create_profile(db, "ctx", model=MODEL, context=True)
-    blobs = BlobStore(str(tmp_path / "blobs"))
-    return {"db": db, "db_url": db_url, "blobs": blobs, "publisher": Publisher(db, blobs),
-            "queue": TaskQueue(db, lease_seconds=60), "store": ArtifactStore(tmp_path / "artifacts")}
+    return two_profiles(db, db_url, tmp_path)
 
 
 def index(world, sections: dict[str, str]) -> dict[str, dict]:
     """Publish a version and index it under both profiles in one run; each profile's embed step details."""
-    world["publisher"].publish("acme", "refunds", markdown(sections), FILENAME)
-    claimed = world["queue"].claim("ctx-test", limit=10)
-    assert sorted(c.profile for c in claimed) == ["ctx", "minilm-v1"]
-    leases = [(c.lease.task_id, c.lease.attempt) for c in claimed]
-    keys = sorted({r["partition_key"] for r in world["db"].fetch_all(
-        "document_version_partition_keys", {"task_ids": [t for t, _ in leases]})})
-    queue = world["queue"]
-    run = IndexingRun(db=world["db"], queue=queue, keeper=LeaseKeeper(queue), owner="ctx-test", blobs=world["blobs"],
-                      embedder_for=lambda model: FakeEmbedder(model_name=model), state=RunState(world["store"]),
-                      tagged=leases, batch_size=16)
-    run.parse(keys)
-    chunked = {r.profile: r.details for rs in run.chunk(keys).values() for r in rs}
+    chunked, embedded = index_both(world, "refunds", markdown(sections), FILENAME, "ctx-test")
     assert (chunked["ctx"].get("embed_context"), chunked["minilm-v1"].get("embed_context")) == (True, None)
-    embedded = run.embed(keys)
-    published = run.publish(keys)
-    assert all(r.outcome == "ok" for rs in published.values() for r in rs)
-    return {r.profile: r.details for rs in embedded.values() for r in rs}
+    return embedded
 
 
 def chunks(world, profile: str, version: int) -> list[tuple]:

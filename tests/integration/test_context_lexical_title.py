@@ -15,21 +15,14 @@ import pytest
 
 from pipelines.domain.chunking import Chunk, VersionIdentity, chunk_id, content_digest
 from pipelines.domain.errors import InternalError
-from resources.artifact_store import ArtifactStore
-from resources.blob_store import BlobStore
 from resources.embedder import FakeEmbedder
 from resources.index_sink import IndexSink
-from resources.indexing_run import IndexingRun
-from resources.lease_keeper import LeaseKeeper
 from resources.lexical import analyzer_for, backfill_lexical_index
-from resources.profiles import activate_profile, create_profile
-from resources.publisher import Publisher
-from resources.run_state import RunState
+from resources.profiles import activate_profile
 from resources.search import search
-from resources.task_queue import TaskQueue
+from tests.integration.context_profiles import MODEL, index_both, markdown, rows, two_profiles
 from resources.verifier import verify
 
-MODEL = "fake-a"
 FILENAME = "zebra_handbook.md"
 TITLE = "zebra handbook"  # no lone top heading: the file name, '_' read as a space
 SECTIONS = {  # "zebra" is in no heading and no text: only the title says it
@@ -38,43 +31,14 @@ SECTIONS = {  # "zebra" is in no heading and no text: only the title says it
 }
 
 
-def markdown(sections: dict[str, str]) -> bytes:
-    return "\n\n".join(f"## {h}\n\n{t}" for h, t in sections.items()).encode()
-
-
-def rows(db_url: str, sql: str, params: tuple = ()) -> list[tuple]:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        cur = conn.execute(sql, params)
-        return cur.fetchall() if cur.description else []
-
-
 @pytest.fixture
 def world(db, db_url, tmp_path):
-    rows(db_url, "UPDATE index_profile SET model = %s WHERE is_active RETURNING name", (MODEL,))
-    create_profile(db, "ctx", model=MODEL, context=True)
-    blobs = BlobStore(str(tmp_path / "blobs"))
-    return {"db": db, "db_url": db_url, "blobs": blobs, "publisher": Publisher(db, blobs),
-            "queue": TaskQueue(db, lease_seconds=60), "store": ArtifactStore(tmp_path / "artifacts")}
+    return two_profiles(db, db_url, tmp_path)
 
 
 def index(world, metadata: dict | None = None) -> dict[str, dict]:
     """Publish a version (no fast path) and index it under both profiles in one run; each chunk step's details."""
-    world["publisher"].publish("acme", "handbook", markdown(SECTIONS), FILENAME, metadata=metadata)
-    claimed = world["queue"].claim("ctx-lexical", limit=10)
-    assert sorted(c.profile for c in claimed) == ["ctx", "minilm-v1"]
-    leases = [(c.lease.task_id, c.lease.attempt) for c in claimed]
-    keys = sorted({r["partition_key"] for r in world["db"].fetch_all(
-        "document_version_partition_keys", {"task_ids": [t for t, _ in leases]})})
-    queue = world["queue"]
-    run = IndexingRun(db=world["db"], queue=queue, keeper=LeaseKeeper(queue), owner="ctx-lexical",
-                      blobs=world["blobs"], embedder_for=lambda model: FakeEmbedder(model_name=model),
-                      state=RunState(world["store"]), tagged=leases, batch_size=16)
-    run.parse(keys)
-    chunked = {r.profile: r.details for rs in run.chunk(keys).values() for r in rs}
-    run.embed(keys)
-    published = run.publish(keys)
-    assert all(r.outcome == "ok" for rs in published.values() for r in rs)
-    return chunked
+    return index_both(world, "handbook", markdown(SECTIONS), FILENAME, "ctx-lexical", metadata=metadata)[0]
 
 
 def lexical(db_url: str, profile: str, version: int) -> list[tuple]:

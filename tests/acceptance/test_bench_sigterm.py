@@ -8,9 +8,11 @@ second, under every later measurement on the machine. Here bench.scale.small_doc
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,7 +40,10 @@ def _started_by(root_prefix: str, since: float) -> list[psutil.Process]:
 @pytest.mark.timeout(300)
 def test_a_bench_stopped_with_sigterm_leaves_no_dagster_dev_running(tmp_path):
     since = time.time()
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
+    # The bench's folders (its PostgreSQL's and dagster dev's sockets among them) go under a short folder of our
+    # own, by which its processes are told apart: pytest's tmp_path can pass a Unix socket path's 107 bytes.
+    scratch = Path(tempfile.mkdtemp(prefix="kbsig-"))
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "HF_HUB_OFFLINE": "1", "TMPDIR": str(scratch)}
     env.pop("KBINDEX_DATABASE_URL", None)  # the bench starts its own scratch PostgreSQL, which must go too
     (tmp_path / "corpus" / "en-sotu").mkdir(parents=True)
     words = "refund invoice travel hotel contract retention employee approval budget audit".split()
@@ -48,21 +53,24 @@ def test_a_bench_stopped_with_sigterm_leaves_no_dagster_dev_running(tmp_path):
         [sys.executable, "-m", "bench.scale.small_docs", "--corpus", str(tmp_path / "corpus"), "--docs", "20",
          "--fake-model", "--passes", "1", "--timeout", "200"],
         cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    printed = []
     try:
         for line in bench.stdout:  # dagster dev is up once the first pass publishes
+            printed.append(line)
             if "pass 1/1: pipeline" in line:
                 break
         else:
-            pytest.fail(f"the bench ended before its pass (exit {bench.wait()})")
-        alive = _started_by(str(tmp_path), since)
+            pytest.fail(f"the bench ended before its pass (exit {bench.wait()}):\n{''.join(printed)[-4000:]}")
+        alive = _started_by(str(scratch), since)
         assert any("dagster" in " ".join(p.cmdline()) for p in alive), [p.cmdline() for p in alive]
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(60) == 143
         _, gone_late = psutil.wait_procs(alive, timeout=30)
         assert not gone_late, [p.cmdline()[:4] for p in gone_late]
-        assert _started_by(str(tmp_path), since) == []
+        assert _started_by(str(scratch), since) == []
     finally:
         if bench.poll() is None:
             bench.kill()
-        for proc in _started_by(str(tmp_path), since):
+        for proc in _started_by(str(scratch), since):
             proc.kill()
+        shutil.rmtree(scratch, ignore_errors=True)

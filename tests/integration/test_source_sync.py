@@ -100,7 +100,9 @@ def test_an_empty_or_unlistable_source_deletes_nothing_until_allowed(sources, fo
     assert all(kinds[-1] == "tombstone" for doc, kinds in versions(db_url).items() if doc != "policies/p0.md")
 
 
-def test_a_crash_between_publish_and_ledger_row_repeats_nothing(sources, folder, db_url, db, monkeypatch):
+def crash_before_third_ledger_row(sources, folder, db, monkeypatch) -> list[str]:
+    """A first pass killed after its third publish committed and before that file's ledger row: the paths that got
+    their rows."""
     sources.add("share", "acme", str(folder))
     real = db.execute
     written = []
@@ -116,6 +118,11 @@ def test_a_crash_between_publish_and_ledger_row_repeats_nothing(sources, folder,
     with pytest.raises(RuntimeError):
         sources.sync("share")
     monkeypatch.setattr(db, "execute", real)
+    return written
+
+
+def test_a_crash_between_publish_and_ledger_row_repeats_nothing(sources, folder, db_url, db, monkeypatch):
+    crash_before_third_ledger_row(sources, folder, db, monkeypatch)
     assert len(versions(db_url)) == 3  # two with a ledger row, one published without
     again = sources.sync("share")
     assert (again.read, again.published, again.same_bytes) == (8, 7, 1), again
@@ -128,21 +135,7 @@ def test_a_crash_between_publish_and_ledger_row_repeats_nothing(sources, folder,
                    "pass plans its delete). Found by test_chaos_migration_small in a fresh-clone .ci/run (1 of 2 runs)")
 def test_a_file_removed_after_a_crash_between_publish_and_ledger_row_is_still_deleted(sources, folder, db_url, db,
                                                                                       monkeypatch):
-    sources.add("share", "acme", str(folder))
-    real = db.execute
-    written = []
-
-    def crash_on_third_ledger_row(name, params=None):
-        if name == "source_file_upsert":
-            if len(written) == 2:
-                raise RuntimeError("killed after the publish committed")
-            written.append(params["path"])
-        return real(name, params)
-
-    monkeypatch.setattr(db, "execute", crash_on_third_ledger_row)
-    with pytest.raises(RuntimeError):
-        sources.sync("share")
-    monkeypatch.setattr(db, "execute", real)
+    written = crash_before_third_ledger_row(sources, folder, db, monkeypatch)
     published = set(versions(db_url)) - set(written)  # the one published without its ledger row
     assert len(published) == 1
     (orphan,) = published

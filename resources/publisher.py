@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import mimetypes
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 import posixpath
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -174,11 +174,13 @@ class Publisher:
     def publish(
         self, tenant_id: str, document_id: str, data: bytes, filename: str, media_type: str | None = None, *,
         metadata: Mapping[str, Any] | None = None, allow: Iterable[str] | None = None,
+        with_commit: Callable[[Session], None] | None = None,
     ) -> PublishResult:
         """Store the bytes and record version n+1 with its task(s), unless the latest version has the same bytes,
         metadata and allow list (then its task). ``metadata``: pipelines/domain/metadata.py's rules;
-        ``allow``: principals that may read it (None: the whole tenant). InvalidMetadata, InvalidRequest,
-        QuotaExceeded."""
+        ``allow``: principals that may read it (None: the whole tenant). ``with_commit``: run inside the
+        version's transaction, so that what it writes commits with the version or not at all (source sync's
+        ledger row). InvalidMetadata, InvalidRequest, QuotaExceeded."""
         validate_tenant(tenant_id)
         document_id = validate_document_id(document_id)  # NFC: one document however the id was typed
         meta = canonical_metadata(metadata)
@@ -220,6 +222,8 @@ class Publisher:
                 if charged:  # raised inside the transaction: rolls the version back
                     self._check_quotas(tenant_id, int(charged["stored_bytes"]), int(charged["live_versions"]))
             tasks = self._ensure_tasks(tx, key, version)
+            if with_commit is not None:
+                with_commit(tx)
         tasks = self._fast_publish(tenant_id, document_id, version, tasks, tombstone=False)
         primary = next((t for t in tasks if t["is_active"]), tasks[0])
         return PublishResult(

@@ -7,10 +7,10 @@ any, then the path relative to the source root, as ``kbindex publish DIR`` names
 documents of vanished files (``Publisher.delete``), unless the safety rule holds the deletes back. A file that
 fails is recorded in the ledger with its stable code and left alone until its size or stamp moves.
 
-Crash safety: each file's ledger row is written after its publish or delete committed. A pass that dies
-half way leaves rows behind for the files it did not finish; the next pass reads those again, and publish
-is idempotent by bytes (same bytes as the latest version: no new version) and delete by tombstone, so
-nothing is repeated. One pass per source runs at a time (an advisory lock; a crashed holder frees it).
+Crash safety: a published file's ledger row commits in the publish's own transaction, and a deleted file's
+row goes after its delete committed. A pass that dies half way leaves the rows of the files it did not finish
+as they were; the next pass reads those again, and delete is idempotent by tombstone, so nothing is repeated
+and no published document goes unnamed by the ledger. One pass per source runs at a time (an advisory lock; a crashed holder frees it).
 """
 
 from __future__ import annotations
@@ -305,9 +305,14 @@ class SourceSync:
         if rehashing:
             counts.rehashed += 1
             counts.rehash_changed += needs_publish(entry, digest)
+        row = {"name": source.name, "path": item.path, "document_id": document_id, "byte_size": item.size,
+               "stamp": item.stamp, "content_hash": digest, "pass": pass_no}
         if needs_publish(entry, digest):
             try:
-                result = self.publisher.publish(source.tenant_id, document_id, data, item.path.rsplit("/", 1)[-1])
+                # The ledger row commits with the version or not at all: no crash leaves a published document
+                # that no row names (its file's removal would then delete nothing).
+                result = self.publisher.publish(source.tenant_id, document_id, data, item.path.rsplit("/", 1)[-1],
+                                                with_commit=lambda tx: self._record(tx, row))
             except KbindexError as exc:
                 if exc.code == "INDEX_WRITE_FAILED":
                     raise
@@ -316,13 +321,16 @@ class SourceSync:
             if result.created or result.requeued:
                 counts.published += 1
             else:
-                counts.same_bytes += 1  # already the document's latest bytes (a crash before the ledger row)
-        elif not rehashing:
+                counts.same_bytes += 1  # already the document's latest bytes (published by hand, say)
+            return
+        if not rehashing:
             counts.same_bytes += 1
-        # The ledger row only after the publish committed: a crash before it repeats an idempotent publish.
-        self.db.execute("source_file_upsert", {"name": source.name, "path": item.path, "document_id": document_id,
-                                               "byte_size": item.size, "stamp": item.stamp,
-                                               "content_hash": digest, "pass": pass_no})
+        self._record(self.db, row)  # same bytes under a new stamp (or a rehash): only the ledger moves
+
+    @staticmethod
+    def _record(db: Any, row: dict[str, Any]) -> None:
+        """Write a file's ledger row (``db``: the database, or the publish's transaction)."""
+        db.execute("source_file_upsert", row)
 
     def _failed(self, source: Source, item: Listed, document_id: str, pass_no: int, counts: PassCounts, code: str,
                 detail: str | None = None) -> None:

@@ -77,9 +77,8 @@ FROM source_file
 WHERE source_name = %(name)s;
 
 -- name: source_file_upsert
--- Record a file after its publish committed (or a new stamp on unchanged bytes): a crash before this row
--- only repeats an idempotent publish.
--- Clears a failure recorded by an earlier attempt.
+-- Record a file: inside its publish's transaction (the row commits with the version or not at all), or alone
+-- for a new stamp on unchanged bytes. Clears a failure recorded by an earlier attempt.
 INSERT INTO source_file (source_name, path, document_id, byte_size, stamp, content_hash, pass)
 VALUES (%(name)s, %(path)s, %(document_id)s, %(byte_size)s, %(stamp)s, %(content_hash)s, %(pass)s)
 ON CONFLICT (source_name, path) DO UPDATE

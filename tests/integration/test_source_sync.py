@@ -1,6 +1,6 @@
 """One sync pass over a local folder (resources/source_sync.py): new and changed files are published,
-unchanged ones are not read, vanished ones are deleted by tombstone within the safety share, and a crash
-between a publish and its ledger row repeats nothing."""
+unchanged ones are not read, vanished ones are deleted by tombstone within the safety share, and a pass
+killed at a publish repeats nothing and leaves no document its ledger does not name."""
 
 from __future__ import annotations
 
@@ -100,48 +100,59 @@ def test_an_empty_or_unlistable_source_deletes_nothing_until_allowed(sources, fo
     assert all(kinds[-1] == "tombstone" for doc, kinds in versions(db_url).items() if doc != "policies/p0.md")
 
 
-def crash_before_third_ledger_row(sources, folder, db, monkeypatch) -> list[str]:
-    """A first pass killed after its third publish committed and before that file's ledger row: the paths that got
-    their rows."""
+def killed_at_third_publish(sources, folder, monkeypatch, *, committed: bool) -> None:
+    """A first pass killed at its third publish: inside its transaction (``committed`` False: after the version
+    and the ledger row were written, before the commit) or just after it committed."""
     sources.add("share", "acme", str(folder))
-    real = db.execute
-    written = []
+    real_publish, real_record = sources.publisher.publish, sources._record
+    published = []
 
-    def crash_on_third_ledger_row(name, params=None):
-        if name == "source_file_upsert":
-            if len(written) == 2:
-                raise RuntimeError("killed after the publish committed")
-            written.append(params["path"])
-        return real(name, params)
+    def record(db, row):
+        real_record(db, row)
+        if not committed and len(published) == 2:
+            raise RuntimeError("killed before the commit")
 
-    monkeypatch.setattr(db, "execute", crash_on_third_ledger_row)
+    def publish(*args, **kwargs):
+        result = real_publish(*args, **kwargs)
+        published.append(result.document_id)
+        if committed and len(published) == 3:
+            raise RuntimeError("killed after the commit")
+        return result
+
+    monkeypatch.setattr(sources, "_record", record)
+    monkeypatch.setattr(sources.publisher, "publish", publish)
     with pytest.raises(RuntimeError):
         sources.sync("share")
-    monkeypatch.setattr(db, "execute", real)
-    return written
+    monkeypatch.undo()
 
 
-def test_a_crash_between_publish_and_ledger_row_repeats_nothing(sources, folder, db_url, db, monkeypatch):
-    crash_before_third_ledger_row(sources, folder, db, monkeypatch)
-    assert len(versions(db_url)) == 3  # two with a ledger row, one published without
+@pytest.mark.parametrize("committed", [False, True], ids=["in-the-publish", "after-the-commit"])
+def test_a_pass_killed_at_a_publish_repeats_nothing(sources, folder, db_url, committed, monkeypatch):
+    killed_at_third_publish(sources, folder, monkeypatch, committed=committed)
+    done = 3 if committed else 2
+    assert len(versions(db_url)) == done  # the version and its ledger row commit together or not at all
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM source_file").fetchone()[0] == done
     again = sources.sync("share")
-    assert (again.read, again.published, again.same_bytes) == (8, 7, 1), again
+    assert (again.read, again.published, again.same_bytes) == (10 - done, 10 - done, 0), again
     assert all(kinds == ["content"] for kinds in versions(db_url).values()) and len(versions(db_url)) == 10
     assert sources.sync("share").read == 0
 
 
-@pytest.mark.xfail(strict=True, reason="known bug, open: a file published by a pass that died before its ledger row, "
-                   "then removed before any later pass saw it, is never deleted (its document has no ledger row, so no "
-                   "pass plans its delete). Found by test_chaos_migration_small in a fresh-clone .ci/run (1 of 2 runs)")
-def test_a_file_removed_after_a_crash_between_publish_and_ledger_row_is_still_deleted(sources, folder, db_url, db,
-                                                                                      monkeypatch):
-    written = crash_before_third_ledger_row(sources, folder, db, monkeypatch)
-    published = set(versions(db_url)) - set(written)  # the one published without its ledger row
-    assert len(published) == 1
-    (orphan,) = published
-    (folder / orphan).unlink()  # removed before any pass recorded it
-    sources.sync("share")
-    assert versions(db_url)[orphan][-1] == "tombstone"
+@pytest.mark.parametrize("committed", [False, True], ids=["in-the-publish", "after-the-commit"])
+def test_a_file_removed_after_a_pass_killed_at_its_publish_is_deleted_or_never_published(
+        sources, folder, db_url, committed, monkeypatch):
+    """Found by test_chaos_migration_small (a fresh-clone .ci/run, 1 of 2 runs): the ledger row used to be written
+    after the publish committed, so a pass killed in between left a document no row named, and removing its file
+    then deleted nothing. Now the row commits with the version."""
+    killed_at_third_publish(sources, folder, monkeypatch, committed=committed)
+    for path in folder.glob("policies/*.md"):
+        path.unlink()  # every file removed before any later pass saw them
+    (folder / "policies" / "kept.md").write_text("# Kept\n\nThe listing is not empty.\n")
+    gone = sources.sync("share", allow_mass_delete=True)
+    assert gone.deleted == (3 if committed else 2), gone
+    assert {doc: kinds[-1] for doc, kinds in versions(db_url).items()} == {
+        **{doc: "tombstone" for doc in versions(db_url) if doc != "policies/kept.md"}, "policies/kept.md": "content"}
 
 
 def test_one_pass_per_source_at_a_time(sources, folder, db_url):

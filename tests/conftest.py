@@ -7,8 +7,10 @@ points at an existing server. A template database is migrated once; each test ge
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -36,7 +38,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.pop(_name, None)
 # The default profile's model is built from the packaged one on first use (resources/derived_models.py):
 # once per test session for every test's KBINDEX_HOME and the processes they start, not once per home.
-os.environ.setdefault("KBINDEX_MODELS_DIR", tempfile.mkdtemp(prefix="kbindex-test-models-"))
+if "KBINDEX_MODELS_DIR" not in os.environ:  # set here, in pytest's first process; its workers inherit it
+    os.environ["KBINDEX_MODELS_DIR"] = tempfile.mkdtemp(prefix="kbindex-test-models-")
+    atexit.register(shutil.rmtree, os.environ["KBINDEX_MODELS_DIR"], ignore_errors=True)
 
 TEMPLATE = "kbindex_template"
 _counter = itertools.count()

@@ -250,6 +250,22 @@ def _sql(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
         return cur.fetchall() if cur.description else []
 
 
+def live_runs(dg_url: str) -> list[dict[str, Any]]:
+    """Dagster's unfinished runs, for a round that timed out: which run waited, since when, in what state, and
+    whether its run process (the warm launcher's pid tag) is still there."""
+    from pipelines.warm_launcher import PID_TAG, START_TAG, _alive
+
+    out = []
+    for run_id, status, created, updated, pid, start in _sql(
+            dg_url, "SELECT r.run_id, r.status, r.create_timestamp, r.update_timestamp, p.value, s.value FROM runs r"
+            " LEFT JOIN run_tags p ON p.run_id = r.run_id AND p.key = %s"
+            " LEFT JOIN run_tags s ON s.run_id = r.run_id AND s.key = %s"
+            " WHERE r.status NOT IN ('SUCCESS', 'FAILURE', 'CANCELED') ORDER BY r.create_timestamp", [PID_TAG, START_TAG]):
+        out.append({"run_id": run_id, "status": status, "created": str(created), "updated": str(updated),
+                    "worker_pid": pid, "worker_alive": _alive(int(pid), int(start) if start else None) if pid else None})
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # documents
 
@@ -1352,6 +1368,7 @@ class Chaos:
             "must_be_zero": must_be_zero,
             "time_to_quiescence_seconds": quiet,
             "timed_out": timed_out,
+            **({"live_runs_at_timeout": live_runs(self.dg_url)} if timed_out else {}),
             "verify": result.to_dict() if not result.ok else {"ok": True, "checked": len(result.checked),
                                                               "warnings": {w.check: w.count for w in result.warnings}},
             "errors": self.c.errors,

@@ -35,6 +35,7 @@ claim that made it RUNNING (the sensor's tick) and that claim -> finished (the r
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -269,6 +270,8 @@ class DeleteBench(Chaos):
                     self.out(f"kept {root}")
                 else:
                     self.pg.cleanup()
+            if not self.dcfg.keep:
+                shutil.rmtree(root, ignore_errors=True)
         return report
 
 

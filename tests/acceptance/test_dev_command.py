@@ -6,6 +6,7 @@ Its terminal stays calm: Dagster's output goes to KBINDEX_HOME/logs/dagster.log,
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,3 +95,5 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        shutil.rmtree(home, ignore_errors=True)

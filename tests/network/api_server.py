@@ -8,6 +8,7 @@ the root namespace (a Unix socket does not cross the link: only the API's databa
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 
@@ -21,7 +22,10 @@ TOKENS = {"tok-acme": "acme", "tok-globex": "globex"}
 if __name__ == "__main__":
     url, uds, poll = sys.argv[1], sys.argv[2], float(sys.argv[3])
     tmp = tempfile.mkdtemp(prefix="kbindex-net-api-")
-    app = create_app(url, tokens=TOKENS, tokens_file="", blob_url=f"{tmp}/blobs", artifacts_dir=f"{tmp}/artifacts",
-                     embedder=FakeEmbedder(model_name=DEFAULT_MODEL_NAME), metrics_public=True,
-                     metrics_cache_seconds=60.0, fast_publish=False, poll_seconds=poll, ping_seconds=1.0)
-    uvicorn.run(app, uds=uds, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
+    try:
+        app = create_app(url, tokens=TOKENS, tokens_file="", blob_url=f"{tmp}/blobs", artifacts_dir=f"{tmp}/artifacts",
+                         embedder=FakeEmbedder(model_name=DEFAULT_MODEL_NAME), metrics_public=True,
+                         metrics_cache_seconds=60.0, fast_publish=False, poll_seconds=poll, ping_seconds=1.0)
+        uvicorn.run(app, uds=uds, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -116,6 +116,27 @@ class DagsterDev:
         except psutil.Error:
             return []
 
+    def stacks(self, timeout: float = 20.0) -> str:
+        """Every Python thread's stack in dagster dev and its processes (``py-spy dump``), to see where a stalled
+        round waits; empty if py-spy is not installed (it is not a dependency: ``pip install py-spy``)."""
+        import shutil
+
+        import psutil
+
+        spy = shutil.which("py-spy")
+        if spy is None or self.proc is None:
+            return ""
+        out = []
+        for p in [psutil.Process(self.proc.pid), *self.children()]:
+            try:
+                head = f"=== pid {p.pid}: {' '.join(p.cmdline())[:160]}"
+                dump = subprocess.run([spy, "dump", "--pid", str(p.pid)], capture_output=True, text=True,
+                                      timeout=timeout)
+                out.append(f"{head}\n{dump.stdout or dump.stderr}")
+            except (psutil.Error, subprocess.SubprocessError, OSError) as exc:
+                out.append(f"=== pid {p.pid}: {type(exc).__name__}: {exc}")
+        return "\n".join(out)
+
     def run_processes(self) -> list[Any]:
         """Run workers: the code server's multiprocessing ``spawn_main`` children, or the warm fork server's."""
         import psutil

@@ -1115,6 +1115,8 @@ class Chaos:
                 t.start()
                 threads.append(t)
             quiet_at, timed_out = self._wait_quiescence(started)
+            if timed_out:
+                self.stacks_at_timeout = self.dagster.stacks()
             self.stop_event.set()
             for t in threads:
                 t.join(60)
@@ -1133,6 +1135,8 @@ class Chaos:
                 self.dagster.stop()
                 if not report.get("ok", False):
                     report["dagster_log_tail"] = log_tail
+                if getattr(self, "stacks_at_timeout", ""):
+                    report["dagster_stacks_at_timeout"] = self.stacks_at_timeout
             host.close()
             if hasattr(self, "pg"):
                 if self.cfg.keep and self.network is None:  # --network: the namespaces go whatever --keep says
@@ -1396,11 +1400,14 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"{pad}{key}: {json.dumps(value, default=str) if not isinstance(value, str) else value}")
 
     for key, value in report.items():
-        if key == "dagster_log_tail":
+        if key in ("dagster_log_tail", "dagster_stacks_at_timeout"):
             continue
         emit(key, value)
     if "dagster_log_tail" in report:
         lines.append("--- dagster log tail ---\n" + report["dagster_log_tail"])
+    if "dagster_stacks_at_timeout" in report:
+        lines.append("--- dagster dev's stacks when the round timed out (py-spy dump) ---\n"
+                     + report["dagster_stacks_at_timeout"])
     return "\n".join(lines)
 
 

@@ -266,6 +266,17 @@ def live_runs(dg_url: str) -> list[dict[str, Any]]:
     return out
 
 
+def busy_sessions(url: str) -> list[dict[str, Any]]:
+    """PostgreSQL's sessions that are not idle, on every database, for a round that timed out: a session waiting
+    on a lock (or idle in a transaction that holds one) shows where a stalled daemon waits."""
+    rows = _sql(url, "SELECT pid, datname, application_name, state, wait_event_type, wait_event,"
+                     " now() - xact_start, now() - state_change, pg_blocking_pids(pid), left(query, 200)"
+                     " FROM pg_stat_activity WHERE state IS DISTINCT FROM 'idle' AND pid <> pg_backend_pid()"
+                     " AND backend_type = 'client backend'")
+    keys = ("pid", "db", "app", "state", "wait_type", "wait", "xact_age", "state_age", "blocked_by", "query")
+    return [dict(zip(keys, row)) for row in rows]
+
+
 # --------------------------------------------------------------------------------------------------
 # documents
 
@@ -1372,7 +1383,8 @@ class Chaos:
             "must_be_zero": must_be_zero,
             "time_to_quiescence_seconds": quiet,
             "timed_out": timed_out,
-            **({"live_runs_at_timeout": live_runs(self.dg_url)} if timed_out else {}),
+            **({"live_runs_at_timeout": live_runs(self.dg_url), "busy_sessions_at_timeout": busy_sessions(self.url)}
+               if timed_out else {}),
             "verify": result.to_dict() if not result.ok else {"ok": True, "checked": len(result.checked),
                                                               "warnings": {w.check: w.count for w in result.warnings}},
             "errors": self.c.errors,

@@ -79,6 +79,18 @@ REGISTRY: dict[str, Hook] = {
         fallback="DynamicPartitionsDefinition.get_partition_keys_in_range: lists every key of the "
                  "definition and slices it (correct, O(all keys) per call)",
     ),
+    "bounded_ranges": Hook(
+        function="bound_dynamic_ranges",
+        used_by="resources/dagster_storage.py (KbindexDagsterStorage: every process on kbindex's instance)",
+        symbols={
+            "dagster:DynamicPartitionsDefinition.get_partition_keys_in_range":
+                "replaced on the class (named definitions only) by partition_keys_in_range: the daemon, the "
+                "webserver and Dagster's own run bookkeeping resolve ranges with the plain definition of the "
+                "code location's snapshot, never VersionPartitions",
+        },
+        fallback="Dagster's own method, left in place: the daemon lists every key of the definition when it "
+                 "records a run's planned materializations (4 times per run: 1.6 s at 100k keys vs 0.13 s at 1k)",
+    ),
     "version_metadata": Hook(
         function="add_partition_metadata",
         used_by="pipelines/assets.py (_report)",
@@ -246,6 +258,38 @@ def partition_keys_in_range(name: str, start: str, end: str, public: Callable[[]
         except HOOK_ERRORS as exc:
             _fall_back("partition_range", exc)
     return public() if keys is None else keys
+
+
+def bound_dynamic_ranges() -> bool:
+    """Make every *named* ``DynamicPartitionsDefinition`` in this process resolve a key range as
+    ``VersionPartitions`` does (``partition_keys_in_range``); True if it is in place.
+
+    The code location's definitions use ``VersionPartitions``, but the daemon (recording a run's planned
+    materializations when it creates the run), the webserver and the run bookkeeping in Dagster's instance
+    work from the location's snapshot, a plain ``DynamicPartitionsDefinition``, and resolve a run's range by
+    listing every key (bench.scale.runs --daemon: run creation 0.13 s at 1k keys, 1.6 s at 100k). Same keys,
+    same order; a definition without a name, or any failure, keeps Dagster's own resolution."""
+    if "bounded_ranges" in _fallen_back:
+        return False
+    try:
+        cls = dg.DynamicPartitionsDefinition
+        dagsters = cls.get_partition_keys_in_range
+        if getattr(dagsters, "kbindex_bounded", False):
+            return True
+
+        def get_partition_keys_in_range(self: Any, partition_key_range: dg.PartitionKeyRange) -> Sequence[str]:
+            if self.name is None:
+                return dagsters(self, partition_key_range)
+            return partition_keys_in_range(self.name, partition_key_range.start, partition_key_range.end,
+                                           public=lambda: dagsters(self, partition_key_range))
+
+        get_partition_keys_in_range.kbindex_bounded = True  # type: ignore[attr-defined]
+        get_partition_keys_in_range.__doc__ = dagsters.__doc__
+        cls.get_partition_keys_in_range = get_partition_keys_in_range
+        return True
+    except HOOK_ERRORS as exc:
+        _fall_back("bounded_ranges", exc)
+        return False
 
 
 def _sql_event_storage() -> Any:

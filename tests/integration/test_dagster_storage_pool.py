@@ -83,3 +83,14 @@ def test_if_dagster_postgres_changed_the_storage_is_plain_dagster_postgres_with_
     assert opened[0] >= 3  # dagster_postgres's own NullPool: a connection per call
     assert "storage_pool" in dagster_private.fallen_back()
     assert any("storage_pool" in r.getMessage() and "_engine" in r.getMessage() for r in caplog.records)
+
+
+def test_the_storage_bounds_dynamic_key_ranges_in_every_process_that_loads_it(dagster_url, monkeypatch):
+    """The daemon and webserver load this storage, never the code location's VersionPartitions: building it is
+    where their plain DynamicPartitionsDefinition gets its O(range) key ranges (dagster_private.bounded_ranges)."""
+    from resources import dagster_private
+
+    calls = []
+    monkeypatch.setattr(dagster_private, "bound_dynamic_ranges", lambda: calls.append(1) or True)
+    dagster_storage.KbindexDagsterStorage()
+    assert calls == [1]

@@ -12,8 +12,9 @@ key count runs ``--repeats`` times in a shuffled order (``--seed``), so neither 
 on a warmer process. It prints every sample, and per key count the median, min and max of the tick and run
 seconds and the ratio of medians to the smallest key count. A flat ratio (~1.0) is the target: nothing per
 tick or per run may grow with the corpus (issue #14); a ratio inside the spread of the samples is noise.
-Runs are in process (``dg.materialize``), not launched by a daemon. The small-size round runs in the suite
-(tests/integration/test_bench_scale_runs.py).
+Runs are in process (``dg.materialize``), not launched by a daemon: ``--daemon [--batches 5]`` measures
+daemon-created, daemon-launched runs instead (bench/scale/runs_daemon.py). The small-size round runs in the
+suite (tests/integration/test_bench_scale_runs.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ class Round:
     succeeded: int
 
 
+def seed_partition_keys(instance, keys: int) -> float:
+    """Add ``keys`` partition keys (the older versions of a large corpus) to Dagster's storage; returns seconds."""
+    from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+
+    started = time.perf_counter()
+    for start in range(0, keys, ADD_BATCH):
+        batch = [f"old/doc-{i}/v1" for i in range(start, min(keys, start + ADD_BATCH))]
+        instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, batch)
+    return time.perf_counter() - started
+
+
 def measure(admin_url: str, keys: int, versions: int, workdir: Path, tag: str = "") -> Round:
     """One round on fresh databases: ``keys`` existing partition keys, ``versions`` fresh publishes; ``tag``
     tells repeated rounds' databases and folders apart."""
@@ -58,11 +70,7 @@ def measure(admin_url: str, keys: int, versions: int, workdir: Path, tag: str = 
                                                      f"{keys}{tag}")
     overrides = {"storage": {"postgres": {"postgres_url": dagster_url}}}
     with dg.instance_for_test(overrides=overrides) as instance:
-        started = time.perf_counter()
-        for start in range(0, keys, ADD_BATCH):  # the older versions of a large corpus
-            batch = [f"old/doc-{i}/v1" for i in range(start, min(keys, start + ADD_BATCH))]
-            instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, batch)
-        seed_seconds = time.perf_counter() - started
+        seed_seconds = seed_partition_keys(instance, keys)
         db = Database(kb_url)
         try:
             publisher = Publisher(db, BlobStore(os.environ["KBINDEX_BLOB_URL"]))
@@ -126,8 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="measured rounds per key count")
     parser.add_argument("--warmup", type=int, default=1, help="discarded rounds at the smallest key count, first")
     parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled round order")
+    parser.add_argument("--daemon", action="store_true",
+                        help="runs created and launched by a real dagster dev's daemon (bench/scale/runs_daemon.py)")
+    parser.add_argument("--batches", type=int, default=5, help="--daemon: measured batches per key count")
+    parser.add_argument("--claim-grace", type=float, default=1.0,
+                        help="--daemon: KBINDEX_CLAIM_WAKE_GRACE_SECONDS, so one tick claims a whole batch")
+    parser.add_argument("--timeout", type=float, default=300.0, help="--daemon: seconds a batch may take at most")
     args = parser.parse_args(argv)
     counts = [int(k) for k in args.keys.split(",")]
+    if args.daemon:
+        from bench.scale.runs_daemon import main_daemon
+
+        return main_daemon(counts, args.versions, args.batches, args.warmup, args.seed, args.claim_grace, args.timeout)
     from resources.local_postgres import temporary_server
 
     plan = schedule(counts, args.repeats, args.warmup, args.seed)

@@ -12,10 +12,12 @@ the same machine load (the other stacks idle meanwhile, the same for all), inste
 size one after the other.
 
 A batch publishes ``--versions`` fresh documents and waits until all their index tasks are SUCCEEDED. Per
-batch: publish -> last SUCCEEDED transition seconds, and from Dagster's ``runs`` table each index run's claim ->
-create (kbindex's claim event to the run record: the rest of the tick and the daemon's run creation),
-create -> start (queue, dequeue, launch, the run process's start) and start -> end, plus the Dagster tree's CPU
-seconds (the daemon's apart: CPU, unlike wall time, does not follow the other work on the machine). The wake
+batch: publish -> last SUCCEEDED transition seconds, and from Dagster's ``runs`` table and run events each index
+run's claim -> create (kbindex's claim event to the run record: the rest of the tick, the daemon's run creation
+up to the record), create -> start (the launch latency: split into the daemon's work after the record until the
+run is queued, i.e. its planned events, the queue until dequeued, and the launch until the run process's
+RUN_START) and start -> end, plus the Dagster tree's CPU seconds (the daemon's apart: CPU, unlike wall time,
+does not follow the other work on the machine). The wake
 grace of the claiming sensor is raised to ``--claim-grace`` seconds so that one tick claims the whole batch
 (the product's 0.1 s split a batch into runs of uneven sizes at random); each batch's runs are listed.
 
@@ -52,8 +54,11 @@ class RunSample:
     create_to_start: float
     start_to_end: float
     status: str
-    create_to_dequeue: float
-    """The part of create -> start spent queued: until the run coordinator dequeues it (its RUN_STARTING event)."""
+    create_to_enqueue: float
+    """Of create -> start: the rest of the daemon's run creation after the run record (its planned events) until
+    the run is queued (its RUN_ENQUEUED event)."""
+    enqueue_to_dequeue: float
+    """Of create -> start: queued, until the run coordinator dequeues it (its RUN_STARTING event)."""
     dequeue_to_start: float
     """The rest: the launch, the run process's start and its set-up until its RUN_START event."""
 
@@ -210,14 +215,15 @@ class Stack:
         index_runs = [r for r in new if r[1] == JOB_NAME]
         ids = [r[0] for r in index_runs]
         tags: dict[str, dict[str, str]] = {}
-        dequeued: dict[str, float] = {}
+        events: dict[tuple[str, str], float] = {}
         if ids:
             for run_id, key, value in _sql(self.dg_sql_url, "SELECT run_id, key, value FROM run_tags WHERE run_id = ANY(%s)",
                                            [ids]):
                 tags.setdefault(run_id, {})[key] = value
-            dequeued = dict(_sql(self.dg_sql_url, "SELECT run_id, min(extract(epoch FROM timestamp))::float8 FROM event_logs"
-                                                  " WHERE run_id = ANY(%s) AND dagster_event_type = 'PIPELINE_STARTING'"
-                                                  " GROUP BY 1", [ids]))
+            events = {(run_id, kind): at for run_id, kind, at in _sql(
+                self.dg_sql_url, "SELECT run_id, dagster_event_type, min(extract(epoch FROM timestamp))::float8"
+                                 " FROM event_logs WHERE run_id = ANY(%s)"
+                                 " AND dagster_event_type IN ('PIPELINE_ENQUEUED', 'PIPELINE_STARTING') GROUP BY 1, 2", [ids])}
         claims = {(t, a): at for t, a, at in _sql(
             self.kb_url, "SELECT task_id, attempt, extract(epoch FROM created_at)::float8 FROM task_event"
                          " WHERE task_id = ANY(%s) AND kind = 'transition' AND to_status = 'RUNNING'", [task_ids])}
@@ -226,13 +232,14 @@ class Stack:
         for run_id, _, status, created, start, end in index_runs:
             leases = leases_of(tags.get(run_id))
             claimed = [claims[lease] for lease in leases if lease in claims]
-            out = dequeued.get(run_id)
+            queued, out = events.get((run_id, "PIPELINE_ENQUEUED")), events.get((run_id, "PIPELINE_STARTING"))
             samples.append(RunSample(
                 versions=len(leases), status=status,
                 claim_to_create=created - min(claimed) if claimed else nan,
                 create_to_start=start - created if start else nan,
                 start_to_end=end - start if start and end else nan,
-                create_to_dequeue=out - created if out else nan,
+                create_to_enqueue=queued - created if queued else nan,
+                enqueue_to_dequeue=out - queued if out and queued else nan,
                 dequeue_to_start=start - out if start and out else nan))
         return samples, others, min(claims.values(), default=None)
 
@@ -308,8 +315,8 @@ def sample_line(b: Batch) -> str:
     return (f"{b.label:>4} {b.keys:>9,} batch {b.seconds:6.2f} s = to claim {b.to_claim:.2f} + claim->done "
             f"{b.claim_to_done:.2f} (publish {b.publish_seconds:.2f}) ok {b.succeeded}/{b.versions} | runs {len(runs)}"
             f" [versions {' '.join(str(r.versions) for r in runs)}] claim->create {_fmt([r.claim_to_create for r in runs])}"
-            f" create->start {_fmt([r.create_to_start for r in runs])} (queued {_fmt([r.create_to_dequeue for r in runs])}"
-            f" + launch {_fmt([r.dequeue_to_start for r in runs])}) start->end {_fmt([r.start_to_end for r in runs])}"
+            f" create->start {_fmt([r.create_to_start for r in runs])} (to queue {_fmt([r.create_to_enqueue for r in runs])}"
+            f" + queued {_fmt([r.enqueue_to_dequeue for r in runs])} + launch {_fmt([r.dequeue_to_start for r in runs])}) start->end {_fmt([r.start_to_end for r in runs])}"
             f" | CPU s daemon {b.daemon_cpu:.2f} Dagster {b.dagster_cpu:.2f}"
             + (" (warm-up, not counted)" if b.warmup else "")
             + (f" other runs: {', '.join(b.other_runs)}" if b.other_runs else ""))
@@ -321,7 +328,8 @@ FIGURES: list[tuple[str, Callable[[Batch], list[float]]]] = [
     ("  first claim -> all succeeded s", lambda b: [b.claim_to_done]),
     ("run: claim -> created s", lambda b: [r.claim_to_create for r in b.runs]),
     ("run: created -> started s (launch)", lambda b: [r.create_to_start for r in b.runs]),
-    ("  created -> dequeued s (queued)", lambda b: [r.create_to_dequeue for r in b.runs]),
+    ("  created -> enqueued s (to queue)", lambda b: [r.create_to_enqueue for r in b.runs]),
+    ("  enqueued -> dequeued s (queued)", lambda b: [r.enqueue_to_dequeue for r in b.runs]),
     ("  dequeued -> started s (launched)", lambda b: [r.dequeue_to_start for r in b.runs]),
     ("run: started -> ended s", lambda b: [r.start_to_end for r in b.runs]),
     ("daemon CPU s per batch", lambda b: [b.daemon_cpu]),
@@ -348,7 +356,7 @@ def summary(batches: list[Batch], counts: list[int]) -> list[str]:
     base = min(counts)
     lines.append("")
     header = f"{'figure':<36}" + "".join(f"{f'{k:,} keys: median [min..max] (n)':>38}" for k in counts)
-    lines.append(header + "".join(f"{f'{k:,}/{base:,} x':>12}{f'{base:,}/{k:,} x':>12}" for k in counts if k != base))
+    lines.append(header + "".join(f"{f'{k:,}/{base:,} x':>16}{f'{base:,}/{k:,} x':>16}" for k in counts if k != base))
     for name, _ in FIGURES:
         row = table.get(name, {})
         cells = "".join(f"{f'{m:.2f} [{lo:.2f}..{hi:.2f}] ({n})':>38}" if k in row else f"{'-':>38}"
@@ -358,9 +366,9 @@ def summary(batches: list[Batch], counts: list[int]) -> list[str]:
             if k == base:
                 continue
             if k in row and base in row and row[base][0] > 0 and row[k][0] > 0:
-                ratios += f"{row[k][0] / row[base][0]:>12.2f}{row[base][0] / row[k][0]:>12.2f}"
+                ratios += f"{row[k][0] / row[base][0]:>16.2f}{row[base][0] / row[k][0]:>16.2f}"
             else:
-                ratios += f"{'-':>12}{'-':>12}"
+                ratios += f"{'-':>16}{'-':>16}"
         lines.append(f"{name:<36}{cells}{ratios}")
     lines.append("")
     top = max(counts)

@@ -28,7 +28,8 @@ def test_daemon_launched_batches_over_two_key_counts(pg_server_url, tmp_path, mo
         assert b.runs and sum(r.versions for r in b.runs) == 5, b  # every task in exactly one run
         assert all(r.status == "SUCCESS" for r in b.runs), b
         for r in b.runs:
-            for value in (r.claim_to_create, r.create_to_start, r.create_to_dequeue, r.dequeue_to_start, r.start_to_end):
+            for value in (r.claim_to_create, r.create_to_start, r.create_to_enqueue, r.enqueue_to_dequeue,
+                          r.dequeue_to_start, r.start_to_end):
                 assert math.isfinite(value) and value >= 0, r
         assert 0 <= b.to_claim <= b.seconds and b.claim_to_done > 0, b
     table = medians(batches, counts)

@@ -7,8 +7,10 @@ plain ``dagster dev`` in the project root still comes up: the storage prepares t
 environment, so the webserver, daemon, code server and runs that ``dagster dev`` starts afterwards
 inherit them and neither start PostgreSQL again nor look elsewhere for kbindex data.
 
-Its engines keep a few connections open (:func:`pooled_engine`), and it bounds every process's dynamic key ranges
-(``dagster_private.bound_dynamic_ranges``: the daemon and webserver never see ``VersionPartitions``). ``dagster_postgres`` opens a new
+Building it also bounds this process's dynamic key ranges (``dagster_private.bound_dynamic_ranges``: the
+daemon and webserver load this storage but never see ``VersionPartitions``).
+
+Its engines keep a few connections open (:func:`pooled_engine`). ``dagster_postgres`` opens a new
 connection for every storage call (SQLAlchemy's NullPool): every event a run writes, every daemon poll.
 A new PostgreSQL connection costs the server a backend process, ~2.4 ms of its CPU before the first
 query (and cold catalog caches after it); a 150-document burst opened ~3,900 of them, about a quarter

@@ -121,3 +121,29 @@ def test_a_waiting_tick_leaves_a_fast_path_delete_to_its_publisher(db, db_url, p
     assert deleted.status == "SUCCEEDED", "the fast path published the tombstone in the call"
     (result,) = results
     assert isinstance(result, dg.SkipReason), "the tick claimed nothing: the tombstone was never due to it"
+
+
+def test_an_idle_tick_claims_once_not_woken_by_its_own_empty_claims(db_url, instance, monkeypatch):
+    """A claim that finds nothing due inserts no task event; the event trigger (per statement) used to notify
+    anyway, with payload '0', so an idle tick woke itself every wake grace (0.1 s) and claimed ~40 times a tick
+    (migration 0050)."""
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 1.5)
+    claims = []
+    real = sensors.claim_due
+    monkeypatch.setattr(sensors, "claim_due", lambda *a, **k: claims.append(1) or real(*a, **k))
+    with TaskWakeup(db_url) as wakeup:
+        result = tick(instance, db_url)
+        woke = wakeup.wait(time.monotonic() + 0.5)
+    assert isinstance(result, dg.SkipReason) and result.skip_message == "no due index tasks"
+    assert len(claims) == 1, f"an idle tick claimed {len(claims)} times"
+    assert not woke, "a tick that claimed nothing notified a task event"
+
+
+def test_an_inserted_task_event_still_notifies_its_id(db_url, publish_task):
+    with TaskWakeup(db_url) as wakeup:
+        published = publish_task()
+        notes = list(wakeup.conn.notifies(timeout=5, stop_after=1))
+    with psycopg.connect(db_url) as conn:
+        newest = conn.execute("SELECT max(event_id) FROM task_event WHERE task_id = %s",
+                              [published.task_id]).fetchone()[0]
+    assert [n.payload for n in notes] == [str(newest)]

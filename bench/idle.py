@@ -1,0 +1,130 @@
+"""What an idle deployment costs: CPU of `dagster dev` (by part) and PostgreSQL with nothing to index.
+
+``python -m bench.idle [--seconds 30] [--rounds 2] [--settle 20]`` starts a throwaway PostgreSQL and the real
+`dagster dev` (the project's dagster.yaml, sensors and warm launcher; nothing published), lets it settle,
+then measures windows of ``--seconds`` in alternation: ``current`` (the schema as migrated) and ``notify on
+empty`` (the task-event trigger of migration 0001, which notified even when a statement inserted no event:
+every claim that found nothing due woke the claiming sensor's own wait, migration 0050). Both sides run on the
+same stack, the trigger function swapped between windows, ``--rounds`` windows each. Per window it prints the
+CPU seconds per second of each part of `dagster dev`, of PostgreSQL (with its exited backends) and the number
+of task-event notifications; then the medians side by side and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+OLD_NOTIFY = """
+CREATE OR REPLACE FUNCTION task_event_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('kbindex_task_event', (SELECT coalesce(max(event_id), 0)::text FROM new_events));
+    RETURN NULL;
+END $$;
+"""
+"""Migration 0001's trigger function, for the comparison windows only."""
+
+SIDES = ("current", "notify on empty")
+
+
+def window(meter: Any, kb_url: str, seconds: float) -> dict[str, Any]:
+    """CPU per second by part over ``seconds``, and the task-event notifications sent meanwhile."""
+    from resources.task_wakeup import TaskWakeup
+
+    with TaskWakeup(kb_url) as wakeup:
+        meter.start()
+        started = time.monotonic()
+        notes = sum(1 for _ in wakeup.conn.notifies(timeout=seconds))
+        wall = time.monotonic() - started
+        spent, parts = meter.spent(), meter.parts_spent()
+    rates = {f"dagster: {part}": round(s / wall, 4) for part, s in parts.items()}
+    rates["dagster (all)"] = round(spent.get("dagster", 0.0) / wall, 4)
+    rates["postgres"] = round(spent.get("postgres", 0.0) / wall, 4)
+    return {"wall": round(wall, 1), "core_s_per_s": rates, "notifications": notes}
+
+
+def run(seconds: float, rounds: int, settle: float, out: Any = print) -> dict[str, Any]:
+    from bench import exit_on_sigterm, server_url
+    from bench.cpu import CpuMeter, postgres_pid
+    from bench.pipeline.__main__ import dagster_dev, scratch_databases
+    from pipelines import event_batching
+
+    exit_on_sigterm()
+    migrated = (Path(__file__).resolve().parents[1] / "sql" / "migrations"
+                / "0050_task_event_notify_only_new_events.sql").read_text()
+    report: dict[str, Any] = {"windows": []}
+    with server_url() as admin_url, scratch_databases(admin_url) as (kb_url, dg_url):
+        with psycopg.connect(kb_url, autocommit=True) as conn:
+            conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+        root = Path(tempfile.mkdtemp(prefix="kbindex-bench-idle-"))
+        dagster = dagster_dev(kb_url, dg_url, root)
+        event_batching.apply(dagster.env)
+        try:
+            dagster.start()
+            out(f"dagster dev answered in {dagster.wait_ready():.1f} s; settling {settle:.0f} s")
+            time.sleep(settle)
+            meter = CpuMeter({"dagster": dagster.proc.pid if dagster.proc else None,
+                              "postgres": postgres_pid(kb_url)}, parts_of="dagster")
+            for n in range(rounds):
+                for side in SIDES if n % 2 == 0 else reversed(SIDES):
+                    with psycopg.connect(kb_url, autocommit=True) as conn:
+                        conn.execute(migrated if side == "current" else OLD_NOTIFY)
+                    dagster.check_alive()
+                    w = {"side": side, **window(meter, kb_url, seconds)}
+                    report["windows"].append(w)
+                    r = w["core_s_per_s"]
+                    out(f"  {side:>16}: dagster {r['dagster (all)']:.4f} core-s/s, postgres {r['postgres']:.4f}, "
+                        f"{w['notifications']} notifications in {w['wall']} s")
+        finally:
+            with psycopg.connect(kb_url, autocommit=True) as conn:
+                conn.execute(migrated)
+            dagster.stop()
+            shutil.rmtree(root, ignore_errors=True)
+    report["medians"] = medians(report["windows"])
+    return report
+
+
+def medians(windows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """side -> figure -> median over its windows (CPU per second by part, and notifications per second)."""
+    out: dict[str, dict[str, float]] = {}
+    for side in SIDES:
+        mine = [w for w in windows if w["side"] == side]
+        if not mine:
+            continue
+        keys = sorted({k for w in mine for k in w["core_s_per_s"]})
+        out[side] = {k: round(statistics.median(w["core_s_per_s"].get(k, 0.0) for w in mine), 4) for k in keys}
+        out[side]["notifications per s"] = round(statistics.median(w["notifications"] / w["wall"] for w in mine), 2)
+    return out
+
+
+def render(report: dict[str, Any]) -> str:
+    med = report["medians"]
+    keys = sorted({k for side in med.values() for k in side})
+    lines = [f"{'median, core-s per s':<34} {SIDES[0]:>12} {SIDES[1]:>16} {'ratio':>7}"]
+    for k in keys:
+        a, b = med.get(SIDES[0], {}).get(k, 0.0), med.get(SIDES[1], {}).get(k, 0.0)
+        ratio = f"{a / b:7.3f}" if b else "      -"
+        lines.append(f"{k:<34} {a:>12.4f} {b:>16.4f} {ratio}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of one measured window")
+    parser.add_argument("--rounds", type=int, default=2, help="windows per side, alternating")
+    parser.add_argument("--settle", type=float, default=20.0, help="seconds after dagster dev answers, unmeasured")
+    args = parser.parse_args(argv)
+    report = run(args.seconds, args.rounds, args.settle)
+    print(render(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

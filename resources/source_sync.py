@@ -10,7 +10,8 @@ fails is recorded in the ledger with its stable code and left alone until its si
 Crash safety: a published file's ledger row commits in the publish's own transaction, and a deleted file's
 row goes after its delete committed. A pass that dies half way leaves the rows of the files it did not finish
 as they were; the next pass reads those again, and delete is idempotent by tombstone, so nothing is repeated
-and no published document goes unnamed by the ledger. One pass per source runs at a time (an advisory lock; a crashed holder frees it).
+and no published document goes unnamed by the ledger. One pass per source runs at a time (an advisory lock; a
+crashed holder frees it).
 """
 
 from __future__ import annotations

@@ -260,9 +260,11 @@ def live_runs(dg_url: str) -> list[dict[str, Any]]:
             dg_url, "SELECT r.run_id, r.status, r.create_timestamp, r.update_timestamp, p.value, s.value FROM runs r"
             " LEFT JOIN run_tags p ON p.run_id = r.run_id AND p.key = %s"
             " LEFT JOIN run_tags s ON s.run_id = r.run_id AND s.key = %s"
-            " WHERE r.status NOT IN ('SUCCESS', 'FAILURE', 'CANCELED') ORDER BY r.create_timestamp", [PID_TAG, START_TAG]):
+            " WHERE r.status NOT IN ('SUCCESS', 'FAILURE', 'CANCELED') ORDER BY r.create_timestamp",
+            [PID_TAG, START_TAG]):
+        alive = _alive(int(pid), int(start) if start else None) if pid else None
         out.append({"run_id": run_id, "status": status, "created": str(created), "updated": str(updated),
-                    "worker_pid": pid, "worker_alive": _alive(int(pid), int(start) if start else None) if pid else None})
+                    "worker_pid": pid, "worker_alive": alive})
     return out
 
 

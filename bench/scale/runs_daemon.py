@@ -39,6 +39,8 @@ from typing import Any, Callable
 
 import psycopg
 
+from bench.chaos import _sql
+
 JOB_NAME = "index_versions"
 DAEMON = "daemon"
 LIVE_STATUSES = ["QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"]
@@ -87,18 +89,13 @@ class Batch:
         return self.label.startswith("w")
 
 
-def _sql(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
-        cur = conn.execute(statement, params)
-        return cur.fetchall() if cur.description else []
-
-
 class Stack:
     """Fresh kbindex and Dagster databases with ``keys`` seeded partition keys, and a ``dagster dev`` on them."""
 
     def __init__(self, admin_url: str, keys: int, root: Path, claim_grace: float) -> None:
         self.admin_url, self.keys, self.root, self.claim_grace = admin_url, keys, root, claim_grace
-        self.seen_runs: set[str] = set()
+        self.last_run_row = 0
+        """The id (Dagster's runs table) of the last run a batch has measured."""
         self.dagster: Any = None
         self.db: Any = None
 
@@ -207,10 +204,11 @@ class Stack:
         # create_timestamp: CURRENT_TIMESTAMP into a timestamp without time zone, so in the session's zone;
         # event_logs.timestamp: naive UTC, as Dagster writes it.
         rows = _sql(self.dg_sql_url,
-                    "SELECT run_id, pipeline_name, status, extract(epoch FROM create_timestamp AT TIME ZONE"
-                    " current_setting('TimeZone'))::float8, start_time, end_time FROM runs ORDER BY id")
-        new = [r for r in rows if r[0] not in self.seen_runs]
-        self.seen_runs.update(r[0] for r in new)
+                    "SELECT id, run_id, pipeline_name, status, extract(epoch FROM create_timestamp AT TIME ZONE"
+                    " current_setting('TimeZone'))::float8, start_time, end_time FROM runs WHERE id > %s ORDER BY id",
+                    [self.last_run_row])
+        new = [r[1:] for r in rows]  # only the runs created since the last batch: not every run of the bench
+        self.last_run_row = max((r[0] for r in rows), default=self.last_run_row)
         others = [r[1] for r in new if r[1] != JOB_NAME]
         index_runs = [r for r in new if r[1] == JOB_NAME]
         ids = [r[0] for r in index_runs]
@@ -314,9 +312,13 @@ def sample_line(b: Batch) -> str:
     runs = b.runs
     return (f"{b.label:>4} {b.keys:>9,} batch {b.seconds:6.2f} s = to claim {b.to_claim:.2f} + claim->done "
             f"{b.claim_to_done:.2f} (publish {b.publish_seconds:.2f}) ok {b.succeeded}/{b.versions} | runs {len(runs)}"
-            f" [versions {' '.join(str(r.versions) for r in runs)}] claim->create {_fmt([r.claim_to_create for r in runs])}"
-            f" create->start {_fmt([r.create_to_start for r in runs])} (to queue {_fmt([r.create_to_enqueue for r in runs])}"
-            f" + queued {_fmt([r.enqueue_to_dequeue for r in runs])} + launch {_fmt([r.dequeue_to_start for r in runs])}) start->end {_fmt([r.start_to_end for r in runs])}"
+            f" [versions {' '.join(str(r.versions) for r in runs)}]"
+            f" claim->create {_fmt([r.claim_to_create for r in runs])}"
+            f" create->start {_fmt([r.create_to_start for r in runs])}"
+            f" (to queue {_fmt([r.create_to_enqueue for r in runs])}"
+            f" + queued {_fmt([r.enqueue_to_dequeue for r in runs])}"
+            f" + launch {_fmt([r.dequeue_to_start for r in runs])})"
+            f" start->end {_fmt([r.start_to_end for r in runs])}"
             f" | CPU s daemon {b.daemon_cpu:.2f} Dagster {b.dagster_cpu:.2f}"
             + (" (warm-up, not counted)" if b.warmup else "")
             + (f" other runs: {', '.join(b.other_runs)}" if b.other_runs else ""))

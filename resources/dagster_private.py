@@ -122,6 +122,25 @@ REGISTRY: dict[str, Hook] = {
         },
         fallback="plain dagster_postgres storage: its NullPool engines, a new connection per storage call",
     ),
+    "schema_checks": Hook(
+        function="remember_schema_checks",
+        used_by="resources/dagster_storage.py (KbindexDagsterStorage)",
+        symbols={
+            **{f"dagster._core.storage.schedules.sql_schedule_storage:SqlScheduleStorage.{name}":
+               "a table check (SQLAlchemy reflection: one catalog query) on every call that needs it"
+               for name in ("has_instigators_table", "_has_instigators_table", "has_secondary_index_table",
+                            "has_built_index")},
+            **{f"dagster._core.storage.runs.sql_run_storage:SqlRunStorage.{name}":
+               "a column or table check (catalog queries) on every runs or backfills read that needs it"
+               for name in ("has_run_stats_index_cols", "has_bulk_actions_selector_cols", "has_backfill_id_column",
+                            "has_bulk_action_job_name_column", "has_backfill_tags_table")},
+            **{f"dagster._core.storage.event_log.sql_event_log:SqlEventLogStorage.{name}":
+               "a table or column check (catalog queries) on every call that needs it"
+               for name in ("has_table", "has_asset_key_col", "_has_asset_key_col_on_connection")},
+        },
+        fallback="Dagster's own checks, each a catalog query on every call (a sensor tick over a 500 ms link "
+                 "waits on ~7 of them; a quarter of an idle daemon's statements)",
+    ),
     "event_batching": Hook(
         function="event_batching_read",
         used_by="pipelines/event_batching.py (apply)",
@@ -382,6 +401,65 @@ def create_pg_engine(url: str, **kwargs: Any) -> db.engine.Engine:
     from dagster_postgres.utils import create_pg_engine
 
     return create_pg_engine(url, **kwargs)
+
+
+# --- schema_checks -------------------------------------------------------------------------------
+
+SCHEMA_CHECKS = ("has_instigators_table", "_has_instigators_table", "has_secondary_index_table", "has_built_index",
+                 "has_run_stats_index_cols", "has_bulk_actions_selector_cols", "has_backfill_id_column",
+                 "has_bulk_action_job_name_column", "has_backfill_tags_table",
+                 "has_table", "has_asset_key_col", "_has_asset_key_col_on_connection")
+"""Dagster storage methods that ask PostgreSQL's catalog whether a table, column or data migration exists."""
+
+
+def remember_schema_checks(storages: Sequence[object]) -> bool:
+    """Make each storage's schema checks (``SCHEMA_CHECKS`` it has) answer True from memory once they have.
+
+    Dagster asks the catalog on every call that depends on an optional table or column: a sensor tick
+    reflects the table list ~7 times, a third of an idle daemon's storage statements besides the pings.
+    What exists stays (migrations only add, nothing here drops a table), so a True answer is kept for the
+    life of the storage; a False one is asked again, as before. Shadowed per storage object (an attribute of
+    the instance, not the class): other storages in the process are untouched. On a failure: Dagster's own
+    checks, with a warning.
+    """
+    if "schema_checks" in _fallen_back:
+        return False
+    plan: list[tuple[object, str, Callable[..., Any]]] = []
+    try:
+        for storage in storages:
+            for name in SCHEMA_CHECKS:
+                if not hasattr(type(storage), name):
+                    continue
+                check = getattr(storage, name)
+                if not callable(check) or isinstance(inspect.getattr_static(type(storage), name), property):
+                    raise TypeError(f"{type(storage).__name__}.{name} is no longer a method")
+                plan.append((storage, name, check))
+        if not plan:
+            raise AttributeError(f"none of {SCHEMA_CHECKS} on {[type(s).__name__ for s in storages]}")
+    except HOOK_ERRORS as exc:
+        _fall_back("schema_checks", exc)
+        return False
+    for storage, name, check in plan:
+        setattr(storage, name, _true_once_known(check))
+    return True
+
+
+def _true_once_known(check: Callable[..., Any]) -> Callable[..., Any]:
+    """``check``, answering True without asking for arguments it once answered True for (a connection argument
+    is passed through, not part of the key)."""
+    known: set[tuple[Any, ...]] = set()
+
+    def remembered(*args: Any) -> Any:
+        key = tuple(a for a in args if isinstance(a, str | int | tuple))
+        if key in known:
+            return True
+        answer = check(*args)
+        if answer is True:
+            known.add(key)
+        return answer
+
+    remembered.__wrapped__ = check  # type: ignore[attr-defined]
+    return remembered
 
 
 # --- event_batching ------------------------------------------------------------------------------

@@ -16,7 +16,12 @@ A new PostgreSQL connection costs the server a backend process, ~2.4 ms of its C
 query (and cold catalog caches after it); a 150-document burst opened ~3,900 of them, about a quarter
 of PostgreSQL's CPU in a burst where that CPU competes with the model for the same cores
 (``python -m bench.dagster_storage`` measures both side by side). The webserver replaces these engines
-with its own pool (``optimize_for_webserver``), as before. The swap reaches into dagster_postgres's
+with its own pool (``optimize_for_webserver``), as before.
+
+Two more round trips per call are cut (issue #32: a daemon 500 ms from its database spent a sensor tick's
+~20 s on them): the pool tests a connection only after it sat unused (``PING_AFTER_IDLE_S``), and Dagster's
+schema checks (a catalog query on many calls: "does the instigators table exist?") are asked once
+(``dagster_private.remember_schema_checks``). A sensor tick's storage calls went from ~38 statements to ~8. The swap reaches into dagster_postgres's
 private ``_engine`` (resources/dagster_private.py): should an upgrade change it, the storage stays plain
 ``dagster_postgres`` storage, with a warning.
 """
@@ -24,6 +29,7 @@ private ``_engine`` (resources/dagster_private.py): should an upgrade change it,
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from dagster_postgres import DagsterPostgresStorage
@@ -42,6 +48,11 @@ POOL_MAX_OVERFLOW = 8
 """Extra connections a burst of concurrent calls may open (closed again when returned)."""
 POOL_RECYCLE_S = 1800
 """A connection older than this is replaced at its next checkout."""
+PING_AFTER_IDLE_S = 1.0
+"""A pooled connection is tested (``SELECT 1``) at checkout only if it sat unused this long; 0 tests every
+checkout (SQLAlchemy's ``pool_pre_ping``). A connection a PostgreSQL restart closed sat unused at least as
+long as PostgreSQL was down (a restart takes seconds), so it is still tested and replaced; one in steady use
+skips the extra round trip, which was half of the daemon's statements (``python -m bench.dagster_storage``)."""
 
 
 def resolve_dagster_url() -> str:
@@ -59,34 +70,86 @@ def resolve_dagster_url() -> str:
     return local.dagster_url
 
 
-def pooled_engine(url: str) -> Any:
-    """An AUTOCOMMIT engine on ``url`` that keeps ``POOL_SIZE`` connections for reuse.
+def pooled_engine(url: str, ping_after_idle_s: float = PING_AFTER_IDLE_S) -> Any:
+    """An AUTOCOMMIT engine on ``url`` that keeps ``POOL_SIZE`` connections for reuse, most recent first.
 
-    ``pool_pre_ping`` tests a connection at checkout, so one that a PostgreSQL restart (or
-    ``DROP DATABASE ... WITH (FORCE)``) closed is replaced instead of failing the call that took it.
+    A connection is tested at checkout once it has been idle ``ping_after_idle_s`` (:func:`ping_when_idle`;
+    0: every checkout), so one that a PostgreSQL restart (or ``DROP DATABASE ... WITH (FORCE)``) closed is
+    replaced instead of failing the call that took it. Last in, first out: the connection just returned is
+    the one taken next, so a thread's back-to-back calls find it fresh and pay no test.
     Its connections carry kbindex's network bounds (``connection_params``, role ``tool``: keepalives,
     ``tcp_user_timeout``, ``connect_timeout``, idle-in-transaction; no statement limit on Dagster's own
     statements), so a daemon or run whose storage connection goes silent errors out instead of hanging.
     """
-    return dagster_private.create_pg_engine(url, isolation_level="AUTOCOMMIT", pool_size=POOL_SIZE,
-                                            max_overflow=POOL_MAX_OVERFLOW, pool_recycle=POOL_RECYCLE_S,
-                                            pool_pre_ping=True, connect_args=connection_params(url))
+    engine = dagster_private.create_pg_engine(url, isolation_level="AUTOCOMMIT", pool_size=POOL_SIZE,
+                                              max_overflow=POOL_MAX_OVERFLOW, pool_recycle=POOL_RECYCLE_S,
+                                              pool_use_lifo=True, pool_pre_ping=ping_after_idle_s <= 0,
+                                              connect_args=connection_params(url))
+    if ping_after_idle_s > 0:
+        ping_when_idle(engine, ping_after_idle_s)
+    return engine
+
+
+def ping_when_idle(engine: Any, idle_s: float) -> None:
+    """Test a pooled connection at checkout only if it was checked in ``idle_s`` ago or more.
+
+    SQLAlchemy's own pessimistic disconnect handling, with a condition: a failed test raises
+    ``DisconnectionError``, on which the pool discards the connection and checks out a new one.
+    A connection just opened (nothing recorded yet) is not tested.
+    """
+    from sqlalchemy import event
+    from sqlalchemy.exc import DisconnectionError
+
+    @event.listens_for(engine, "checkin")
+    def _returned(_dbapi_connection: Any, record: Any) -> None:
+        if record is not None:
+            record.info["kbindex_returned_at"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _test_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        returned = record.info.get("kbindex_returned_at")
+        if returned is None or time.monotonic() - returned < idle_s:
+            return
+        try:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute("SELECT 1")
+            finally:
+                cursor.close()
+        except Exception as exc:  # noqa: BLE001 - any failure: a dead connection, replaced by the pool
+            raise DisconnectionError(f"an idle Dagster storage connection failed its test: {exc}") from exc
 
 
 class KbindexDagsterStorage(DagsterPostgresStorage):
-    """``dagster_postgres`` storage on :func:`resolve_dagster_url` (no configuration of its own), pooled."""
+    """``dagster_postgres`` storage on :func:`resolve_dagster_url`, pooled, its schema checks remembered.
 
-    def __init__(self, inst_data: ConfigurableClassData | None = None) -> None:
+    dagster.yaml may set ``ping_after_idle_seconds`` (default ``PING_AFTER_IDLE_S``; 0: test every
+    checkout) and ``remember_schema_checks`` (default true; ``dagster_private.remember_schema_checks``).
+    """
+
+    def __init__(self, inst_data: ConfigurableClassData | None = None, ping_after_idle_seconds: float = PING_AFTER_IDLE_S,
+                 remember_schema_checks: bool = True) -> None:
         url = resolve_dagster_url()
         super().__init__(postgres_url=url, inst_data=inst_data)
-        dagster_private.use_pooled_engines(
-            [self.event_log_storage, self.run_storage, self.schedule_storage], lambda: pooled_engine(url))
+        parts = [self.event_log_storage, self.run_storage, self.schedule_storage]
+        dagster_private.use_pooled_engines(parts, lambda: pooled_engine(url, ping_after_idle_seconds))
+        if remember_schema_checks:
+            dagster_private.remember_schema_checks(parts)
         dagster_private.bound_dynamic_ranges()  # the daemon's and webserver's key ranges: O(range), not O(keys)
 
     @classmethod
     def config_type(cls) -> dict[str, Any]:
-        return {}
+        import dagster as dg
+
+        return {
+            "ping_after_idle_seconds": dg.Field(float, is_required=False, default_value=PING_AFTER_IDLE_S,
+                                                description="Test a pooled connection only after this long idle "
+                                                            "(0: at every checkout)."),
+            "remember_schema_checks": dg.Field(bool, is_required=False, default_value=True,
+                                               description="Ask PostgreSQL's catalog once whether an optional "
+                                                           "Dagster table or column exists, not on every call."),
+        }
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Any) -> KbindexDagsterStorage:
-        return cls(inst_data=inst_data)
+        return cls(inst_data=inst_data, **(config_value or {}))

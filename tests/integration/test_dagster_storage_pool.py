@@ -7,6 +7,8 @@ dagster_postgres beside it as the baseline that must show the churn.
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 import pytest
 from sqlalchemy import event
@@ -54,19 +56,6 @@ def test_storage_calls_reuse_a_few_connections_where_dagster_postgres_opens_one_
         assert null[0] >= CALLS, name  # the baseline: a connection per call
 
 
-def test_connections_closed_by_the_server_are_replaced_not_failed(dagster_url, db_url):
-    storage = dagster_storage.KbindexDagsterStorage()
-    _storage_calls(storage, 2)
-    database = db_url.partition("?")[0].rpartition("/")[2]
-    with psycopg.connect(db_url, autocommit=True) as conn:  # what a PostgreSQL restart does to idle ones
-        killed = conn.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (database,),
-        ).fetchone()[0]
-    assert killed >= 1  # the pool held connections open
-    _storage_calls(storage, 2)  # pool_pre_ping replaces the dead ones
-
-
 def test_if_dagster_postgres_changed_the_storage_is_plain_dagster_postgres_with_a_warning(dagster_url, monkeypatch,
                                                                                           caplog):
     from resources import dagster_private
@@ -94,3 +83,104 @@ def test_the_storage_bounds_dynamic_key_ranges_in_every_process_that_loads_it(da
     monkeypatch.setattr(dagster_private, "bound_dynamic_ranges", lambda: calls.append(1) or True)
     dagster_storage.KbindexDagsterStorage()
     assert calls == [1]
+
+
+def _count_statements(storage) -> list[int]:
+    """Statements every engine of ``storage`` sends from now on, pings included (counted at the driver)."""
+    import psycopg2.extensions
+
+    sent = [0]
+
+    class Counting(psycopg2.extensions.cursor):
+        def execute(self, query, vars=None):  # noqa: A002
+            sent[0] += 1
+            return super().execute(query, vars)
+
+    for name in ("run_storage", "event_log_storage", "schedule_storage"):
+        engine = getattr(storage, name)._engine  # noqa: SLF001
+        event.listen(engine, "connect", lambda conn, _r: setattr(conn, "cursor_factory", Counting))
+        engine.pool.dispose()
+    return sent
+
+
+@pytest.mark.parametrize("ping_after_idle,expected", [(dagster_storage.PING_AFTER_IDLE_S, 1), (0, 2)])
+def test_a_connection_in_steady_use_is_not_tested_at_each_checkout(dagster_url, ping_after_idle, expected):
+    """Back-to-back calls take the connection just returned (last in, first out) and send no ``SELECT 1``
+    before each one: one statement per call. Testing every checkout (0) doubles it."""
+    storage = dagster_storage.KbindexDagsterStorage(ping_after_idle_seconds=ping_after_idle)
+    storage.run_storage.get_runs(limit=1)
+    sent = _count_statements(storage)
+    storage.run_storage.get_runs(limit=1)  # opens the connection: not tested
+    sent[0] = 0
+    for _ in range(CALLS):
+        storage.run_storage.get_runs(limit=1)
+    assert sent[0] == expected * CALLS
+
+
+def test_a_connection_closed_while_idle_is_tested_and_replaced(dagster_url, db_url):
+    """What a PostgreSQL restart leaves: pooled connections closed by the server while unused for as long as
+    it was down. Idle past the threshold, each is tested at checkout and replaced: no call fails."""
+    storage = dagster_storage.KbindexDagsterStorage(ping_after_idle_seconds=0.2)
+    _storage_calls(storage, 2)
+    database = db_url.partition("?")[0].rpartition("/")[2]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        killed = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database,),
+        ).fetchone()[0]
+    assert killed >= 1
+    time.sleep(0.4)  # the outage: longer than the threshold
+    _storage_calls(storage, 2)
+
+
+def test_a_connection_closed_under_steady_use_fails_one_call_then_the_pool_recovers(dagster_url, db_url):
+    """The price of not testing busy connections, and its bound: a connection closed *without* an outage
+    (pg_terminate_backend, idle less than the threshold) fails the one call that takes it, once per storage (each
+    of the three has its own pool); that call invalidates its pool, so the next calls reconnect. A PostgreSQL restart is not this case: its
+    connections sit idle for the whole downtime, longer than ``PING_AFTER_IDLE_S``."""
+    import sqlalchemy.exc
+
+    storage = dagster_storage.KbindexDagsterStorage(ping_after_idle_seconds=60)
+    _storage_calls(storage, 2)
+    database = db_url.partition("?")[0].rpartition("/")[2]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                     "AND pid <> pg_backend_pid()", (database,))
+    calls = {"runs": storage.run_storage.get_runs, "events": storage.event_log_storage.get_asset_keys,
+             "schedules": storage.schedule_storage.all_instigator_state}
+    failed = dict.fromkeys(calls, 0)
+    for name, call in calls.items():  # each storage has its own pool: one failed call each
+        for _ in range(3):
+            try:
+                call()
+            except sqlalchemy.exc.OperationalError:
+                failed[name] += 1
+    assert failed == dict.fromkeys(calls, 1)
+    _storage_calls(storage, 2)
+
+
+def test_schema_checks_are_asked_of_the_catalog_once(dagster_url):
+    """A sensor tick's storage calls: Dagster reflects the table list on each (``has_instigators_table``);
+    remembered, repeated ticks send no catalog query at all."""
+    from bench.dagster_storage.__main__ import _ticks
+
+    def catalog_queries(storage) -> int:
+        import psycopg2.extensions
+
+        seen = [0]
+
+        class Watching(psycopg2.extensions.cursor):
+            def execute(self, query, vars=None):  # noqa: A002
+                seen[0] += "pg_catalog" in str(query)
+                return super().execute(query, vars)
+
+        engine = storage.schedule_storage._engine  # noqa: SLF001
+        event.listen(engine, "connect", lambda conn, _r: setattr(conn, "cursor_factory", Watching))
+        engine.pool.dispose()
+        _ticks(storage, 1)
+        seen[0] = 0
+        _ticks(storage, 5)
+        return seen[0]
+
+    assert catalog_queries(dagster_storage.KbindexDagsterStorage()) == 0
+    assert catalog_queries(dagster_storage.KbindexDagsterStorage(remember_schema_checks=False)) >= 5 * 5

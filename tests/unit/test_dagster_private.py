@@ -318,6 +318,42 @@ def test_storage_pool_falls_back_to_the_plain_engines(caplog, case):
     assert_warned_once(caplog, "storage_pool", "_engine")
 
 
+# --- schema_checks -------------------------------------------------------------------------------
+
+class _Checks:
+    def __init__(self, tables: set[str]) -> None:
+        self.tables, self.asked = tables, []
+
+    def has_table(self, name: str) -> bool:
+        self.asked.append(name)
+        return name in self.tables
+
+    def _has_instigators_table(self, conn: object) -> bool:
+        self.asked.append("instigators")
+        return "instigators" in self.tables
+
+
+def test_schema_checks_answer_true_from_memory_and_ask_false_again():
+    storage = _Checks({"runs", "instigators"})
+    assert dagster_private.remember_schema_checks([storage])
+    answers = [storage.has_table("runs"), storage.has_table("runs"), storage.has_table("missing"),
+               storage.has_table("missing"), storage._has_instigators_table(object()),  # noqa: SLF001
+               storage._has_instigators_table(object())]  # noqa: SLF001 - another connection, same question
+    assert answers == [True, True, False, False, True, True]
+    assert storage.asked == ["runs", "missing", "missing", "instigators"]
+    assert _Checks(set()).has_table.__func__ is _Checks.has_table  # the class is untouched: other storages ask
+
+
+def test_schema_checks_fall_back_to_dagsters_own(caplog):
+    class Changed(_Checks):
+        has_table = property(lambda self: lambda name: True)
+
+    storage = Changed({"runs"})
+    assert dagster_private.remember_schema_checks([storage]) is False
+    assert "has_table" not in vars(storage) and "_has_instigators_table" not in vars(storage)
+    assert_warned_once(caplog, "schema_checks", "has_table")
+
+
 # --- event_batching ------------------------------------------------------------------------------
 
 def test_event_batching_is_read_on_this_dagster(caplog):

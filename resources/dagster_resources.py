@@ -141,19 +141,60 @@ Pinned = Annotated[str, "resource_dependency"]
 PINNED_FIELDS = {"database": ("url",), "blobs": ("url",), "indexing_run": ("artifacts",), "embedder": ("service_home",)}
 
 
+_TICK_DATABASES: dict[tuple[int, str, int], Database] = {}
+_TICK_DATABASES_LOCK = threading.Lock()
+
+
+def tick_database(url: str, pool_size: int) -> Database:
+    """This process's pool for resources set up outside a run (sensor ticks), one per URL and size, kept.
+
+    Dagster sets a sensor's resources up before each tick and tears them down after it: a pool per tick
+    opened a new PostgreSQL connection (a server process, and over a slow link several round trips) on
+    every tick of every sensor with the database resource, idle or not. Keyed by pid too, so a forked
+    process never uses its parent's connections; closed when the process exits.
+    """
+    key = (os.getpid(), url, pool_size)
+    with _TICK_DATABASES_LOCK:
+        db = _TICK_DATABASES.get(key)
+        if db is None:
+            if not _TICK_DATABASES:
+                import atexit
+
+                atexit.register(_close_tick_databases)
+            db = _TICK_DATABASES[key] = Database(url, min_size=1, max_size=pool_size, role="run")
+        return db
+
+
+def _close_tick_databases() -> None:
+    with _TICK_DATABASES_LOCK:
+        for (pid, _url, _size), db in list(_TICK_DATABASES.items()):
+            if pid == os.getpid():
+                db.close()
+        _TICK_DATABASES.clear()
+
+
 class DatabaseResource(dg.ConfigurableResource):
-    """PostgreSQL for kbindex data (KBINDEX_DATABASE_URL, or the embedded server when empty)."""
+    """PostgreSQL for kbindex data (KBINDEX_DATABASE_URL, or the embedded server when empty).
+
+    A run gets a pool of its own, closed at its end; a sensor tick (no run) the process's kept pool
+    (:func:`tick_database`)."""
 
     url: Pinned = ""  # pinned: not run config (PINNED_FIELDS)
     pool_size: int = 4
 
     _db: Database | None = PrivateAttr(default=None)
+    _kept: bool = PrivateAttr(default=False)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self._db = Database(self.url or resolve_database_url(), min_size=1, max_size=self.pool_size, role="run")
+        url = self.url or resolve_database_url()
+        self._kept = getattr(context, "dagster_run", None) is None
+        if self._kept:
+            self._db = tick_database(url, self.pool_size)
+        else:
+            self._db = Database(url, min_size=1, max_size=self.pool_size, role="run")
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        if self._db is not None:
+        if self._db is not None and not self._kept:
             self._db.close()
 
     @property

@@ -43,3 +43,24 @@ def test_a_context_with_its_own_instance_keeps_it(db_url, instance, monkeypatch)
     with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
         assert sensors.tick_instance(ctx) is instance
     assert sensors._TICK_INSTANCES == {}
+
+
+def test_ticks_share_the_processs_kept_database_pool_and_runs_get_their_own(db_url, instance, monkeypatch):
+    """Dagster sets a sensor's resources up and tears them down on every tick: the database resource of a tick
+    is the process's kept pool (one connection reused, not one opened per tick), while a run's is its own and
+    closed at the run's end."""
+    from resources import dagster_resources
+
+    monkeypatch.setattr(dagster_resources, "_TICK_DATABASES", {})
+    pools = []
+    for _ in range(3):
+        with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
+            pools.append(ctx.resources.database.db)
+    assert pools[0] is pools[1] is pools[2]
+    assert not pools[0].pool.closed  # torn down after each tick, still open
+
+    run = dg.DagsterRun(job_name="index_versions", run_id="r-1")
+    with dg.build_resources({"database": DatabaseResource(url=db_url)}, instance=instance, dagster_run=run) as res:
+        own = res.database.db
+        assert own is not pools[0]
+    assert own.pool.closed

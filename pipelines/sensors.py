@@ -39,6 +39,7 @@ from resources.dagster_resources import (
     TENANT_TAG,
     DatabaseResource,
     claim_owner_of,
+    kept_database_resource,
     lease_tags,
     leases_of,
     run_key_of,
@@ -270,7 +271,8 @@ def _request(group: list[ClaimedTask], group_keys: list[str], owner: str, tenant
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Claims due index tasks (SKIP LOCKED lease) and starts runs for them, many versions per run.",
 )
-def claim_index_tasks(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SensorResult | dg.SkipReason:
+def claim_index_tasks(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+    database = tick_database_resource(context)
     queue = task_queue(database)
     instance = tick_instance(context)
     runs = leased_runs(instance)  # one read of Dagster's live runs serves the whole tick
@@ -406,14 +408,30 @@ _TICK_INSTANCES: dict[str, dg.DagsterInstance] = {}
 _TICK_INSTANCES_LOCK = threading.Lock()
 
 
+def tick_database_resource(context: dg.SensorEvaluationContext) -> DatabaseResource:
+    """The claiming sensor's database: the context's ``database`` resource when it brings one (tests), else the
+    code location's (KBINDEX_DATABASE_URL) on this process's kept pool.
+
+    Not a declared resource on purpose: for a sensor with resources, Dagster builds a Dagster instance from
+    the daemon's ref on every tick just to hand it to the resources (three storages: new connections, their
+    driver set-up and catalog queries; the kbindex resources never read it), about half of an idle code
+    location's Dagster statements, and ~30 round trips a tick over a slow link. The sensor reads Dagster
+    through ``tick_instance``, kept too.
+    """
+    if "database" in (context.resource_defs or {}):
+        return context.resources.database
+    return kept_database_resource()
+
+
 def tick_instance(context: dg.SensorEvaluationContext) -> dg.DagsterInstance:
     """The Dagster instance a tick reads and writes through: one per code-server process and instance, kept.
 
     ``context.instance`` builds a new instance from the daemon's ref on every evaluation and disposes of it after:
     new storage engines and their connections, and the schedule storage's table checks, ~25 ms of this
     process's CPU and ~30 ms of PostgreSQL's per tick (every ~5 s, idle or not), against ~5 ms with one kept
-    instance. Its pooled engines test each connection at checkout, so a PostgreSQL restart is survived as by the
-    daemon's own long-lived instance. A context built with an instance of its own (tests) keeps that one.
+    instance. Its pooled engines test a connection that sat idle before using it, so a PostgreSQL restart is
+    survived as by the daemon's own long-lived instance. The context is lent it (``context.log`` would build
+    another). A context built with an instance of its own (tests) keeps that one.
     """
     ref = context.instance_ref
     if ref is None:
@@ -423,6 +441,7 @@ def tick_instance(context: dg.SensorEvaluationContext) -> dg.DagsterInstance:
         instance = _TICK_INSTANCES.get(key)
         if instance is None:
             instance = _TICK_INSTANCES[key] = dg.DagsterInstance.from_ref(ref)
+    dagster_private.lend_instance(context, instance)  # context.log would build yet another one
     return instance
 
 

@@ -141,6 +141,17 @@ REGISTRY: dict[str, Hook] = {
         fallback="Dagster's own checks, each a catalog query on every call (a sensor tick over a 500 ms link "
                  "waits on ~7 of them; a quarter of an idle daemon's statements)",
     ),
+    "tick_context_instance": Hook(
+        function="lend_instance",
+        used_by="pipelines/sensors.py (tick_instance)",
+        symbols={
+            "dagster._core.definitions.sensor_definition:SensorEvaluationContext#_instance":
+                "the instance behind context.instance and context.log; set to the process's kept tick instance "
+                "so that logging a claim does not build a new instance from the daemon's ref",
+        },
+        fallback="Dagster builds an instance from the ref the first time a tick logs (three storages, new "
+                  "connections and catalog queries), as before",
+    ),
     "event_batching": Hook(
         function="event_batching_read",
         used_by="pipelines/event_batching.py (apply)",
@@ -460,6 +471,29 @@ def _true_once_known(check: Callable[..., Any]) -> Callable[..., Any]:
 
     remembered.__wrapped__ = check  # type: ignore[attr-defined]
     return remembered
+
+
+# --- tick_context_instance -----------------------------------------------------------------------
+
+def lend_instance(context: object, instance: dg.DagsterInstance) -> bool:
+    """Make ``context.instance`` (and so ``context.log``) of a sensor tick ``instance``; whether it was done.
+
+    A context evaluated by the daemon holds only the instance's ref and builds an instance from it the first
+    time a tick asks (``context.log`` does, for the tick's captured logs), then disposes of it. A context that
+    already has an instance (built, or given by a test) keeps it. The context never disposes of an instance
+    it did not build. On a failure: Dagster builds its own, as before.
+    """
+    if "tick_context_instance" in _fallen_back:
+        return False
+    try:
+        if "_instance" not in vars(context):
+            raise AttributeError(f"{type(context).__name__} has no _instance")
+        if vars(context)["_instance"] is None:
+            context._instance = instance  # type: ignore[attr-defined]  # noqa: SLF001 - see docstring
+    except HOOK_ERRORS as exc:
+        _fall_back("tick_context_instance", exc)
+        return False
+    return True
 
 
 # --- event_batching ------------------------------------------------------------------------------

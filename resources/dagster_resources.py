@@ -173,6 +173,12 @@ def _close_tick_databases() -> None:
         _TICK_DATABASES.clear()
 
 
+def kept_database_resource(url: str = "") -> DatabaseResource:
+    """A DatabaseResource on ``url`` (default KBINDEX_DATABASE_URL, as the code location's) already holding this
+    process's kept pool: for code that runs on every sensor tick without declaring the resource."""
+    return DatabaseResource(url=url or os.environ.get("KBINDEX_DATABASE_URL", "")).on_kept_pool()
+
+
 class DatabaseResource(dg.ConfigurableResource):
     """PostgreSQL for kbindex data (KBINDEX_DATABASE_URL, or the embedded server when empty).
 
@@ -196,6 +202,12 @@ class DatabaseResource(dg.ConfigurableResource):
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._db is not None and not self._kept:
             self._db.close()
+
+    def on_kept_pool(self) -> DatabaseResource:
+        """This resource on the process's kept pool (:func:`tick_database`) without a set-up, returned."""
+        self._db = tick_database(self.url or resolve_database_url(), self.pool_size)
+        self._kept = True
+        return self
 
     @property
     def db(self) -> Database:

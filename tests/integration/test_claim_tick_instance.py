@@ -64,3 +64,34 @@ def test_ticks_share_the_processs_kept_database_pool_and_runs_get_their_own(db_u
         own = res.database.db
         assert own is not pools[0]
     assert own.pool.closed
+
+
+def test_a_tick_evaluated_as_the_daemon_does_builds_no_instance_for_resources(db_url, publish_task, instance,
+                                                                              monkeypatch):
+    """The code server hands a sensor the resources it declares (dagster/_grpc/impl.py), and for any of them
+    Dagster builds a whole instance from the daemon's ref, every tick, to pass to them. The claiming sensor
+    declares none, and a tick that claims logs through the kept tick instance (``context.log`` builds one
+    too): over three claiming ticks evaluated that way, one instance is built, and the ticks share the
+    process's kept database pool."""
+    from pipelines.definitions import defs
+    from resources import dagster_resources
+
+    monkeypatch.setattr(sensors, "_TICK_INSTANCES", {})
+    monkeypatch.setattr(dagster_resources, "_TICK_DATABASES", {})
+    monkeypatch.setenv("KBINDEX_DATABASE_URL", db_url)
+    built = []
+    real_from_ref = dg.DagsterInstance.from_ref
+    monkeypatch.setattr(dg.DagsterInstance, "from_ref", staticmethod(lambda ref: built.append(1) or real_from_ref(ref)))
+    repo = defs.get_repository_def()
+    sensor = repo.get_sensor_def("claim_index_tasks")
+    declared = {k: v for k, v in repo.get_top_level_resources().items() if k in sensor.required_resource_keys}
+    pools = []
+    real_task_queue = sensors.task_queue
+    monkeypatch.setattr(sensors, "task_queue", lambda database: pools.append(database.db) or real_task_queue(database))
+    for _ in range(3):
+        task = publish_task()
+        with dg.SensorEvaluationContext(instance_ref=instance.get_ref(), resources=declared) as ctx:
+            result = sensors.claim_index_tasks(ctx)
+        assert [t for r in result.run_requests for t, _ in leases_of(r.tags)] == [task.task_id]
+    assert declared == {} and len(built) == 1
+    assert pools[0] is pools[1] is pools[2]

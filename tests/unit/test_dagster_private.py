@@ -354,6 +354,28 @@ def test_schema_checks_fall_back_to_dagsters_own(caplog):
     assert_warned_once(caplog, "schema_checks", "has_table")
 
 
+# --- tick_context_instance -----------------------------------------------------------------------
+
+def test_a_tick_context_is_lent_the_kept_instance_and_keeps_its_own():
+    kept = dg.DagsterInstance.ephemeral()
+    bare = dg.SensorEvaluationContext(instance_ref=None)  # as the daemon's, but with no ref to build from
+    assert dagster_private.lend_instance(bare, kept)
+    assert bare.instance is kept and bare.log is not None  # context.instance would raise without a ref
+    own = dg.DagsterInstance.ephemeral()
+    given = dg.build_sensor_context(instance=own)
+    assert dagster_private.lend_instance(given, kept) and given.instance is own
+
+
+def test_a_tick_context_without_the_attribute_builds_its_own(caplog):
+    class Changed:
+        pass
+
+    context = Changed()
+    assert dagster_private.lend_instance(context, dg.DagsterInstance.ephemeral()) is False
+    assert "_instance" not in vars(context)
+    assert_warned_once(caplog, "tick_context_instance", "_instance")
+
+
 # --- event_batching ------------------------------------------------------------------------------
 
 def test_event_batching_is_read_on_this_dagster(caplog):

@@ -8,11 +8,18 @@ every claim that found nothing due woke the claiming sensor's own wait, migratio
 same stack, the trigger function swapped between windows, ``--rounds`` windows each. Per window it prints the
 CPU seconds per second of each part of `dagster dev`, of PostgreSQL (with its exited backends) and the number
 of task-event notifications; then the medians side by side and their ratio.
+
+``--census-seconds N`` (default 30; 0: none) then logs every statement PostgreSQL receives for N more seconds
+(``log_min_duration_statement = 0`` on the bench's own server) and prints, per database (Dagster's, kbindex's),
+the statements per second by kind: connection set-up (a new connection's driver and dialect queries),
+connection tests (``SELECT 1``), catalog queries (``pg_catalog``), and the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import re
 import shutil
 import statistics
 import tempfile
@@ -50,7 +57,54 @@ def window(meter: Any, kb_url: str, seconds: float) -> dict[str, Any]:
     return {"wall": round(wall, 1), "core_s_per_s": rates, "notifications": notes}
 
 
-def run(seconds: float, rounds: int, settle: float, out: Any = print) -> dict[str, Any]:
+SETUP_STATEMENTS = ("select pg_catalog.version()", "select current_schema()", "show transaction isolation level",
+                    "show standard_conforming_strings", "BEGIN", "ROLLBACK")
+"""What SQLAlchemy's psycopg2 dialect sends on a new connection (with a ``typarray`` query)."""
+_LOGGED = re.compile(r"^\S+ \S+ \S+ \[\d+\] (\S*) LOG:  duration: [\d.]+ ms  (?:statement|execute [^:]*): (.*)")
+
+
+def statement_kind(sql: str) -> str:
+    sql = sql.strip()
+    if sql in SETUP_STATEMENTS or sql.startswith("SELECT t.oid, typarray"):
+        return "connection set-up"
+    if sql == "SELECT 1":
+        return "connection test"
+    if "pg_catalog." in sql:
+        return "catalog"
+    return "work"
+
+
+def census(admin_url: str, databases: dict[str, str], seconds: float) -> dict[str, dict[str, float]] | None:
+    """Statements per second by database label and kind over ``seconds``, from the server's log; None where the
+    log cannot be read (not the bench's embedded server, or no right to change the logging)."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        log = Path(conn.execute("SHOW data_directory").fetchone()[0]) / "log"
+        if not log.is_file():
+            return None
+        conn.execute("ALTER SYSTEM SET log_min_duration_statement = 0")
+        conn.execute("ALTER SYSTEM SET log_line_prefix = '%m [%p] %d '")
+        conn.execute("SELECT pg_reload_conf()")
+    start = log.stat().st_size
+    try:
+        time.sleep(seconds)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET log_min_duration_statement")
+            conn.execute("ALTER SYSTEM RESET log_line_prefix")
+            conn.execute("SELECT pg_reload_conf()")
+    counts: dict[str, collections.Counter[str]] = {label: collections.Counter() for label in databases}
+    by_name = {name: label for label, name in databases.items()}
+    with open(log, encoding="utf-8", errors="replace") as f:
+        f.seek(start)
+        for line in f:
+            m = _LOGGED.match(line)
+            if m and m.group(1) in by_name:
+                counts[by_name[m.group(1)]][statement_kind(m.group(2))] += 1
+    return {label: {kind: round(n / seconds, 2) for kind, n in sorted(c.items())} | {"all": round(sum(c.values()) / seconds, 2)}
+            for label, c in counts.items()}
+
+
+def run(seconds: float, rounds: int, settle: float, out: Any = print, census_seconds: float = 0.0) -> dict[str, Any]:
     from bench import exit_on_sigterm, server_url
     from bench.cpu import CpuMeter, postgres_pid
     from bench.pipeline.__main__ import dagster_dev, scratch_databases
@@ -82,6 +136,15 @@ def run(seconds: float, rounds: int, settle: float, out: Any = print) -> dict[st
                     r = w["core_s_per_s"]
                     out(f"  {side:>16}: dagster {r['dagster (all)']:.4f} core-s/s, postgres {r['postgres']:.4f}, "
                         f"{w['notifications']} notifications in {w['wall']} s")
+            if census_seconds > 0:
+                with psycopg.connect(kb_url, autocommit=True) as conn:
+                    conn.execute(migrated)
+                dagster.check_alive()
+                from sqlalchemy.engine import make_url
+
+                names = {label: make_url(url).database for label, url in (("dagster", dg_url), ("kbindex", kb_url))}
+                report["census"] = census(admin_url, names, census_seconds)
+                out(f"  statements per second ({census_seconds:.0f} s, current): {report['census']}")
         finally:
             with psycopg.connect(kb_url, autocommit=True) as conn:
                 conn.execute(migrated)
@@ -112,6 +175,9 @@ def render(report: dict[str, Any]) -> str:
         a, b = med.get(SIDES[0], {}).get(k, 0.0), med.get(SIDES[1], {}).get(k, 0.0)
         ratio = f"{a / b:7.3f}" if b else "      -"
         lines.append(f"{k:<34} {a:>12.4f} {b:>16.4f} {ratio}")
+    for database, kinds in (report.get("census") or {}).items():
+        lines.append(f"statements per second, {database} database (current): "
+                     + ", ".join(f"{kind} {n}" for kind, n in kinds.items()))
     return "\n".join(lines)
 
 
@@ -120,8 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="length of one measured window")
     parser.add_argument("--rounds", type=int, default=2, help="windows per side, alternating")
     parser.add_argument("--settle", type=float, default=20.0, help="seconds after dagster dev answers, unmeasured")
+    parser.add_argument("--census-seconds", type=float, default=30.0,
+                        help="then log every statement this long and count them by database and kind (0: no)")
     args = parser.parse_args(argv)
-    report = run(args.seconds, args.rounds, args.settle)
+    report = run(args.seconds, args.rounds, args.settle, census_seconds=args.census_seconds)
     print(render(report))
     return 0
 

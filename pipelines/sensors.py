@@ -87,6 +87,9 @@ CLAIM_WAIT_SECONDS = float(os.environ.get("KBINDEX_CLAIM_WAIT_SECONDS", "4.5"))
 # that beat it would send it through a run instead (2 of 10 of each in bench.delete without this grace).
 CLAIM_WAKE_GRACE_SECONDS = float(os.environ.get("KBINDEX_CLAIM_WAKE_GRACE_SECONDS", "0.1"))
 MAX_WAITING_RUNS = int(os.environ.get("KBINDEX_MAX_WAITING_RUNS", "1"))
+# A run STARTING this long with no process, that the warm launcher never forked, lost its launch (fail_lost_launches).
+# A launch reaches the fork server milliseconds after the run is marked STARTING.
+LOST_LAUNCH_SECONDS = float(os.environ.get("KBINDEX_LOST_LAUNCH_SECONDS", "30"))
 LEASE_SECONDS = float(os.environ.get("KBINDEX_LEASE_SECONDS", "60"))
 # A reservation lasts the longest expected wait for a run slot: a run queued behind the per-tenant limit
 # must find its leases still reserved when it starts (issue #28: at 60-s leases and load ~25, a run lost
@@ -276,6 +279,10 @@ def claim_index_tasks(context: dg.SensorEvaluationContext) -> dg.SensorResult | 
     queue = task_queue(database)
     instance = tick_instance(context)
     runs = leased_runs(instance)  # one read of Dagster's live runs serves the whole tick
+    lost = fail_lost_launches(instance, runs)
+    if lost:
+        context.log.warning(f"run(s) {', '.join(lost)} were left STARTING by a lost launch: failed, their tasks given back")
+        runs = [r for r in runs if r.run.run_id not in lost]
     orphaned = queue.expire_orphaned_reservations(sorted({r.leases.owner for r in runs}), ORPHAN_GRACE_SECONDS)
     if orphaned:
         context.log.warning(f"{orphaned} reservation(s) had no run {ORPHAN_GRACE_SECONDS:.0f} s after their claim: "
@@ -402,6 +409,8 @@ class LeasedRun:
 
     run: dg.DagsterRun
     leases: RunLeases
+    since: float = 0.0
+    """When its status last changed (epoch seconds)."""
 
 
 _TICK_INSTANCES: dict[str, dg.DagsterInstance] = {}
@@ -453,8 +462,36 @@ def leased_runs(instance: dg.DagsterInstance) -> list[LeasedRun]:
         run = record.dagster_run
         pairs, owner = leases_of(run.tags), claim_owner_of(run.tags)
         if run.job_name in (index_versions_job.name, ASSET_JOB_NAME) and pairs and owner:
-            out.append(LeasedRun(run, RunLeases(owner, run_owner(run.run_id), pairs, run.status in WAITING)))
+            out.append(LeasedRun(run, RunLeases(owner, run_owner(run.run_id), pairs, run.status in WAITING),
+                                 record.update_timestamp.timestamp()))
     return out
+
+
+def fail_lost_launches(instance: dg.DagsterInstance, runs: list[LeasedRun]) -> list[str]:
+    """Fail the runs STARTING for over LOST_LAUNCH_SECONDS whose launch the warm launcher says was lost; their ids.
+
+    A run dequeued just as PostgreSQL went away can be left STARTING with no process: its launch failed and
+    Dagster could not record that. It counts as waiting to start, so with the run queue full it held every new
+    claim until run monitoring's start timeout (seen in test_chaos_small, about 1 in 40 paired runs). Failed
+    here, the crash sensor gives its tasks back (never started: no attempt spent). Only the warm launcher can
+    tell a lost launch from a slow one; with another launcher, run monitoring's timeout remains.
+    """
+    from pipelines.warm_launcher import WarmRunLauncher
+
+    launcher = instance.run_launcher
+    if not isinstance(launcher, WarmRunLauncher):
+        return []
+    now, failed = time.time(), []
+    for r in runs:
+        if r.run.status != DagsterRunStatus.STARTING or now - r.since < LOST_LAUNCH_SECONDS:
+            continue
+        if launcher.launch_was_lost(r.run):
+            current = instance.get_run_by_id(r.run.run_id)
+            if current is not None and current.status == DagsterRunStatus.STARTING:
+                instance.report_run_failed(current, f"kbindex: STARTING for {now - r.since:.0f} s with no run process, "
+                                                    "and the warm launcher never forked one (a lost launch)")
+                failed.append(r.run.run_id)
+    return failed
 
 
 def live_run_keys(runs: list[dg.DagsterRun], database: DatabaseResource) -> set[str]:

@@ -25,6 +25,10 @@ What the default launcher gives, and where it is here:
 - **run monitoring**: ``check_run_worker_health`` reads the child's pid and start time from the run's
   tags (written by the child before the run starts) and reports a dead or replaced process as FAILED,
   so the monitoring daemon fails the run even if the fork server itself died.
+- **a lost launch**: a run left STARTING with no worker recorded, which the fork server never forked
+  (its launch failed while PostgreSQL was away, so the failure was never recorded), is found by
+  ``launch_was_lost``; the claiming sensor fails it (pipelines/sensors.py ``fail_lost_launches``) instead of
+  leaving it to run monitoring's start timeout.
 - **code changes**: a fork server whose loaded project files changed on disk since it started refuses
   the launch and exits once its runs end; the launcher starts a new one (a spawned run would import the
   new code too).
@@ -72,6 +76,8 @@ STOP_GRACE_SECONDS = 15
 """A fork server told to stop (SIGTERM) SIGKILLs the runs still alive this long after."""
 REPORT_RETRY_SECONDS = 2.0
 """How often the fork server tries again to record a run's exit that PostgreSQL could not take."""
+LAUNCHES_REMEMBERED = 10_000
+"""Run ids a fork server remembers having forked (the newest), for ``launch_was_lost``."""
 SOCKET_PATH_MAX = 100
 """Unix socket paths longer than this (the limit is 108 bytes) move to a short folder under the temp dir."""
 
@@ -244,6 +250,23 @@ class WarmRunLauncher(_api.RunLauncher, _api.ConfigurableClass):
         return _api.CheckRunHealthResult(_api.WorkerStatus.FAILED, f"run worker process {pid} is gone",
                                          run_worker_id=str(pid))
 
+    def launch_was_lost(self, run: dg.DagsterRun) -> bool:
+        """Whether ``run``, left STARTING, has no run process and never will get one.
+
+        So when no worker recorded itself on the run and the fork server on this host never forked one for
+        it: the launch failed before the fork (or never reached the server) and Dagster could not record the
+        failure, as when PostgreSQL went away just as the run was dequeued. Such a run would hold its queue
+        place until run monitoring's start timeout. False when in doubt (the server busy past 10 s).
+        """
+        if PID_TAG in run.tags:
+            return False
+        try:
+            return not self._request({"op": "knows", "run_id": run.run_id}, 10).get("known", True)
+        except TimeoutError:
+            return False
+        except OSError:  # no fork server listening: none that forked it here is taking launches
+            return True
+
     def get_run_worker_debug_info(self, run: dg.DagsterRun, include_container_logs: bool | None = True) -> str | None:
         worker = self._worker(run)
         return None if worker is None else f"run worker pid {worker[0]} (fork server {run.tags.get(SERVER_TAG)})"
@@ -278,6 +301,7 @@ class ForkServer:
         self.unreported: dict[int, tuple[str, str, int]] = {}  # exits PostgreSQL could not take yet
         self.next_report = 0.0
         self.warm: set[str] = set()
+        self.launched: dict[str, None] = {}  # run ids forked, oldest first (LAUNCHES_REMEMBERED newest)
         self.accepting = True
         self.stop_requested = False
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -364,7 +388,13 @@ class ForkServer:
             finally:
                 run_child(message["run_id"], ref)  # never returns
         self.children[pid] = (message["run_id"], ref)
+        self.launched[message["run_id"]] = None
+        while len(self.launched) > LAUNCHES_REMEMBERED:
+            del self.launched[next(iter(self.launched))]
         return {"pid": pid}
+
+    def _op_knows(self, message: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
+        return {"known": message["run_id"] in self.launched}
 
     def _op_terminate(self, message: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
         pid = int(message["pid"])

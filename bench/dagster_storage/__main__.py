@@ -10,7 +10,7 @@ and, on one fresh database per side, does what a run and the daemon do to Dagste
 Sides, all on the same database server, one after the other:
 
 - ``nullpool``: plain dagster_postgres, a new connection per storage call;
-- ``pooled, pinged``: KbindexDagsterStorage as it was, a pool that tests every checkout (``SELECT 1``) and
+- ``pooled, pinged``: KbindexDagsterStorage as it was (but on one engine), a pool that tests every checkout (``SELECT 1``) and
   Dagster's schema checks asked of the catalog on every call (``ping_after_idle_seconds=0,
   remember_schema_checks=False``);
 - ``kbindex``: KbindexDagsterStorage as configured by default (tests only connections idle for
@@ -95,9 +95,10 @@ class Counter:
             counter.connections += 1
             dbapi_connection.cursor_factory = CountingCursor
 
-        for part in (storage.event_log_storage, storage.run_storage, storage.schedule_storage):
-            event.listen(part._engine, "connect", opened)  # noqa: SLF001 - bench
-            part._engine.pool.dispose()  # noqa: SLF001 - connections opened before counting are replaced
+        parts = (storage.event_log_storage, storage.run_storage, storage.schedule_storage)
+        for engine in {id(p._engine): p._engine for p in parts}.values():  # noqa: SLF001 - bench; kbindex's share one
+            event.listen(engine, "connect", opened)
+            engine.pool.dispose()  # connections opened before counting are replaced
 
     def reset(self) -> None:
         self.statements = self.connections = 0

@@ -176,3 +176,35 @@ def test_changed_code_gets_a_fresh_fork_server(instance, tmp_path):
     assert new != old and json.loads((tmp_path / f"{second.run_id}.json").read_text())["ppid"] == new
     _wait(lambda: warm_launcher.process_state(old) is None or warm_launcher.process_state(old)[0] == "Z", 30,
           "the old fork server to leave")
+
+
+def test_a_run_left_starting_that_the_fork_server_never_forked_is_a_lost_launch(instance, tmp_path):
+    """What a launch that failed while PostgreSQL was away leaves: a run marked STARTING, never forked. The
+    launcher tells it apart from a run the fork server did fork (finished, or alive before it tagged itself),
+    with or without a fork server listening; and the claiming sensor fails it once it is old enough."""
+    from dagster._core.events import DagsterEvent, DagsterEventType
+
+    import pipelines.sensors as sensors
+
+    launcher = instance.run_launcher
+    forked = _finished(instance, _launch(instance, tmp_path))
+    recon = ReconstructableRepository.for_module("bench.launcher_probe", "defs",
+                                                 working_directory=str(PROJECT_ROOT)).get_reconstructable_job("warm_job")
+    lost = instance.create_run_for_job(job_def=recon.get_definition(), job_code_origin=recon.get_python_origin(),
+                                       run_config={"ops": {"warm_probe": {"config": {"out": str(tmp_path)}}}})
+    instance.report_dagster_event(DagsterEvent(event_type_value=DagsterEventType.PIPELINE_STARTING.value,
+                                               job_name=lost.job_name), run_id=lost.run_id)
+    lost = instance.get_run_by_id(lost.run_id)
+    assert lost.status == dg.DagsterRunStatus.STARTING
+    untagged = forked.with_tags({k: v for k, v in forked.tags.items() if k != warm_launcher.PID_TAG})
+    assert launcher.launch_was_lost(lost) and not launcher.launch_was_lost(untagged)
+
+    runs = [sensors.LeasedRun(lost, None, time.time() - sensors.LOST_LAUNCH_SECONDS + 5)]
+    assert sensors.fail_lost_launches(instance, runs) == []  # too young: a launch may still be on its way
+    runs = [sensors.LeasedRun(lost, None, time.time() - sensors.LOST_LAUNCH_SECONDS - 1)]
+    assert sensors.fail_lost_launches(instance, runs) == [lost.run_id]
+    assert instance.get_run_by_id(lost.run_id).status == dg.DagsterRunStatus.FAILURE
+
+    os.kill(_server_pid(instance), signal.SIGTERM)  # no fork server at all: nothing here will fork it either
+    _wait(lambda: _server_pid(instance) is None, 30, "the fork server to stop")
+    assert launcher.launch_was_lost(lost)

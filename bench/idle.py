@@ -64,7 +64,7 @@ _LOGGED = re.compile(r"^\S+ \S+ \S+ \[\d+\] (\S*) LOG:  duration: [\d.]+ ms  (?:
 
 
 def statement_kind(sql: str) -> str:
-    sql = sql.strip()
+    sql = sql.strip().rstrip(";")
     if sql in SETUP_STATEMENTS or sql.startswith("SELECT t.oid, typarray"):
         return "connection set-up"
     if sql == "SELECT 1":

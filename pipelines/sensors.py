@@ -32,6 +32,7 @@ from dagster import DagsterRunStatus, RunsFilter
 
 from pipelines.jobs import index_versions_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME, document_versions
+from pipelines.warm_launcher import WarmRunLauncher
 from resources import dagster_private
 from resources.dagster_resources import (
     MODELS_TAG,
@@ -476,8 +477,6 @@ def fail_lost_launches(instance: dg.DagsterInstance, runs: list[LeasedRun]) -> l
     here, the crash sensor gives its tasks back (never started: no attempt spent). Only the warm launcher can
     tell a lost launch from a slow one; with another launcher, run monitoring's timeout remains.
     """
-    from pipelines.warm_launcher import WarmRunLauncher
-
     launcher = instance.run_launcher
     if not isinstance(launcher, WarmRunLauncher):
         return []

@@ -37,6 +37,7 @@ from dagster_postgres import DagsterPostgresStorage
 from resources import dagster_private
 from resources.database import connection_params
 from resources.local_databases import prepare_local_databases
+from sql import queries
 
 if TYPE_CHECKING:
     from dagster._serdes import ConfigurableClassData
@@ -113,7 +114,7 @@ def ping_when_idle(engine: Any, idle_s: float) -> None:
         try:
             cursor = dbapi_connection.cursor()
             try:
-                cursor.execute("SELECT 1")
+                cursor.execute(queries["connection_test"])
             finally:
                 cursor.close()
         except Exception as exc:  # noqa: BLE001 - any failure: a dead connection, replaced by the pool

@@ -28,3 +28,7 @@ INSERT INTO schema_migration (version) VALUES (%(version)s);
 -- name: lexical_backfill_exists
 -- A row while migration 0022's lexical backfill is still to do (ask only once 0022 is applied).
 SELECT 1 FROM lexical_backfill;
+
+-- name: connection_test
+-- A pooled Dagster storage connection that sat idle, tested before use (resources/dagster_storage.py ping_when_idle).
+SELECT 1;

@@ -12,7 +12,8 @@ of task-event notifications; then the medians side by side and their ratio.
 ``--census-seconds N`` (default 30; 0: none) then logs every statement PostgreSQL receives for N more seconds
 (``log_min_duration_statement = 0`` on the bench's own server) and prints, per database (Dagster's, kbindex's),
 the statements per second by kind: connection set-up (a new connection's driver and dialect queries),
-connection tests (``SELECT 1``), catalog queries (``pg_catalog``), and the rest.
+connection tests (``SELECT 1``), catalog queries (``pg_catalog``), and the rest; and the Dagster database's by
+sending process (its connections' ``application_name``: daemon, code server, webserver, ...).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def window(meter: Any, kb_url: str, seconds: float) -> dict[str, Any]:
 SETUP_STATEMENTS = ("select pg_catalog.version()", "select current_schema()", "show transaction isolation level",
                     "show standard_conforming_strings", "BEGIN", "ROLLBACK")
 """What SQLAlchemy's psycopg2 dialect sends on a new connection (with a ``typarray`` query)."""
-_LOGGED = re.compile(r"^\S+ \S+ \S+ \[\d+\] (\S*) LOG:  duration: [\d.]+ ms  (?:statement|execute [^:]*): (.*)")
+_LOGGED = re.compile(r"^\S+ \S+ \S+ \[\d+\] (\S*) <([^>]*)> LOG:  duration: [\d.]+ ms  (?:statement|execute [^:]*): (.*)")
 
 
 def statement_kind(sql: str) -> str:
@@ -82,7 +83,7 @@ def census(admin_url: str, databases: dict[str, str], seconds: float) -> dict[st
         if not log.is_file():
             return None
         conn.execute("ALTER SYSTEM SET log_min_duration_statement = 0")
-        conn.execute("ALTER SYSTEM SET log_line_prefix = '%m [%p] %d '")
+        conn.execute("ALTER SYSTEM SET log_line_prefix = '%m [%p] %d <%a> '")
         conn.execute("SELECT pg_reload_conf()")
     start = log.stat().st_size
     try:
@@ -93,15 +94,20 @@ def census(admin_url: str, databases: dict[str, str], seconds: float) -> dict[st
             conn.execute("ALTER SYSTEM RESET log_line_prefix")
             conn.execute("SELECT pg_reload_conf()")
     counts: dict[str, collections.Counter[str]] = {label: collections.Counter() for label in databases}
+    senders: collections.Counter[str] = collections.Counter()
     by_name = {name: label for label, name in databases.items()}
     with open(log, encoding="utf-8", errors="replace") as f:
         f.seek(start)
         for line in f:
             m = _LOGGED.match(line)
             if m and m.group(1) in by_name:
-                counts[by_name[m.group(1)]][statement_kind(m.group(2))] += 1
-    return {label: {kind: round(n / seconds, 2) for kind, n in sorted(c.items())} | {"all": round(sum(c.values()) / seconds, 2)}
-            for label, c in counts.items()}
+                counts[by_name[m.group(1)]][statement_kind(m.group(3))] += 1
+                if by_name[m.group(1)] == "dagster":  # application_name: resources/dagster_storage.py process_name
+                    senders[m.group(2).removeprefix("kbindex-dagster-") or "unnamed"] += 1
+    out = {label: {kind: round(n / seconds, 2) for kind, n in sorted(c.items())} | {"all": round(sum(c.values()) / seconds, 2)}
+           for label, c in counts.items()}
+    out["dagster, by process"] = {name: round(n / seconds, 2) for name, n in senders.most_common()}
+    return out
 
 
 def run(seconds: float, rounds: int, settle: float, out: Any = print, census_seconds: float = 0.0) -> dict[str, Any]:
@@ -176,7 +182,7 @@ def render(report: dict[str, Any]) -> str:
         ratio = f"{a / b:7.3f}" if b else "      -"
         lines.append(f"{k:<34} {a:>12.4f} {b:>16.4f} {ratio}")
     for database, kinds in (report.get("census") or {}).items():
-        lines.append(f"statements per second, {database} database (current): "
+        lines.append(f"statements per second, {database} (current): "
                      + ", ".join(f"{kind} {n}" for kind, n in kinds.items()))
     return "\n".join(lines)
 

@@ -61,6 +61,7 @@ from typing import Any
 import dagster as dg
 
 from resources import dagster_private
+from resources.dagster_storage import PROCESS_NAME_ENV
 
 _api = dagster_private.run_launcher_api()
 
@@ -496,6 +497,7 @@ def run_child(run_id: str, ref: str) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.environ[PROCESS_NAME_ENV] = "run"  # its storage connections' application_name
         with dg.DagsterInstance.from_ref(dg.deserialize_value(ref)) as instance:
             state = process_state(os.getpid())
             instance.add_run_tags(run_id, {PID_TAG: str(os.getpid()), START_TAG: str(state[1] if state else ""),

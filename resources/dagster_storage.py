@@ -29,6 +29,7 @@ private ``_engine`` (resources/dagster_private.py): should an upgrade change it,
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -85,10 +86,29 @@ def pooled_engine(url: str, ping_after_idle_s: float = PING_AFTER_IDLE_S) -> Any
     engine = dagster_private.create_pg_engine(url, isolation_level="AUTOCOMMIT", pool_size=POOL_SIZE,
                                               max_overflow=POOL_MAX_OVERFLOW, pool_recycle=POOL_RECYCLE_S,
                                               pool_use_lifo=True, pool_pre_ping=ping_after_idle_s <= 0,
-                                              connect_args=connection_params(url))
+                                              connect_args={"application_name": process_name(),
+                                                            **connection_params(url)})
     if ping_after_idle_s > 0:
         ping_when_idle(engine, ping_after_idle_s)
     return engine
+
+
+PROCESS_NAME_ENV = "KBINDEX_DAGSTER_PROCESS"
+"""Overrides :func:`process_name` (the warm launcher's run children set it to ``run``)."""
+
+
+def process_name() -> str:
+    """``kbindex-dagster-<part>``: the ``application_name`` of this process's Dagster storage connections, so
+    ``pg_stat_activity`` and the server log tell the daemon's from a run's (``python -m bench.idle`` counts by it)."""
+    part = os.environ.get(PROCESS_NAME_ENV)
+    if not part:
+        argv = " ".join(sys.argv)
+        part = next((name for needle, name in (("execute_run", "run"), ("dagster-daemon", "daemon"),
+                                               ("_daemon", "daemon"), ("grpc", "code-server"),
+                                               ("code-server", "code-server-proxy"), ("webserver", "webserver"),
+                                               ("warm_launcher", "fork-server"), (" dev ", "dev"))
+                     if needle in argv), "other")
+    return f"kbindex-dagster-{part}"
 
 
 def ping_when_idle(engine: Any, idle_s: float) -> None:

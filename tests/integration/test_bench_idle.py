@@ -21,4 +21,5 @@ def test_an_idle_deployment_sends_no_task_events_and_the_old_trigger_did():
     assert report["medians"]["current"]["dagster (all)"] > 0, shown  # the meter saw dagster dev's processes
     census = report["census"]  # the embedded server's log is readable here
     assert census["dagster"]["work"] > 0 and census["kbindex"]["work"] > 0, shown  # the daemon polls, the sensor claims
-    assert "statements per second, dagster database" in shown, shown
+    assert census["dagster, by process"].get("daemon", 0) > 0, shown  # named by application_name
+    assert "statements per second, dagster (current)" in shown, shown

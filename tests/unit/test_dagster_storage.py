@@ -43,3 +43,21 @@ def test_the_project_dagster_yaml_names_this_storage():
 
 def test_psycopg2_url_names_the_driver_and_drops_an_empty_password():
     assert psycopg2_url("postgresql://pg:@/kbindex?host=/s") == "postgresql+psycopg2://pg@/kbindex?host=/s"
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["/v/dagster/_daemon/__main__.py", "run", "--log-level", "info"], "daemon"),
+    (["/v/dagster/__main__.py", "api", "grpc", "--lazy-load-user-code"], "code-server"),
+    (["/v/dagster/__main__.py", "api", "execute_run", "{}"], "run"),
+    (["/v/dagster_webserver/__main__.py", "--port", "3000"], "webserver"),
+    (["/w/pipelines/warm_launcher.py", "/tmp/fork.sock"], "fork-server"),
+    (["pytest"], "other"),
+])
+def test_storage_connections_say_which_dagster_process_opened_them(monkeypatch, argv, expected):
+    from resources import dagster_storage
+
+    monkeypatch.delenv(dagster_storage.PROCESS_NAME_ENV, raising=False)
+    monkeypatch.setattr("sys.argv", argv)
+    assert dagster_storage.process_name() == f"kbindex-dagster-{expected}"
+    monkeypatch.setenv(dagster_storage.PROCESS_NAME_ENV, "run")  # the warm launcher's run children
+    assert dagster_storage.process_name() == "kbindex-dagster-run"

@@ -180,7 +180,6 @@ def test_a_deep_queue_becomes_one_big_run_per_tenant_slot_and_a_lone_publish_one
         assert all(r.tags[MODELS_TAG] == "fake-384" for r in result.run_requests)
         assert all("dagster/asset_partition_range_start" in r.tags for r in result.run_requests)
         publisher.publish("acme", "lone.txt", b"A lone publish.", "lone.txt")
-        instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, list(result.dynamic_partitions_requests[0].partition_keys))
         with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
             lone = claim_index_tasks(ctx)
         assert [len(leases_of(r.tags)) for r in lone.run_requests] == [1]

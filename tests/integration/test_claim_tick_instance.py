@@ -11,6 +11,7 @@ from __future__ import annotations
 import dagster as dg
 
 import pipelines.sensors as sensors
+from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from resources.dagster_resources import DatabaseResource, leases_of
 
 
@@ -93,5 +94,8 @@ def test_a_tick_evaluated_as_the_daemon_does_builds_no_instance_for_resources(db
         with dg.SensorEvaluationContext(instance_ref=instance.get_ref(), resources=declared) as ctx:
             result = sensors.claim_index_tasks(ctx)
         assert [t for r in result.run_requests for t, _ in leases_of(r.tags)] == [task.task_id]
+        # its key added by the tick itself, in one statement; no request left for the daemon to check key by key
+        assert not result.dynamic_partitions_requests
+        assert instance.has_dynamic_partition(VERSIONS_PARTITIONS_NAME, result.run_requests[0].partition_key)
     assert declared == {} and len(built) == 1
     assert pools[0] is pools[1] is pools[2]

@@ -427,7 +427,7 @@ def remember_schema_checks(storages: Sequence[object]) -> bool:
     """Make each storage's schema checks (``SCHEMA_CHECKS`` it has) answer True from memory once they have.
 
     Dagster asks the catalog on every call that depends on an optional table or column: a sensor tick
-    reflects the table list ~7 times, a third of an idle daemon's storage statements besides the pings.
+    reflects the table list ~7 times; idle, 8.3 of the 40.6 statements a second Dagster sent (``bench.idle``).
     What exists stays (migrations only add, nothing here drops a table), so a True answer is kept for the
     life of the storage; a False one is asked again, as before. Shadowed per storage object (an attribute of
     the instance, not the class): other storages in the process are untouched. On a failure: Dagster's own

@@ -16,14 +16,16 @@ A new PostgreSQL connection costs the server a backend process, ~2.4 ms of its C
 query (and cold catalog caches after it); a 150-document burst opened ~3,900 of them, about a quarter
 of PostgreSQL's CPU in a burst where that CPU competes with the model for the same cores
 (``python -m bench.dagster_storage`` measures both side by side). The webserver replaces these engines
-with its own pool (``optimize_for_webserver``), as before.
-
-Two more round trips per call are cut (issue #32: a daemon 500 ms from its database spent a sensor tick's
-~20 s on them): the pool tests a connection only after it sat unused (``PING_AFTER_IDLE_S``), and Dagster's
-schema checks (a catalog query on many calls: "does the instigators table exist?") are asked once
-(``dagster_private.remember_schema_checks``). A sensor tick's storage calls went from ~38 statements to ~8. The swap reaches into dagster_postgres's
+with its own pool (``optimize_for_webserver``), as before. The swap reaches into dagster_postgres's
 private ``_engine`` (resources/dagster_private.py): should an upgrade change it, the storage stays plain
 ``dagster_postgres`` storage, with a warning.
+
+Round trips that carry no work are cut too (issue #32: a daemon 500 ms from its database spent ~20 s of a
+sensor tick on them): the three storages share one engine (one dialect set-up per process), the pool tests
+a connection only after it sat unused (``PING_AFTER_IDLE_S``), and Dagster's schema checks (a catalog query
+on many calls: "does the instigators table exist?") are asked once (``dagster_private.remember_schema_checks``).
+A sensor tick's storage calls went from ~38 statements to ~8. Each connection names its process in
+``application_name`` (:func:`process_name`).
 """
 
 from __future__ import annotations

@@ -350,25 +350,47 @@ class ForkServer:
                 self.path.unlink()
 
     def _accept(self) -> None:
-        conn, _ = self.listener.accept()
+        """Answer one request. The server outlives every client: one that went away before its answer (its own
+        timeout ran out while this server was busy, e.g. recording an exit over a slow link) or that sends
+        nothing in time loses only its answer. Such a client once killed the server (BrokenPipeError on the
+        answer), and with it the launch waiting behind it in the backlog."""
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
         with conn:
-            conn.settimeout(10)
-            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
-            if uid != os.getuid():
+            try:
+                data = self._read_request(conn)
+            except OSError:
                 return
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
+            if data is None:
+                return
             try:
                 message = json.loads(data)
                 reply = getattr(self, "_op_" + message["op"])(message, conn)
             except Exception as exc:  # noqa: BLE001 - answered to the launcher, which raises it
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
             if reply is not None:
-                conn.sendall(json.dumps(reply).encode() + b"\n")
+                try:
+                    conn.sendall(json.dumps(reply).encode() + b"\n")
+                except OSError as exc:
+                    print(f"warm launcher: a client left before its answer ({type(exc).__name__}): {reply}",
+                          file=sys.stderr)
+
+    @staticmethod
+    def _read_request(conn: socket.socket) -> bytes | None:
+        """The request line of a client of this user, or None (another user's, or closed before a full line)."""
+        conn.settimeout(10)
+        uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+        if uid != os.getuid():
+            return None
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                return None
+            data += chunk
+        return data
 
     def _op_ping(self, message: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
         return {"pid": os.getpid(), "children": len(self.children)}

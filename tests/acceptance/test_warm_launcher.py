@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -208,3 +209,24 @@ def test_a_run_left_starting_that_the_fork_server_never_forked_is_a_lost_launch(
     os.kill(_server_pid(instance), signal.SIGTERM)  # no fork server at all: nothing here will fork it either
     _wait(lambda: _server_pid(instance) is None, 30, "the fork server to stop")
     assert launcher.launch_was_lost(lost)
+
+
+def test_a_client_that_leaves_before_its_answer_does_not_stop_the_fork_server(instance, tmp_path):
+    """A request whose client gave up while the server was busy (the claiming sensor's 10-s ``knows``, the
+    launcher's 5-s ping) is answered to a closed socket. That answer once raised BrokenPipeError out of the
+    server's loop: the server died and the launch queued behind the request got a reset (seen over a slow link
+    in bench.chaos --network). Frozen while two clients ask and leave, the server then answers the next."""
+    first = _finished(instance, _launch(instance, tmp_path))  # a server is up, with a run behind it
+    assert first.status == dg.DagsterRunStatus.SUCCESS
+    path, server = instance.run_launcher.socket_path(), _server_pid(instance)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        for message in ({"op": "ping"}, {"op": "knows", "run_id": first.run_id}):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:  # ask, and leave without the answer
+                conn.connect(str(path))
+                conn.sendall(json.dumps(message).encode() + b"\n")
+    finally:
+        os.kill(server, signal.SIGCONT)
+    assert warm_launcher.request(path, {"op": "knows", "run_id": first.run_id}, 10) == {"known": True}
+    assert _server_pid(instance) == server  # the same server, still serving
+    assert _finished(instance, _launch(instance, tmp_path)).status == dg.DagsterRunStatus.SUCCESS

@@ -78,17 +78,19 @@ def _dispose(storage: Any) -> None:
 
 
 class Counter:
-    """Statements and connections of a storage's three engines, counted at the driver (pings included)."""
+    """Statements (catalog queries among them) and connections of a storage's engines, counted at the driver,
+    connection tests included. Connections opened before it was made are closed, so it sees every one."""
 
     def __init__(self, storage: Any) -> None:
         import psycopg2.extensions
 
-        self.statements = self.connections = 0
+        self.statements = self.catalog = self.connections = 0
         counter = self
 
         class CountingCursor(psycopg2.extensions.cursor):
             def execute(self, query: Any, vars: Any = None) -> Any:  # noqa: A002 - psycopg2's name
                 counter.statements += 1
+                counter.catalog += "pg_catalog" in str(query)
                 return super().execute(query, vars)
 
         def opened(dbapi_connection: Any, _record: Any) -> None:
@@ -101,7 +103,7 @@ class Counter:
             engine.pool.dispose()  # connections opened before counting are replaced
 
     def reset(self) -> None:
-        self.statements = self.connections = 0
+        self.statements = self.catalog = self.connections = 0
 
 
 def _events(storage: Any, n: int) -> None:

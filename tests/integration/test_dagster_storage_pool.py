@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from sqlalchemy import event
 
+from bench.dagster_storage.__main__ import Counter, _ticks
 from resources import dagster_storage
 from resources.local_databases import psycopg2_url
 
@@ -87,36 +88,17 @@ def test_the_storage_bounds_dynamic_key_ranges_in_every_process_that_loads_it(da
     assert calls == [1]
 
 
-def _count_statements(storage) -> list[int]:
-    """Statements every engine of ``storage`` sends from now on, pings included (counted at the driver)."""
-    import psycopg2.extensions
-
-    sent = [0]
-
-    class Counting(psycopg2.extensions.cursor):
-        def execute(self, query, vars=None):  # noqa: A002
-            sent[0] += 1
-            return super().execute(query, vars)
-
-    for name in ("run_storage", "event_log_storage", "schedule_storage"):
-        engine = getattr(storage, name)._engine  # noqa: SLF001
-        event.listen(engine, "connect", lambda conn, _r: setattr(conn, "cursor_factory", Counting))
-        engine.pool.dispose()
-    return sent
-
-
 @pytest.mark.parametrize("ping_after_idle,expected", [(dagster_storage.PING_AFTER_IDLE_S, 1), (0, 2)])
 def test_a_connection_in_steady_use_is_not_tested_at_each_checkout(dagster_url, ping_after_idle, expected):
     """Back-to-back calls take the connection just returned (last in, first out) and send no ``SELECT 1``
     before each one: one statement per call. Testing every checkout (0) doubles it."""
     storage = dagster_storage.KbindexDagsterStorage(ping_after_idle_seconds=ping_after_idle)
-    storage.run_storage.get_runs(limit=1)
-    sent = _count_statements(storage)
+    counter = Counter(storage)
     storage.run_storage.get_runs(limit=1)  # opens the connection: not tested
-    sent[0] = 0
+    counter.reset()
     for _ in range(CALLS):
         storage.run_storage.get_runs(limit=1)
-    assert sent[0] == expected * CALLS
+    assert counter.statements == expected * CALLS
 
 
 def test_a_connection_closed_while_idle_is_tested_and_replaced(dagster_url, db_url):
@@ -162,25 +144,12 @@ def test_a_connection_closed_under_steady_use_fails_one_call_then_the_pool_recov
 def test_schema_checks_are_asked_of_the_catalog_once(dagster_url):
     """A sensor tick's storage calls: Dagster reflects the table list on each (``has_instigators_table``);
     remembered, repeated ticks send no catalog query at all."""
-    from bench.dagster_storage.__main__ import _ticks
-
     def catalog_queries(storage) -> int:
-        import psycopg2.extensions
-
-        seen = [0]
-
-        class Watching(psycopg2.extensions.cursor):
-            def execute(self, query, vars=None):  # noqa: A002
-                seen[0] += "pg_catalog" in str(query)
-                return super().execute(query, vars)
-
-        engine = storage.schedule_storage._engine  # noqa: SLF001
-        event.listen(engine, "connect", lambda conn, _r: setattr(conn, "cursor_factory", Watching))
-        engine.pool.dispose()
+        counter = Counter(storage)
         _ticks(storage, 1)
-        seen[0] = 0
+        counter.reset()
         _ticks(storage, 5)
-        return seen[0]
+        return counter.catalog
 
     assert catalog_queries(dagster_storage.KbindexDagsterStorage()) == 0
     assert catalog_queries(dagster_storage.KbindexDagsterStorage(remember_schema_checks=False)) >= 5 * 5

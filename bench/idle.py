@@ -78,21 +78,21 @@ def statement_kind(sql: str) -> str:
 def census(admin_url: str, databases: dict[str, str], seconds: float) -> dict[str, dict[str, float]] | None:
     """Statements per second by database label and kind over ``seconds``, from the server's log; None where the
     log cannot be read (not the bench's embedded server, or no right to change the logging)."""
+    from sql import queries
+
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        log = Path(conn.execute("SHOW data_directory").fetchone()[0]) / "log"
+        log = Path(conn.execute(queries["bench_data_directory"]).fetchone()[0]) / "log"
         if not log.is_file():
             return None
-        conn.execute("ALTER SYSTEM SET log_min_duration_statement = 0")
-        conn.execute("ALTER SYSTEM SET log_line_prefix = '%m [%p] %d <%a> '")
-        conn.execute("SELECT pg_reload_conf()")
+        for name in ("bench_log_every_statement", "bench_log_prefix_with_application", "bench_reload_config"):
+            conn.execute(queries[name], {})  # {}: the doubled percent signs are unescaped
     start = log.stat().st_size
     try:
         time.sleep(seconds)
     finally:
         with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM RESET log_min_duration_statement")
-            conn.execute("ALTER SYSTEM RESET log_line_prefix")
-            conn.execute("SELECT pg_reload_conf()")
+            for name in ("bench_log_statements_reset", "bench_log_prefix_reset", "bench_reload_config"):
+                conn.execute(queries[name])
     counts: dict[str, collections.Counter[str]] = {label: collections.Counter() for label in databases}
     senders: collections.Counter[str] = collections.Counter()
     by_name = {name: label for label, name in databases.items()}

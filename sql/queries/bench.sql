@@ -91,3 +91,28 @@ ORDER BY 1, 2;
 SELECT task_id, completed, total
 FROM index_task
 WHERE status = 'RUNNING' AND stage = 'embed' AND completed < total;
+
+-- name: bench_data_directory
+-- Benchmark only (bench/idle.py census): where the bench's own server keeps its data and its log file.
+SHOW data_directory;
+
+-- name: bench_log_every_statement
+-- Benchmark only (bench/idle.py census): log every statement, on the bench's own server.
+ALTER SYSTEM SET log_min_duration_statement = 0;
+
+-- name: bench_log_prefix_with_application
+-- Benchmark only (bench/idle.py census): each logged line names its database and application_name
+-- (time, pid, database, application; percent signs doubled: run with a parameter mapping, even empty).
+ALTER SYSTEM SET log_line_prefix = '%%m [%%p] %%d <%%a> ';
+
+-- name: bench_log_statements_reset
+-- Benchmark only (bench/idle.py census): statement logging back to the server's default.
+ALTER SYSTEM RESET log_min_duration_statement;
+
+-- name: bench_log_prefix_reset
+-- Benchmark only (bench/idle.py census): the log line prefix back to the server's default.
+ALTER SYSTEM RESET log_line_prefix;
+
+-- name: bench_reload_config
+-- Benchmark only (bench/idle.py census): apply ALTER SYSTEM to every session.
+SELECT pg_reload_conf();

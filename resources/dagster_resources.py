@@ -8,6 +8,7 @@ materialize``), heartbeated on one thread for the whole run, and the per-task ru
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
@@ -158,8 +159,6 @@ def tick_database(url: str, pool_size: int) -> Database:
         db = _TICK_DATABASES.get(key)
         if db is None:
             if not _TICK_DATABASES:
-                import atexit
-
                 atexit.register(_close_tick_databases)
             db = _TICK_DATABASES[key] = Database(url, min_size=1, max_size=pool_size, role="run")
         return db

@@ -5,6 +5,7 @@ databases hold the same rows."""
 
 from __future__ import annotations
 
+from bench.cpu import tree_seconds
 from bench.pipeline.__main__ import generated_documents
 from bench.pipeline.bare_system import BareSystem
 from bench.pipeline.passes import pass_figures, summary
@@ -28,7 +29,10 @@ def test_bare_system_writes_every_row_a_publish_leaves_and_passes_the_index_chec
         assert first["distinct_texts"] <= first["chunks"]
         assert set(first["part_seconds"]) == {"parse_chunk", "records", "encode", "write"}
         assert set(first["core_seconds"]) == {"encode", "PostgreSQL", "client"}
-        assert first["core_seconds"]["PostgreSQL"] > 0
+        # The meter reads the server's process tree; five documents can cost PostgreSQL less than one 10 ms
+        # clock tick, so the pass's own figure may round to 0 (CI saw it once) and is only checked for sign.
+        assert bare.pg_pid is not None and tree_seconds(bare.pg_pid) > 0
+        assert first["core_seconds"]["PostgreSQL"] >= 0
         with Database(bare.url, max_size=1) as db:
             report = verify(db)
         problems = [v.to_dict() for v in report.violations if v.check in INDEX_CHECKS]

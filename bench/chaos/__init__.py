@@ -195,6 +195,10 @@ class ChaosConfig:
     net_loss_percent: int = 0
     """After the cuts, a lossy period dropping this share of the link's packets (0: none)."""
     net_loss_seconds: float = 20.0
+    net_loss_until_done: bool = False
+    """End the lossy period as soon as every task of the target is published and none is unfinished
+    (``net_loss_seconds`` is then only the cap), and publish no top-up after the target: a burst that must
+    finish over the slow link (issue #32), not a period the work waits out."""
     net_delay_ms: int = 0
     """Every connection over the link goes through a relay (bench/relay.py) that adds this delay each way during the
     lossy period (0 each way the rest of the round); 0: no relay, the period is loss only."""
@@ -775,6 +779,9 @@ class Chaos:
                     unfinished = self._unfinished()
                 except psycopg.Error:
                     time.sleep(0.5)
+                    continue
+                if target_reached and self.cfg.net_loss_until_done:  # the burst is the whole target: no top-up
+                    time.sleep(0.3)
                     continue
                 # Top-up after the target: only when the queue runs dry while faults are still to come.
                 limit = self.cfg.backlog if not target_reached else 4

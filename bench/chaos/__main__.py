@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-concurrent-runs", type=int, default=d.max_concurrent_runs, help="dagster.yaml run slots")
     p.add_argument("--tenant-run-limit", type=int, default=d.tenant_run_limit, help="dagster.yaml run slots per tenant")
     p.add_argument("--max-waiting-runs", type=int, default=d.max_waiting_runs, help="KBINDEX_MAX_WAITING_RUNS")
+    p.add_argument("--backlog", type=int, default=d.backlog,
+                   help="publish more only while fewer than this many tasks are unfinished (default %(default)s; "
+                        "--tasks or more: the whole target as one burst)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--migration", action="store_true",
                    help="also migrate to a building profile (another model, another chunk size) backfilled from the UI")
@@ -67,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--net-loss", type=int, default=d.net_loss_percent,
                    help="then drop this %% of the link's packets for --net-loss-seconds (default %(default)s: none)")
     p.add_argument("--net-loss-seconds", type=float, default=d.net_loss_seconds)
+    p.add_argument("--net-loss-until-done", action="store_true",
+                   help="end the lossy period once every task of --tasks is published and finished (--net-loss-seconds"
+                        " is then the cap) and publish no top-up: a burst that must finish over the slow link")
     p.add_argument("--net-delay-ms", type=int, default=d.net_delay_ms,
                    help="and add this delay each way for that period (a relay every connection goes through; "
                         "default %(default)s: none)")
@@ -101,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         migration_at=a.migration_at, backfill_mode=a.backfill_mode, backfill_partitions=a.backfill_partitions, vector_sample=a.vector_sample,
         delete_share=a.delete_share, revive_share=a.revive_share, source_passes=a.source_passes, source_files=a.source_files,
         network=a.network, net_cuts=a.net_cuts, net_cut_seconds=a.net_cut_seconds, net_loss_percent=a.net_loss,
-        net_loss_seconds=a.net_loss_seconds, net_delay_ms=a.net_delay_ms, net_api_cuts=a.net_api_cuts,
+        net_loss_seconds=a.net_loss_seconds, net_loss_until_done=a.net_loss_until_done,
+        backlog=a.backlog, net_delay_ms=a.net_delay_ms, net_api_cuts=a.net_api_cuts,
         net_api_cut_seconds=a.net_api_cut_seconds, net_embed_cuts=a.net_embed_cuts,
         net_embed_cut_seconds=a.net_embed_cut_seconds,
     )

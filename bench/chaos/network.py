@@ -534,8 +534,12 @@ class NetworkFaults:
             self.hosts.lose(cfg.net_loss_percent)
             if self.relay is not None:
                 self.relay.slow()
+            ended = "time"
             while time.monotonic() - started < cfg.net_loss_seconds and not chaos.stop_event.is_set():
-                time.sleep(0.2)
+                time.sleep(0.2 if not cfg.net_loss_until_done else 2.0)
+                if cfg.net_loss_until_done and self._burst_done():
+                    ended = "every task finished"
+                    break
             dropped = self.hosts.dropped_packets()
         finally:
             if self.relay is not None:
@@ -545,9 +549,22 @@ class NetworkFaults:
             self.active.clear()
         succeeded_after, takeovers_after = _sql(chaos.url, count)[0]
         self.loss = {"percent": cfg.net_loss_percent, "delay_ms_each_way": cfg.net_delay_ms if self.relay else 0,
-                     "seconds": round(self.healed_at - started, 1), "packets_dropped": dropped,
+                     "seconds": round(self.healed_at - started, 1), "ended_by": ended,
+                     "tasks_unfinished_at_heal": chaos._unfinished(), "packets_dropped": dropped,
                      "tasks_succeeded_meanwhile": succeeded_after - succeeded_before,
                      "leases_taken_over_meanwhile": takeovers_after - takeovers_before}
+
+    def _burst_done(self) -> bool:
+        """Every task of the target published and none unfinished (a failed count asks again next time)."""
+        import psycopg
+
+        chaos = self.chaos
+        if chaos.c.tasks_created < self.cfg.tasks:
+            return False
+        try:
+            return chaos._unfinished() == 0
+        except psycopg.Error:
+            return False
 
     # -- figures -------------------------------------------------------------------------------------
 

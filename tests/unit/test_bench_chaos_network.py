@@ -156,3 +156,28 @@ def test_the_new_flags_reach_the_config(monkeypatch):
                      "--net-embed-cut-seconds", "9"])
     c = seen["config"]
     assert (c.net_api_cuts, c.net_api_cut_seconds, c.net_embed_cuts, c.net_embed_cut_seconds) == (2, 12.0, 0, 9.0)
+    seen.clear()
+    chaos_main.main(["--network", "--net-loss-until-done", "--backlog", "200"])
+    assert (seen["config"].net_loss_until_done, seen["config"].backlog) == (True, 200)
+
+
+def test_a_burst_over_the_slow_link_ends_its_lossy_period_only_when_every_task_of_the_target_finished():
+    f = _faults([], net_loss_until_done=True, tasks=200)
+    unfinished = {"n": 0}
+
+    def count():
+        if unfinished["n"] is None:
+            import psycopg
+
+            raise psycopg.OperationalError("server closed the connection")
+        return unfinished["n"]
+
+    f.chaos = SimpleNamespace(c=SimpleNamespace(tasks_created=150), _unfinished=count)
+    assert not f._burst_done()  # not all published yet, though none is unfinished
+    f.chaos.c.tasks_created = 200
+    unfinished["n"] = 3
+    assert not f._burst_done()
+    unfinished["n"] = None
+    assert not f._burst_done()  # a failed count is not an end
+    unfinished["n"] = 0
+    assert f._burst_done()

@@ -197,8 +197,9 @@ class ChaosConfig:
     net_loss_seconds: float = 20.0
     net_loss_until_done: bool = False
     """End the lossy period as soon as every task of the target is published and none is unfinished
-    (``net_loss_seconds`` is then only the cap), and publish no top-up after the target: a burst that must
-    finish over the slow link (issue #32), not a period the work waits out."""
+    (``net_loss_seconds`` is then only the cap), publish no top-up after the target, and publish from near the
+    database (as the API host would): a burst that must finish over the run host's slow link (issue #32), not a
+    period the work waits out."""
     net_delay_ms: int = 0
     """Every connection over the link goes through a relay (bench/relay.py) that adds this delay each way during the
     lossy period (0 each way the rest of the round); 0: no relay, the period is loss only."""
@@ -763,7 +764,9 @@ class Chaos:
         from resources.database import Database
         from resources.publisher import Publisher
 
-        db = Database(self.app_url, max_size=2)
+        # A burst over the slow link (net_loss_until_done) is published from near the database, as the API host
+        # would: the issue slows the run host's link, and publishing 200 versions over it would make a trickle.
+        db = Database(self.url if self.cfg.net_loss_until_done else self.app_url, max_size=2)
         publisher = Publisher(db, BlobStore(str(self.blobs)))
         try:
             while not self.stop_event.is_set():

@@ -13,7 +13,8 @@ of task-event notifications; then the medians side by side and their ratio.
 (``log_min_duration_statement = 0`` on the bench's own server) and prints, per database (Dagster's, kbindex's),
 the statements per second by kind: connection set-up (a new connection's driver and dialect queries),
 connection tests (``SELECT 1``), catalog queries (``pg_catalog``), and the rest; and the Dagster database's by
-sending process (its connections' ``application_name``: daemon, code server, webserver, ...).
+sending process (its connections' ``application_name``: daemon, code server, webserver, ...), with each
+process's most frequent statement shapes (literals as ``?``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ END $$;
 """Migration 0001's trigger function, for the comparison windows only."""
 
 SIDES = ("current", "notify on empty")
+TOP_SHAPES = 6
+"""Statement shapes listed per sending Dagster process in the census (its most frequent)."""
 
 
 def window(meter: Any, kb_url: str, seconds: float) -> dict[str, Any]:
@@ -75,6 +78,15 @@ def statement_kind(sql: str) -> str:
     return "work"
 
 
+_LITERALS = re.compile(r"'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b")
+
+
+def statement_shape(sql: str, width: int = 120) -> str:
+    """``sql`` with its literals replaced by ``?`` and its whitespace collapsed, cut to ``width`` characters: the
+    statements a process sends again and again count as one shape."""
+    return " ".join(_LITERALS.sub("?", sql).split())[:width]
+
+
 def census(admin_url: str, databases: dict[str, str], seconds: float) -> dict[str, dict[str, float]] | None:
     """Statements per second by database label and kind over ``seconds``, from the server's log; None where the
     log cannot be read (not the bench's embedded server, or no right to change the logging)."""
@@ -95,6 +107,7 @@ def census(admin_url: str, databases: dict[str, str], seconds: float) -> dict[st
                 conn.execute(queries[name])
     counts: dict[str, collections.Counter[str]] = {label: collections.Counter() for label in databases}
     senders: collections.Counter[str] = collections.Counter()
+    shapes: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     by_name = {name: label for label, name in databases.items()}
     with open(log, encoding="utf-8", errors="replace") as f:
         f.seek(start)
@@ -103,10 +116,15 @@ def census(admin_url: str, databases: dict[str, str], seconds: float) -> dict[st
             if m and m.group(1) in by_name:
                 counts[by_name[m.group(1)]][statement_kind(m.group(3))] += 1
                 if by_name[m.group(1)] == "dagster":  # application_name: resources/dagster_storage.py process_name
-                    senders[m.group(2).removeprefix("kbindex-dagster-") or "unnamed"] += 1
+                    sender = m.group(2).removeprefix("kbindex-dagster-")
+                    sender = "unnamed" if sender in ("", "[unknown]") else sender  # PostgreSQL logs an empty name so
+                    senders[sender] += 1
+                    shapes[sender][statement_shape(m.group(3))] += 1
     out = {label: {kind: round(n / seconds, 2) for kind, n in sorted(c.items())} | {"all": round(sum(c.values()) / seconds, 2)}
            for label, c in counts.items()}
     out["dagster, by process"] = {name: round(n / seconds, 2) for name, n in senders.most_common()}
+    out["dagster, most sent"] = {name: {shape: round(n / seconds, 2) for shape, n in shapes[name].most_common(TOP_SHAPES)}
+                                 for name, _ in senders.most_common()}
     return out
 
 
@@ -150,7 +168,8 @@ def run(seconds: float, rounds: int, settle: float, out: Any = print, census_sec
 
                 names = {label: make_url(url).database for label, url in (("dagster", dg_url), ("kbindex", kb_url))}
                 report["census"] = census(admin_url, names, census_seconds)
-                out(f"  statements per second ({census_seconds:.0f} s, current): {report['census']}")
+                out(f"  statements per second ({census_seconds:.0f} s, current): "
+                    f"{ {k: v for k, v in (report['census'] or {}).items() if k != 'dagster, most sent'} }")
         finally:
             with psycopg.connect(kb_url, autocommit=True) as conn:
                 conn.execute(migrated)
@@ -182,6 +201,11 @@ def render(report: dict[str, Any]) -> str:
         ratio = f"{a / b:7.3f}" if b else "      -"
         lines.append(f"{k:<34} {a:>12.4f} {b:>16.4f} {ratio}")
     for database, kinds in (report.get("census") or {}).items():
+        if database == "dagster, most sent":
+            for sender, shapes in kinds.items():
+                lines.append(f"most sent by {sender}, per second:")
+                lines.extend(f"  {n:>6} {shape}" for shape, n in shapes.items())
+            continue
         lines.append(f"statements per second, {database} (current): "
                      + ", ".join(f"{kind} {n}" for kind, n in kinds.items()))
     return "\n".join(lines)

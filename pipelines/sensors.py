@@ -600,7 +600,8 @@ def _inject_fault_after_claim() -> None:
                  "a crash shared by several tasks costs none of them an attempt and halves their next run); "
                  "tasks the run never started are given back."),
 )
-def record_crashed_runs(context: dg.RunFailureSensorContext, database: DatabaseResource) -> None:
+def record_crashed_runs(context: dg.RunFailureSensorContext) -> None:
+    database = tick_database_resource(context)  # not a declared resource: see tick_database_resource
     run = context.dagster_run
     owner = claim_owner_of(run.tags)
     if not owner:
@@ -614,3 +615,8 @@ def record_crashed_runs(context: dg.RunFailureSensorContext, database: DatabaseR
             continue
         cap = f" (next run at most {o.run_size_cap} task(s))" if o.run_size_cap and len(outcomes) > 1 else ""
         context.log.info(f"task {o.task_id}: RUN_CRASHED -> {o.status}{cap}")
+
+
+# Dagster's run-status wrapper reads the tick's context.instance before the function above is called; lent the
+# process's kept instance first, it builds none from the daemon's ref per tick (tick_instance).
+record_crashed_runs = dagster_private.run_before_evaluation(record_crashed_runs, tick_instance)

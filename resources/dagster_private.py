@@ -152,6 +152,18 @@ REGISTRY: dict[str, Hook] = {
         fallback="Dagster builds an instance from the ref the first time a tick logs (three storages, new "
                   "connections and catalog queries), as before",
     ),
+    "sensor_prelude": Hook(
+        function="run_before_evaluation",
+        used_by="pipelines/sensors.py (record_crashed_runs: lends the kept tick instance)",
+        symbols={
+            "dagster._core.definitions.sensor_definition:SensorDefinition#_evaluation_fn":
+                "the function a tick evaluates; wrapped so kbindex's prelude runs before Dagster's own wrapper "
+                "(a run-status sensor reads context.instance before the decorated function is called)",
+        },
+        fallback="the tick as Dagster evaluates it: a run-status sensor builds an instance from the daemon's ref "
+                 "on every tick (new connections and catalog queries, ~4 statements a second of an idle "
+                 "deployment)",
+    ),
     "event_batching": Hook(
         function="event_batching_read",
         used_by="pipelines/event_batching.py (apply)",
@@ -265,7 +277,8 @@ def resolve(path: str) -> object:
     obj: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
         obj = inspect.getattr_static(obj, part)
-    if instance_attr and not re.search(rf"self\.{re.escape(instance_attr)}\s*=", inspect.getsource(obj)):
+    assigned = rf"self\.{re.escape(instance_attr)}\s*(?::[^=]*)?=(?!=)"  # annotated or not
+    if instance_attr and not re.search(assigned, inspect.getsource(obj)):
         raise AttributeError(f"{path}: {qualname} no longer sets self.{instance_attr}")
     return obj
 
@@ -494,6 +507,31 @@ def lend_instance(context: object, instance: dg.DagsterInstance) -> bool:
         _fall_back("tick_context_instance", exc)
         return False
     return True
+
+
+# --- sensor_prelude ------------------------------------------------------------------------------
+
+def run_before_evaluation(sensor: dg.SensorDefinition, prelude: Callable[[Any], object]) -> dg.SensorDefinition:
+    """``sensor``, its ticks calling ``prelude(context)`` first (before Dagster's own wrapper reads the context).
+
+    An exception in the prelude is the tick's, as one in the sensor's own code would be. On a failure of the hook
+    the sensor is returned unchanged (ticks as before).
+    """
+    if "sensor_prelude" in _fallen_back:
+        return sensor
+    try:
+        evaluate = vars(sensor)["_evaluation_fn"]
+        if not callable(evaluate):
+            raise TypeError(f"{type(sensor).__name__}._evaluation_fn is not callable")
+
+        def evaluate_after_prelude(context: Any) -> Any:
+            prelude(context)
+            return evaluate(context)
+
+        sensor._evaluation_fn = evaluate_after_prelude  # type: ignore[attr-defined]  # noqa: SLF001 - see docstring
+    except HOOK_ERRORS as exc:
+        _fall_back("sensor_prelude", exc)
+    return sensor
 
 
 # --- event_batching ------------------------------------------------------------------------------

@@ -23,3 +23,14 @@ def test_an_idle_deployment_sends_no_task_events_and_the_old_trigger_did():
     assert census["dagster"]["work"] > 0 and census["kbindex"]["work"] > 0, shown  # the daemon polls, the sensor claims
     assert census["dagster, by process"].get("daemon", 0) > 0, shown  # named by application_name
     assert "statements per second, dagster (current)" in shown, shown
+    assert census["dagster, most sent"]["daemon"], shown  # its most frequent statement shapes
+    assert "most sent by daemon, per second:" in shown, shown
+
+
+def test_a_statement_shape_hides_literals_so_repeats_count_as_one():
+    from bench.idle import statement_shape
+
+    a = statement_shape("SELECT * FROM runs WHERE id = 'abc' AND n > 12\n  LIMIT 3")
+    assert a == statement_shape("SELECT * FROM runs WHERE id = 'x''y'  AND n > 7 LIMIT 30")
+    assert a == "SELECT * FROM runs WHERE id = ? AND n > ? LIMIT ?"
+    assert statement_shape("SELECT t1.x FROM t1") == "SELECT t1.x FROM t1"  # digits inside names stay

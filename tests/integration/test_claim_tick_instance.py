@@ -99,3 +99,50 @@ def test_a_tick_evaluated_as_the_daemon_does_builds_no_instance_for_resources(db
         assert instance.has_dynamic_partition(VERSIONS_PARTITIONS_NAME, result.run_requests[0].partition_key)
     assert declared == {} and len(built) == 1
     assert pools[0] is pools[1] is pools[2]
+
+
+def test_the_run_failure_sensor_evaluated_as_the_daemon_does_builds_no_instance_per_tick(db, db_url, publish_task,
+                                                                                        instance, monkeypatch):
+    """Dagster's run-status wrapper reads ``context.instance`` before the sensor's own code runs; the sensor is
+    lent the kept tick instance first (``dagster_private.run_before_evaluation``) and declares no resource. Over
+    three ticks evaluated from the daemon's ref, one instance is built, and a run that crashed between two of
+    them still has its tasks recorded RUN_CRASHED."""
+    from dagster._core.storage.dagster_run import DagsterRunStatus
+
+    from pipelines.definitions import defs
+    from pipelines.jobs import index_versions_job
+    from resources import dagster_resources
+    from resources.dagster_resources import OWNER_TAG, lease_tags, run_owner
+    from resources.task_queue import TaskQueue
+
+    monkeypatch.setattr(sensors, "_TICK_INSTANCES", {})
+    monkeypatch.setattr(dagster_resources, "_TICK_DATABASES", {})
+    monkeypatch.setenv("KBINDEX_DATABASE_URL", db_url)
+    built = []
+    real_from_ref = dg.DagsterInstance.from_ref
+    monkeypatch.setattr(dg.DagsterInstance, "from_ref", staticmethod(lambda ref: built.append(1) or real_from_ref(ref)))
+    repo = defs.get_repository_def()
+    sensor = repo.get_sensor_def("record_crashed_runs")
+    declared = {k: v for k, v in repo.get_top_level_resources().items() if k in sensor.required_resource_keys}
+    assert declared == {}
+
+    def tick(cursor):
+        with dg.SensorEvaluationContext(instance_ref=instance.get_ref(), resources=declared, cursor=cursor,
+                                        repository_def=repo) as ctx:
+            return sensor.evaluate_tick(ctx).cursor
+
+    cursor = tick(None)  # the first tick only places the cursor
+    task = publish_task()
+    queue = TaskQueue(db)
+    claimed = queue.claim("batch-x", limit=1, for_run=True)
+    assert [t.lease.task_id for t in claimed] == [task.task_id]
+    queue.adopt([t.lease for t in claimed], run_owner("c" * 32))  # the run started it, then died
+    run = instance.add_run(dg.DagsterRun(
+        job_name=index_versions_job.name, run_id="c" * 32, status=DagsterRunStatus.STARTED,
+        tags={**lease_tags([(t.lease.task_id, t.lease.attempt) for t in claimed]), OWNER_TAG: "batch-x"}))
+    instance.report_run_failed(run)
+    cursor = tick(cursor)
+    tick(cursor)
+    assert len(built) == 1  # the kept one, built at the first tick; not one per tick
+    row = db.fetch_one("task_get", {"task_id": task.task_id})
+    assert (row["status"], row["error_code"]) == ("RETRY_WAIT", "RUN_CRASHED"), dict(row)

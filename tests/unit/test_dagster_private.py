@@ -464,3 +464,29 @@ def test_the_default_run_launcher_is_recognized_without_private_names(monkeypatc
     assert not dagster_private.is_default_run_launcher(object())
     monkeypatch.delattr(dg, "DefaultRunLauncher")
     assert dagster_private.is_default_run_launcher(launcher)
+
+
+# --- sensor_prelude ------------------------------------------------------------------------------
+
+def test_a_sensor_prelude_runs_before_dagsters_own_wrapper_reads_the_context():
+    seen = []
+
+    @dg.run_failure_sensor
+    def watch(context):
+        seen.append("sensor")
+
+    assert dagster_private.run_before_evaluation(watch, lambda context: seen.append(context)) is watch
+    with dg.instance_for_test() as instance:
+        context = dg.build_sensor_context(instance=instance)
+        watch.evaluate_tick(context)  # the first tick places the cursor; the sensor's own code is not called
+    assert seen == [context]
+
+
+def test_a_sensor_without_the_attribute_ticks_as_before(caplog):
+    class Changed:
+        pass
+
+    sensor = Changed()
+    assert dagster_private.run_before_evaluation(sensor, lambda context: None) is sensor
+    assert vars(sensor) == {}
+    assert_warned_once(caplog, "sensor_prelude", "_evaluation_fn")

@@ -40,6 +40,7 @@ from pipelines.domain.task_states import Stage
 from resources.blob_store import BlobStore
 from resources.chunk_copy import CopiedVersion, copy_sources, load_copy
 from resources.database import Database
+from resources.embed_outage import EmbedOutage
 from resources.lease_keeper import LeaseKeeper
 from resources.run_ahead import RunAhead
 from resources.run_state import RunState
@@ -163,6 +164,7 @@ class IndexingRun:
         self._profiles: dict[str, dict[str, Any]] = {}  # profile rows, read once per run
         self._ahead: RunAhead | None = None  # parse, chunk and embed done ahead of the steps
         self._copies: dict[int, CopiedVersion | None] = {}  # metadata-only changes: chunks copied, per task
+        self.outage = EmbedOutage()  # an embedder silent twice in a row is not called again by this run
 
     # -- leases ---------------------------------------------------------------------------------
     def acquire(self, keys: Iterable[str]) -> dict[str, list[TaskWork]]:
@@ -608,11 +610,18 @@ class IndexingRun:
         own: dict[str, np.ndarray] = {}
         stats_embedded = stats_reused = 0
         if missing:
-            vectors, stats = embed_with_reuse(
-                self.db, self.embedder_for(work.model), tenant_id=work.tenant_id, profile=work.profile,
-                model=work.model, dimension=work.dimension, texts=missing, batch_size=self.batch_size,
-                on_batch=on_batch,
-            )
+            self.outage.check(work.model)  # tripped: fail now (retried by a later run), not after another bound
+            try:
+                vectors, stats = embed_with_reuse(
+                    self.db, self.embedder_for(work.model), tenant_id=work.tenant_id, profile=work.profile,
+                    model=work.model, dimension=work.dimension, texts=missing, batch_size=self.batch_size,
+                    on_batch=on_batch,
+                )
+            except Exception as exc:
+                self.outage.failed(work.model, exc)
+                raise
+            if stats.embedded:  # the embedder answered (vectors only reused from the store say nothing of it)
+                self.outage.answered(work.model)
             own = dict(zip(missing, vectors, strict=True))
             stats_embedded, stats_reused = stats.embedded, stats.reused
         out = np.stack([own[t] if t in own else shared.get(work, t) for t in texts]).astype(np.float32)
@@ -660,6 +669,8 @@ class IndexingRun:
         from resources.embedder import checked_embed
         from resources.embedding_reuse import embed_digest, stored_vectors
 
+        if self.outage.tripped(model_name):  # the tasks fail on their own at once (EmbedOutage)
+            return False
         users: dict[str, set[int]] = {}
         for work in live:
             for chunk in chunks_of[work.task_id]:
@@ -679,6 +690,7 @@ class IndexingRun:
             model = self.embedder_for(model_name)
         except Exception as exc:  # noqa: BLE001 - the tasks embed on their own and classify it
             log.warning("shared embedding of %d tasks could not start (%s)", len(live), type(exc).__name__)
+            self.outage.failed(model_name, exc)
             return False
         by_id = {w.task_id: w for w in live}
         pending = sorted((t for t in users if not shared.covers(model_name, dimension, t, users[t], by_id)
@@ -705,7 +717,9 @@ class IndexingRun:
                 continue
             except Exception as exc:  # noqa: BLE001 - transient trouble: the tasks retry on their own
                 log.warning("shared embedding stopped (%s); the tasks embed on their own", type(exc).__name__)
+                self.outage.failed(model_name, exc)
                 return False
+            self.outage.answered(model_name)
             for text, vector in zip(batch, vectors, strict=True):
                 shared.put_embedded(model_name, dimension, text, vector, for_task=min(users[text]))
             if report and time.monotonic() - reported >= PASS_PROGRESS_SECONDS:

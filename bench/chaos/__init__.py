@@ -136,6 +136,7 @@ class ChaosConfig:
     seed: int = 1
     tenants: int = 2
     run_batch: int = 8
+    """KBINDEX_RUN_BATCH: small runs, many of them, for faults to land in (0: the product's own run sizing)."""
     run_batch_min: int = 4
     backlog: int = 40
     """Publish more only while fewer than this many tasks are unfinished (keeps runs busy, not swamped)."""
@@ -511,13 +512,13 @@ class Chaos:
             KBINDEX_EMBED_BATCH=str(self.cfg.embed_batch),
             KBINDEX_FAKE_FAULTS=self.cfg.faults,
             KBINDEX_FAKE_SEED=str(self.cfg.seed),
-            KBINDEX_RUN_BATCH=str(self.cfg.run_batch),
-            KBINDEX_RUN_BATCH_MIN=str(self.cfg.run_batch_min),
             KBINDEX_MAX_WAITING_RUNS=str(self.cfg.max_waiting_runs),
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             KBINDEX_PROVIDER_TIMEOUT_SECONDS=str(self.cfg.http_timeout),
         )
+        if self.cfg.run_batch > 0:  # 0: runs sized as the product sizes them (by bytes, pipelines/sensors.py)
+            env.update(KBINDEX_RUN_BATCH=str(self.cfg.run_batch), KBINDEX_RUN_BATCH_MIN=str(self.cfg.run_batch_min))
         if self.sources is not None:
             env["KBINDEX_SOURCE_SYNC_SECONDS"] = str(self.cfg.source_sensor_seconds)
         if self.network is not None:  # runs embed through the service on the embedding host, over TCP

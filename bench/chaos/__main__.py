@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", default=None,
                    help=f"KBINDEX_FAKE_FAULTS for the run processes (default {d.faults}; with --migration"
                         f" {MIGRATION_FAULTS}: a permanent fault would leave the new profile short of full coverage)")
-    p.add_argument("--run-batch", type=int, default=d.run_batch, help="KBINDEX_RUN_BATCH")
+    p.add_argument("--run-batch", type=int, default=d.run_batch,
+                   help="KBINDEX_RUN_BATCH (default %(default)s; 0: runs sized as the product sizes them)")
     p.add_argument("--tenants", type=int, default=d.tenants)
     p.add_argument("--max-concurrent-runs", type=int, default=d.max_concurrent_runs, help="dagster.yaml run slots")
     p.add_argument("--tenant-run-limit", type=int, default=d.tenant_run_limit, help="dagster.yaml run slots per tenant")

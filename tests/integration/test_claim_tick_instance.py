@@ -15,6 +15,24 @@ from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from resources.dagster_resources import DatabaseResource, leases_of
 
 
+def _as_the_daemon_evaluates(name, db_url, monkeypatch):
+    """Sensor ``name`` with the resources the code server would hand it, fresh kept instances and pools, and a
+    list that grows by one for each Dagster instance built from a ref."""
+    from pipelines.definitions import defs
+    from resources import dagster_resources
+
+    monkeypatch.setattr(sensors, "_TICK_INSTANCES", {})
+    monkeypatch.setattr(dagster_resources, "_TICK_DATABASES", {})
+    monkeypatch.setenv("KBINDEX_DATABASE_URL", db_url)
+    built = []
+    real_from_ref = dg.DagsterInstance.from_ref
+    monkeypatch.setattr(dg.DagsterInstance, "from_ref", staticmethod(lambda ref: built.append(1) or real_from_ref(ref)))
+    repo = defs.get_repository_def()
+    sensor = repo.get_sensor_def(name)
+    declared = {k: v for k, v in repo.get_top_level_resources().items() if k in sensor.required_resource_keys}
+    return built, repo, sensor, declared
+
+
 def _context_from_ref(instance, db_url) -> dg.SensorEvaluationContext:
     return dg.SensorEvaluationContext(instance_ref=instance.get_ref(),
                                       resources={"database": DatabaseResource(url=db_url)})
@@ -74,18 +92,7 @@ def test_a_tick_evaluated_as_the_daemon_does_builds_no_instance_for_resources(db
     declares none, and a tick that claims logs through the kept tick instance (``context.log`` builds one
     too): over three claiming ticks evaluated that way, one instance is built, and the ticks share the
     process's kept database pool."""
-    from pipelines.definitions import defs
-    from resources import dagster_resources
-
-    monkeypatch.setattr(sensors, "_TICK_INSTANCES", {})
-    monkeypatch.setattr(dagster_resources, "_TICK_DATABASES", {})
-    monkeypatch.setenv("KBINDEX_DATABASE_URL", db_url)
-    built = []
-    real_from_ref = dg.DagsterInstance.from_ref
-    monkeypatch.setattr(dg.DagsterInstance, "from_ref", staticmethod(lambda ref: built.append(1) or real_from_ref(ref)))
-    repo = defs.get_repository_def()
-    sensor = repo.get_sensor_def("claim_index_tasks")
-    declared = {k: v for k, v in repo.get_top_level_resources().items() if k in sensor.required_resource_keys}
+    built, repo, sensor, declared = _as_the_daemon_evaluates("claim_index_tasks", db_url, monkeypatch)
     pools = []
     real_task_queue = sensors.task_queue
     monkeypatch.setattr(sensors, "task_queue", lambda database: pools.append(database.db) or real_task_queue(database))
@@ -109,21 +116,11 @@ def test_the_run_failure_sensor_evaluated_as_the_daemon_does_builds_no_instance_
     them still has its tasks recorded RUN_CRASHED."""
     from dagster._core.storage.dagster_run import DagsterRunStatus
 
-    from pipelines.definitions import defs
     from pipelines.jobs import index_versions_job
-    from resources import dagster_resources
     from resources.dagster_resources import OWNER_TAG, lease_tags, run_owner
     from resources.task_queue import TaskQueue
 
-    monkeypatch.setattr(sensors, "_TICK_INSTANCES", {})
-    monkeypatch.setattr(dagster_resources, "_TICK_DATABASES", {})
-    monkeypatch.setenv("KBINDEX_DATABASE_URL", db_url)
-    built = []
-    real_from_ref = dg.DagsterInstance.from_ref
-    monkeypatch.setattr(dg.DagsterInstance, "from_ref", staticmethod(lambda ref: built.append(1) or real_from_ref(ref)))
-    repo = defs.get_repository_def()
-    sensor = repo.get_sensor_def("record_crashed_runs")
-    declared = {k: v for k, v in repo.get_top_level_resources().items() if k in sensor.required_resource_keys}
+    built, repo, sensor, declared = _as_the_daemon_evaluates("record_crashed_runs", db_url, monkeypatch)
     assert declared == {}
 
     def tick(cursor):

@@ -1,7 +1,8 @@
 """A throwaway ``dagster dev`` for the benches and the end-to-end tests: start, wait, find run processes, stop.
 
 It runs ``dagster dev -m pipelines.definitions`` (webserver, daemon, code server, run processes as
-the code server's ``spawn_main`` children) in its own process group with the caller's environment,
+the code server's ``spawn_main`` children) in its own process group with the caller's environment and
+``kbindex dev``'s event-batching settings (pipelines/event_batching.py),
 logging to ``root/dagster.log``. ``stop`` continues stopped children (a SIGSTOPped run ignores
 SIGTERM), terminates the group and then kills whatever children are left, so no gRPC code server
 or run outlives the harness.
@@ -62,7 +63,12 @@ def free_port() -> int:
 
 class DagsterDev:
     def __init__(self, root: Path, env: dict[str, str]) -> None:
-        self.root, self.env = root, env
+        from pipelines import event_batching
+
+        # As `kbindex dev` sets Dagster's environment (an explicit value in ``env`` wins): the daemon writes each
+        # run's planned events, one per asset rather than one per asset and version. The chaos rounds once ran
+        # without it: over a 500-ms link, 4 x 8 planned events took ~100 s of every run's creation.
+        self.root, self.env = root, event_batching.apply(env)
         self.port = free_port()
         self.log_path = root / "dagster.log"
         self.proc: subprocess.Popen[bytes] | None = None

@@ -132,7 +132,6 @@ def run(seconds: float, rounds: int, settle: float, out: Any = print, census_sec
     from bench import exit_on_sigterm, server_url
     from bench.cpu import CpuMeter, postgres_pid
     from bench.pipeline.__main__ import dagster_dev, scratch_databases
-    from pipelines import event_batching
 
     exit_on_sigterm()
     migrated = (Path(__file__).resolve().parents[1] / "sql" / "migrations"
@@ -143,7 +142,6 @@ def run(seconds: float, rounds: int, settle: float, out: Any = print, census_sec
             conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
         root = Path(tempfile.mkdtemp(prefix="kbindex-bench-idle-"))
         dagster = dagster_dev(kb_url, dg_url, root)
-        event_batching.apply(dagster.env)
         try:
             dagster.start()
             out(f"dagster dev answered in {dagster.wait_ready():.1f} s; settling {settle:.0f} s")

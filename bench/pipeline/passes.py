@@ -124,7 +124,7 @@ def render(passes: list[dict[str, Any]], floor: dict[str, Any]) -> str:
             + ", ".join(f"{k} {v:.2f}" for k, v in s["core_seconds"].items())
             + " core-s; " + ", ".join(f"{k} {v:.2f} s" for k, v in s["part_seconds"].items()) + ")"
             f" | ratios encode {p['ratio_encode']} system {p['ratio_system']}"
-            + (f" | idle meanwhile " + ", ".join(f"{k} {v:.1f} core-s" for k, v in p["idle_during_bare"].items())
+            + (" | idle meanwhile " + ", ".join(f"{k} {v:.1f} core-s" for k, v in p["idle_during_bare"].items())
                if p.get("idle_during_bare") else ""))
         if t.get("dagster_parts"):
             lines.append(f"          Dagster by part: {render_parts(t['dagster_parts'])}")

@@ -116,7 +116,6 @@ def burst_round(label: str, docs: list[tuple[str, bytes]], *, seeded: int, chunk
 
     from bench import server_url
     from bench.pipeline.__main__ import Bench, dagster_dev, scratch_databases
-    from pipelines import event_batching
 
     result: dict[str, Any] = {"round": label, "seeded": seeded}
     with (nullcontext(admin_url) if admin_url else server_url()) as admin, \
@@ -128,7 +127,6 @@ def burst_round(label: str, docs: list[tuple[str, bytes]], *, seeded: int, chunk
             result["seed_seconds"] = seed_index(kb_url, dg_url, seeded, chunks, live_keys, out)
         root = Path(tempfile.mkdtemp(prefix="kbindex-bench-burst-"))
         dagster = dagster_dev(kb_url, dg_url, root)
-        event_batching.apply(dagster.env)  # as kbindex dev sets Dagster's environment
         bench = Bench(kb_url, dg_url, dagster, out)
         try:
             dagster.start()

@@ -23,7 +23,6 @@ import psycopg
 from psycopg import sql as pgsql
 
 from bench.dagster_dev import PROJECT_ROOT, REPOSITORY, DagsterDev
-from pipelines import event_batching
 
 TENANT = "acme"
 SEED_BATCH = 100_000
@@ -127,7 +126,6 @@ class DagsterUI:
         full_env = {**os.environ, "DAGSTER_HOME": str(home), "DAGSTER_PG_URL": pg_url,
                     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **env}
         full_env.pop("KBINDEX_EMBED_SERVICE", None)
-        event_batching.apply(full_env)  # as `kbindex dev` sets up the daemon: it writes each run's planned events
         self.dev = DagsterDev(root, full_env)
         self.reader_home = reader
         self.instance: Any = None

@@ -120,7 +120,6 @@ class Stack:
 
     def start(self) -> None:
         from bench.dagster_dev import DagsterDev, dagster_yaml
-        from pipelines import event_batching
         from resources.blob_store import BlobStore
         from resources.database import Database
         from resources.publisher import Publisher
@@ -128,7 +127,7 @@ class Stack:
         home = self.root / "dagster_home"
         home.mkdir(exist_ok=True)
         (home / "dagster.yaml").write_text(dagster_yaml())  # the project's, with the warm launcher unless told otherwise
-        env = event_batching.apply(dict(os.environ))  # the daemon writes the planned events as kbindex dev has it
+        env = dict(os.environ)  # with kbindex dev's event batching, as DagsterDev sets it
         env.update(self.env, DAGSTER_HOME=str(home), DAGSTER_PG_URL=self.dagster_url, HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1", KBINDEX_CLAIM_WAKE_GRACE_SECONDS=str(self.claim_grace))
         env.pop("KBINDEX_FAULT_SENSOR_AFTER_CLAIM", None)

@@ -73,7 +73,6 @@ def run_documents(documents: list[tuple[str, bytes]], *, fake_model: bool = Fals
     from bench import server_url
     from bench.pipeline.__main__ import Bench, dagster_dev, scratch_databases
     from bench.pipeline.passes import interleaved_passes, summary
-    from pipelines import event_batching
 
     embed_batch = int(os.environ.get("KBINDEX_EMBED_BATCH", "64"))
     report: dict[str, Any] = {"cpus": os.cpu_count(), "docs": len(documents)}
@@ -83,7 +82,6 @@ def run_documents(documents: list[tuple[str, bytes]], *, fake_model: bool = Fals
                 conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
         root = Path(tempfile.mkdtemp(prefix="kbindex-bench-small-"))
         dagster = dagster_dev(kb_url, dg_url, root)
-        event_batching.apply(dagster.env)  # as kbindex dev sets Dagster's environment
         bench = Bench(kb_url, dg_url, dagster, out)
         service = None
         try:

@@ -17,3 +17,13 @@ def test_a_run_process_gets_them_from_the_code_location():
 
     for name in event_batching.EVENT_BATCH_ENV:
         assert os.environ.get(name), name
+
+
+def test_every_harness_dagster_dev_gets_them_as_kbindex_dev_does(tmp_path):
+    """bench/dagster_dev.py's DagsterDev (the chaos rounds, the benches, the end-to-end tests): the chaos rounds
+    once started dagster dev without them, and over a slow link each run's per-version planned events took
+    ~100 s of its creation."""
+    from bench.dagster_dev import DagsterDev
+
+    dev = DagsterDev(tmp_path, {"DAGSTER_EVENT_BATCH_SIZE": "7"})
+    assert dev.env == {"DAGSTER_EVENT_BATCH_SIZE": "7", "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true"}

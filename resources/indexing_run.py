@@ -602,6 +602,7 @@ class IndexingRun:
         last = [0.0]
 
         def on_batch(done: int, total: int) -> None:
+            answered[0] = time.monotonic()
             lease = self.keeper.check(work.task_id)  # stop promptly if the lease was lost or the task cancelled
             if done >= total or time.monotonic() - last[0] >= 1.0:
                 last[0] = time.monotonic()
@@ -609,6 +610,7 @@ class IndexingRun:
 
         own: dict[str, np.ndarray] = {}
         stats_embedded = stats_reused = 0
+        answered = [time.monotonic()]  # the last answer (or the start): how long a failing call took
         if missing:
             self.outage.check(work.model)  # tripped: fail now (retried by a later run), not after another bound
             try:
@@ -618,7 +620,7 @@ class IndexingRun:
                     on_batch=on_batch,
                 )
             except Exception as exc:
-                self.outage.failed(work.model, exc)
+                self.outage.failed(work.model, exc, time.monotonic() - answered[0])
                 raise
             if stats.embedded:  # the embedder answered (vectors only reused from the store say nothing of it)
                 self.outage.answered(work.model)
@@ -675,6 +677,7 @@ class IndexingRun:
         for work in live:
             for chunk in chunks_of[work.task_id]:
                 users.setdefault(chunk.embed_text, set()).add(work.task_id)
+        asked = time.monotonic()
         try:
             fresh = [w for w in live if w.task_id not in shared.looked_up]
             for (tenant_id, profile), group in _by_tenant_profile(fresh).items():
@@ -690,7 +693,7 @@ class IndexingRun:
             model = self.embedder_for(model_name)
         except Exception as exc:  # noqa: BLE001 - the tasks embed on their own and classify it
             log.warning("shared embedding of %d tasks could not start (%s)", len(live), type(exc).__name__)
-            self.outage.failed(model_name, exc)
+            self.outage.failed(model_name, exc, time.monotonic() - asked)
             return False
         by_id = {w.task_id: w for w in live}
         pending = sorted((t for t in users if not shared.covers(model_name, dimension, t, users[t], by_id)
@@ -707,6 +710,7 @@ class IndexingRun:
                     break
             batch = pending[start : start + self.batch_size]
             start += len(batch)
+            asked = time.monotonic()
             try:
                 vectors = checked_embed(model, batch, expected_model=model_name, expected_dim=dimension,
                                         batch_size=len(batch))
@@ -717,7 +721,7 @@ class IndexingRun:
                 continue
             except Exception as exc:  # noqa: BLE001 - transient trouble: the tasks retry on their own
                 log.warning("shared embedding stopped (%s); the tasks embed on their own", type(exc).__name__)
-                self.outage.failed(model_name, exc)
+                self.outage.failed(model_name, exc, time.monotonic() - asked)
                 return False
             self.outage.answered(model_name)
             for text, vector in zip(batch, vectors, strict=True):

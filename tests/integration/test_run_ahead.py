@@ -144,18 +144,23 @@ def test_trouble_while_embedding_ahead_leaves_the_rest_to_the_embed_step(world, 
 
 
 class Silent(FakeEmbedder):
-    """An embedding service that stopped answering: every call fails as a cut link does (after its bound)."""
+    """An embedding service that stopped answering: every call fails as a cut link does, after the client's bound
+    (here just above the outage's slow-failure threshold, which the test lowers)."""
 
     def respond(self, texts):
         self.calls.append(len(texts))
-        raise ConnectionRefusedError("embedding service refused the connection")
+        time.sleep(0.06)
+        raise TimeoutError("the embedding service did not answer within its bound")
 
 
 def test_an_embedder_that_stops_answering_costs_the_run_two_calls_not_one_per_task(world, monkeypatch):
     """Issue #32: a silent embedder used to be met once ahead, once by the embed step's shared pass and once per
     task: a run of N versions held its slot for N + 2 client bounds. Two failures in a row trip the model for
     the run (resources/embed_outage.py), and every task is failed at once, retryable, to be retried later."""
+    from resources import embed_outage
+
     monkeypatch.setattr(run_ahead, "GROUP_TEXTS", 8)
+    monkeypatch.setattr(embed_outage, "SLOW_FAILURE_S", 0.05)
     leases, keys = publish_and_claim(world, {f"doc-{i:02d}.txt": body(i) for i in range(10)})
     embedder = Silent(model_name="fake-384")
     results = run_with_ahead(world, leases, keys, embedder)
@@ -163,4 +168,4 @@ def test_an_embedder_that_stops_answering_costs_the_run_two_calls_not_one_per_ta
     failed = [r for rs in results["embed"].values() for r in rs]
     assert len(failed) == 10 and {r.error_code for r in failed} == {"EMBEDDING_UNAVAILABLE"}
     assert set(statuses(world).values()) == {("RETRY_WAIT", "EMBEDDING_UNAVAILABLE")}
-    assert "2 calls in a row in this run" in failed[-1].reason
+    assert "2 slow calls in a row in this run" in failed[-1].reason

@@ -130,6 +130,11 @@ class LeaseKeeper:
             for held in sent[(lease.task_id, lease.attempt)]:
                 held.lost = exc
             log.warning("task %s: lease lost (%s): stopping its work", lease.task_id, exc.code)
+        finished = {(lease.task_id, lease.attempt) for lease in result.finished}
+        if finished:  # published by this run, not yet let go of: nothing to stop, nothing to renew
+            with self._guard:
+                for key in [k for k, h in self._held.items() if (h.lease.task_id, h.lease.attempt) in finished]:
+                    del self._held[key]
         for lease in result.busy:  # locked by the lease's own publish, which commits or rolls back on its own;
             for held in sent[(lease.task_id, lease.attempt)]:  # nobody can take the row over meanwhile
                 held.deadline = answered + self.queue.lease_seconds

@@ -13,7 +13,7 @@ import builtins
 import random
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -67,6 +67,10 @@ class Heartbeats:
     """Fence holds but the row is locked (its publish transaction is in flight): not renewed, not lost."""
     lost: list[tuple[Lease, FenceRejected]]
     """Fenced out, with the reason: ``TaskCancelled`` or ``LeaseLost``."""
+    finished: list[Lease] = field(default_factory=list)
+    """SUCCEEDED by this very attempt (its own publish committed while the heartbeat was on its way): not
+    renewed, and not lost either: nothing is left to stop. Over a slow link a run's committed batches met
+    this on every beat until the run let go of them, each reported as a lost lease."""
 
 
 @dataclass(frozen=True)
@@ -274,6 +278,8 @@ class TaskQueue:
                     result.renewed.append(Lease(lease.task_id, lease.attempt, lease.owner, r["lease_until"]))
                 elif r["outcome"] == "busy":
                     result.busy.append(lease)
+                elif r["outcome"] == "finished":
+                    result.finished.append(lease)
                 else:  # the statement returned the row's state: no further read explains it
                     result.lost.append((lease, _as_fence_rejection(_explain(
                         None if r["status"] is None else

@@ -238,8 +238,10 @@ RETURNING t.task_id, t.attempts, t.lease_owner, t.lease_until;
 -- name: task_heartbeat_many
 -- Fenced: extend held leases of %(owner)s in one statement that never waits on a row lock. Each lease comes
 -- back once with its outcome: 'renewed' (with the new lease_until); 'busy' (the fence holds but another
--- transaction holds the row: the lease's own publish is in flight; it finishes or fails on its own); 'lost'
--- (the fence does not hold; the row's status, attempts, owner and expiry say why, with no further read).
+-- transaction holds the row: the lease's own publish is in flight; it finishes or fails on its own);
+-- 'finished' (SUCCEEDED by this very attempt: only the lease's own publish does that, committed while this
+-- heartbeat was on its way, before the run let go of the lease); 'lost' (the fence does not hold; the row's
+-- status, attempts, owner and expiry say why, with no further read).
 WITH
 clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
@@ -274,6 +276,7 @@ SELECT l.task_id, l.attempt, r.lease_until,
        CASE WHEN r.task_id IS NOT NULL THEN 'renewed'
             WHEN f.status = 'RUNNING' AND f.lease_owner = %(owner)s AND f.attempts = l.attempt
                  AND f.lease_until > (SELECT now FROM clock) THEN 'busy'
+            WHEN f.status = 'SUCCEEDED' AND f.attempts = l.attempt THEN 'finished'
             ELSE 'lost' END AS outcome,
        f.status, f.attempts AS current_attempt, f.lease_owner AS current_owner,
        f.lease_until <= (SELECT now FROM clock) AS lease_expired

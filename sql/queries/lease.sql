@@ -394,7 +394,10 @@ SELECT m.task_id, m.status, m.run_size_cap, m.given_back FROM moved m ORDER BY m
 -- taken over (it would pin its keys and start only to adopt nothing), or a started run that stopped
 -- heartbeating. A lease finished on its attempt (SUCCEEDED, failed, cancelled) is neither held nor lost, so a
 -- run finishing normally, or a re-execution of a finished run (it fails on its own, building nothing), is
--- never released here.
+-- never released here; that stays so once a later attempt took a task this run failed (RETRY_WAIT, then claimed
+-- again): its attempt ended with a transition event of its own, which a takeover (RUNNING -> RUNNING) is not.
+-- (Without that, a run of 104 whose 6 failed tasks were retried elsewhere before it ended was canceled as it
+-- finished, and shown CANCELED after succeeding.) The event probe runs only for leases whose attempt moved on.
 WITH
 clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
@@ -420,6 +423,19 @@ unlocked AS (
     WHERE t.task_id IN (SELECT task_id FROM overdue)
     FOR KEY SHARE OF t SKIP LOCKED
 ),
+moved_on AS (
+    SELECT l.task_id, l.attempt
+    FROM leases l
+    JOIN index_task t ON t.task_id = l.task_id
+    WHERE t.attempts <> l.attempt
+),
+ended_on_attempt AS (
+    SELECT m.task_id, m.attempt
+    FROM moved_on m
+    WHERE EXISTS (SELECT 1 FROM task_event e
+                  WHERE e.task_id = m.task_id AND e.kind = 'transition' AND e.attempt = m.attempt
+                    AND e.from_status = 'RUNNING' AND e.to_status IN ('SUCCEEDED', 'RETRY_WAIT', 'DEAD', 'CANCELLED'))
+),
 judged AS (
     SELECT l.run_ix,
            coalesce(t.status = 'RUNNING' AND t.attempts = l.attempt
@@ -427,11 +443,12 @@ judged AS (
                          OR (NOT t.lease_reserved AND t.lease_owner IN (l.owner, l.run_owner)
                              AND (t.lease_until > (SELECT now FROM clock)
                                   OR t.task_id NOT IN (SELECT task_id FROM unlocked)))), false) AS held,
-           coalesce(t.attempts <> l.attempt
-                    OR (t.status = 'RUNNING' AND t.lease_owner NOT IN (l.owner, l.run_owner))
-                    OR (t.status = 'RUNNING' AND NOT t.lease_reserved
-                        AND t.lease_until <= (SELECT now FROM clock)
-                        AND t.task_id IN (SELECT task_id FROM unlocked)), true) AS lost
+           coalesce(CASE WHEN t.attempts <> l.attempt
+                         THEN (l.task_id, l.attempt) NOT IN (SELECT task_id, attempt FROM ended_on_attempt)
+                         ELSE (t.status = 'RUNNING' AND t.lease_owner NOT IN (l.owner, l.run_owner))
+                              OR (t.status = 'RUNNING' AND NOT t.lease_reserved
+                                  AND t.lease_until <= (SELECT now FROM clock)
+                                  AND t.task_id IN (SELECT task_id FROM unlocked)) END, true) AS lost
     FROM leases l
     LEFT JOIN index_task t ON t.task_id = l.task_id
 )

@@ -216,6 +216,29 @@ def test_a_run_whose_publish_holds_its_rows_is_not_released_even_past_its_leases
     assert queue.runs_to_release(runs) == [0]  # the publish is over and the lease ran out: now it is lost
 
 
+def test_a_run_whose_failed_task_was_retried_elsewhere_is_not_released_as_it_finishes(db, publish_task, make_queue,
+                                                                                     clock):
+    """Seen in a 200-version burst over a slow link: a run of 104 had 6 tasks fail (retryable) and be claimed
+    again by later runs before it ended; with the rest SUCCEEDED it held none of its leases and "lost" six, and
+    the claiming tick canceled it as it finished (shown CANCELED after succeeding). An attempt that ended with
+    a transition of its own is finished, not lost. A lease taken over from the run is still lost."""
+    queue = make_queue(lease_seconds=30.0)
+    for _ in range(3):
+        publish_task()
+    claimed = queue.claim("batch-a", limit=3, for_run=True)
+    done, failed, hung = queue.adopt([c.lease for c in claimed], "run-x")
+    queue.complete(done, chunk_count=1)
+    queue.fail(failed, "EMBEDDING_TIMEOUT", "the embedding request timed out")
+    clock.advance(3600)  # past the retry's backoff and the hung lease
+    again = {c.lease.task_id: c.lease.attempt for c in queue.claim("batch-b", limit=3, for_run=True)}
+    assert again == {failed.task_id: failed.attempt + 1, hung.task_id: hung.attempt + 1}
+    finishing = RunLeases("batch-a", "run-x", [(done.task_id, done.attempt), (failed.task_id, failed.attempt)],
+                          waiting=False)
+    hung_run = RunLeases("batch-a", "run-x", [(done.task_id, done.attempt), (hung.task_id, hung.attempt)],
+                         waiting=False)
+    assert queue.runs_to_release([finishing, hung_run]) == [1]
+
+
 # -- 4. a tick's cost does not grow with the runs in flight -----------------------------------------------
 
 

@@ -101,6 +101,11 @@ PROCESS_NAME_ENV = "KBINDEX_DAGSTER_PROCESS"
 
 RUN_PROCESS_NAME = "kbindex-dagster-run"
 """``process_name()`` of a run process (forked by the warm launcher, or Dagster's ``execute_run``)."""
+FORK_SERVER_PROCESS_NAME = "kbindex-dagster-fork-server"
+"""``process_name()`` of the warm launcher's fork server (started by a run's launch; builds an instance per child
+exit to record a crash)."""
+NEVER_CREATE_TABLES = frozenset({RUN_PROCESS_NAME, FORK_SERVER_PROCESS_NAME})
+"""Processes that only ever act on runs already created in Dagster's tables, so never ask whether they exist."""
 
 
 def process_name() -> str:
@@ -157,10 +162,11 @@ class KbindexDagsterStorage(DagsterPostgresStorage):
     def __init__(self, inst_data: ConfigurableClassData | None = None, ping_after_idle_seconds: float = PING_AFTER_IDLE_S,
                  remember_schema_checks: bool = True) -> None:
         url = resolve_dagster_url()
-        # A run process never creates Dagster's tables: its run was created in them. Asking costs each storage a
-        # connection of its own and a catalog reflection (3 connections, ~25 statements and ~0.15 s of CPU per run;
-        # ~12 s per run over a 500-ms link). Every other process still creates them on a new database.
-        super().__init__(postgres_url=url, should_autocreate_tables=process_name() != RUN_PROCESS_NAME,
+        # A run process never creates Dagster's tables: its run was created in them; nor does the fork server,
+        # started by a run's launch, which builds an instance at every child's exit. Asking costs each storage a
+        # connection of its own and a catalog reflection (3 connections, ~25 statements and ~0.15 s of CPU each
+        # time; ~20 s per run over a 500-ms link). Every other process still creates them on a new database.
+        super().__init__(postgres_url=url, should_autocreate_tables=process_name() not in NEVER_CREATE_TABLES,
                          inst_data=inst_data)
         parts = [self.event_log_storage, self.run_storage, self.schedule_storage]
         shared: list[Any] = []  # one engine for the three: one pool, one dialect set-up (a new process's first

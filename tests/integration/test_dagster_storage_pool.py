@@ -157,7 +157,8 @@ def test_schema_checks_are_asked_of_the_catalog_once(dagster_url):
 
 def test_a_run_process_asks_nothing_about_the_tables_its_run_was_created_in(dagster_url, monkeypatch):
     """dagster_postgres reflects the catalog on a connection of its own per storage to create missing tables;
-    a run process skips it (its run was created in those tables), every other process still asks."""
+    a run process and the fork server skip it (their runs were created in those tables), every other process
+    still asks."""
     from sqlalchemy import engine as sa_engine
 
     monkeypatch.setenv(dagster_storage.PROCESS_NAME_ENV, "daemon")
@@ -167,8 +168,9 @@ def test_a_run_process_asks_nothing_about_the_tables_its_run_was_created_in(dags
     monkeypatch.setattr(sa_engine.Engine, "connect", lambda self: opened.append("c") or real_connect(self))
     daemon = dagster_storage.KbindexDagsterStorage()
     assert len(opened) >= 3 and daemon.should_autocreate_tables  # a reflection per storage at least
-    opened.clear()
-    monkeypatch.setenv(dagster_storage.PROCESS_NAME_ENV, "run")
-    run = dagster_storage.KbindexDagsterStorage()
-    assert opened == [] and not run.should_autocreate_tables
-    assert run.run_storage.get_runs(limit=1) == []  # and the run's storage works on the existing tables
+    for name in ("run", "fork-server"):  # a run process; the warm launcher's fork server (an instance per exit)
+        opened.clear()
+        monkeypatch.setenv(dagster_storage.PROCESS_NAME_ENV, name)
+        run = dagster_storage.KbindexDagsterStorage()
+        assert opened == [] and not run.should_autocreate_tables, name
+        assert run.run_storage.get_runs(limit=1) == []  # and its storage works on the existing tables

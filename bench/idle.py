@@ -117,7 +117,7 @@ def census(admin_url: str, databases: dict[str, str], seconds: float) -> dict[st
                 counts[by_name[m.group(1)]][statement_kind(m.group(3))] += 1
                 if by_name[m.group(1)] == "dagster":  # application_name: resources/dagster_storage.py process_name
                     sender = m.group(2).removeprefix("kbindex-dagster-")
-                    sender = "unnamed" if sender in ("", "[unknown]") else sender  # PostgreSQL logs an empty name so
+                    sender = "unnamed" if sender in ("", "[unknown]") else sender  # PostgreSQL logs "" as [unknown]
                     senders[sender] += 1
                     shapes[sender][statement_shape(m.group(3))] += 1
     out = {label: {kind: round(n / seconds, 2) for kind, n in sorted(c.items())} | {"all": round(sum(c.values()) / seconds, 2)}

@@ -599,7 +599,8 @@ class IndexingRun:
         if not texts:
             return np.zeros((0, work.dimension), dtype=np.float32), {"embedded": 0, "reused": 0, "shared": 0}
         missing = [t for t in dict.fromkeys(texts) if shared.get(work, t) is None]
-        last = [0.0]
+        last = [0.0]  # the last progress write
+        answered = [time.monotonic()]  # the last answer (or the start): how long a failing call took
 
         def on_batch(done: int, total: int) -> None:
             answered[0] = time.monotonic()
@@ -610,7 +611,6 @@ class IndexingRun:
 
         own: dict[str, np.ndarray] = {}
         stats_embedded = stats_reused = 0
-        answered = [time.monotonic()]  # the last answer (or the start): how long a failing call took
         if missing:
             self.outage.check(work.model)  # tripped: fail now (retried by a later run), not after another bound
             try:

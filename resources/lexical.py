@@ -36,10 +36,13 @@ from pipelines.domain.lexical import (
     scoring_terms,
     term_counts,
 )
+from pipelines.domain.metadata import NO_FILTERS
 from resources.database import Database, Session
 
 N_CHUNKS, TOTAL_LENGTH = -1, -2
 BACKFILL_BATCH = 500
+PROBES_PER_HIT = 8
+PROBES_AT_LEAST = 400
 
 
 @lru_cache(maxsize=8)
@@ -163,20 +166,37 @@ def lexical_search(
     query_vector: Any | None = None,
 ) -> list[dict[str, Any]]:
     """The ``k`` best current chunks in the reader's scope by BM25 (rows with chunk fields, ``metadata``, ``bm25``
-    and, given a query vector, the cosine ``distance``); ``read``: ``ReadScope.params()``."""
-    return tx.fetch_all(
-        "lexical_hits",
-        {
-            **read,
-            **weights,
-            "k1": params.bm25_k1,
-            "b": params.bm25_b,
-            "tenant_id": tenant_id,
-            "profile": profile,
-            "k": k,
-            "query": query_vector,
-        },
-    )
+    and, given a query vector, the cosine ``distance``); ``read``: ``ReadScope.params()``.
+
+    ``lexical_hits`` probes the pointers of the best-scoring chunks only. Under metadata filters, or when an
+    allow list leaves its probes short, ``lexical_hits_all_pointers`` reads the tenant's pointers in scope
+    instead (same answer): measured under a filter keeping 10% of a 10k-pointer tenant, probing first cost
+    p95 93 ms against 35 ms."""
+    query = {
+        **read,
+        **weights,
+        "k1": params.bm25_k1,
+        "b": params.bm25_b,
+        "tenant_id": tenant_id,
+        "profile": profile,
+        "k": k,
+        "query": query_vector,
+        "max_probes": max_pointer_probes(k),
+    }
+    if read.get("filters", NO_FILTERS) != NO_FILTERS:  # a filter keeps a share of the tenant: its pointers are few
+        return tx.fetch_all("lexical_hits_all_pointers", query)
+    rows = tx.fetch_all("lexical_hits", query)
+    hits = [r for r in rows if r["chunk_id"] is not None]
+    if len(hits) < k and rows[0]["walked"] >= query["max_probes"]:
+        return tx.fetch_all("lexical_hits_all_pointers", query)
+    return hits
+
+
+def max_pointer_probes(k: int) -> int:
+    """How many of the walk's best chunks ``lexical_hits`` checks against their pointers (two index probes
+    each, ~30 us) before the caller reads every pointer instead: enough for superseded versions (~30% of
+    chunks in bench.scale.search) and a permission or filter that keeps an eighth of the tenant."""
+    return max(PROBES_AT_LEAST, PROBES_PER_HIT * k)
 
 
 def lexical_scores(

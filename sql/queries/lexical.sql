@@ -123,12 +123,55 @@ WHERE tenant_id = %(tenant_id)s AND profile = %(profile)s AND term = ANY (%(term
 
 -- name: lexical_hits
 -- BM25 top k of the tenant's current chunks in the reader's scope (allow list and metadata filters on the
--- pointer rows, as in search_hits: a posting of a version out of scope never scores): the postings of the query's terms (covering index, one walk
--- per term), summed per chunk; the join with the tenant's pointers keeps only current versions. Terms are
--- the query's rarest up to a postings budget (resources/lexical.py), so a very common term does not walk
--- half the tenant. The pointers are read once (MATERIALIZED) and hash-joined: the planner cannot know how
--- many postings the query's terms have (~100 estimated, 10,000s at 100k chunks) and otherwise probed the
--- pointer index once per posting (measured: 67k probes, most of a 137 ms query; bench.scale.search).
+-- pointer rows, as in search_hits: a posting of a version out of scope never scores). The postings of the
+-- query's terms (covering index, one walk per term) are summed per chunk first, best first; then each
+-- chunk's row and pointer are probed in that order until k are current and in scope, at most
+-- %(max_probes)s chunks. Terms are the query's rarest up to a postings budget (resources/lexical.py), so a
+-- very common term does not walk half the tenant. It reads no pointer it does not need: reading the
+-- tenant's pointers once (lexical_hits_all_pointers) cost ~15 ms at 10k pointers, most of a typical query
+-- (bench.scale.search). Always one row at least: ``walked`` (how many chunks the walk scored, up to
+-- max_probes) with NULL chunk fields when nothing is in scope; walked = max_probes with fewer than k hits
+-- means the probes may have stopped short, and the caller asks lexical_hits_all_pointers. Both round a
+-- chunk's sum to 1e-9: they add its postings in different orders, and a tie must break by chunk id in both.
+WITH q AS (
+    SELECT * FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[]) AS q (term, idf)
+),
+scored AS MATERIALIZED (
+    SELECT x.chunk_id,
+           round(1e9::float8 * sum(q.idf * x.tf * (%(k1)s::float8 + 1)
+               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8)))) / 1e9::float8 AS bm25
+    FROM q
+    JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
+    GROUP BY x.chunk_id
+    ORDER BY bm25 DESC, x.chunk_id
+    LIMIT %(max_probes)s
+),
+hits AS (
+    SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text, p.metadata, s.bm25,
+           c.embedding <=> %(query)s::vector AS distance
+    FROM scored s
+    JOIN chunk c ON c.chunk_id = s.chunk_id
+    CROSS JOIN LATERAL (
+        SELECT p.metadata FROM search_pointer p
+        WHERE p.tenant_id = %(tenant_id)s AND p.document_id = c.document_id AND p.profile = %(profile)s
+          AND p.version_number = c.version_number
+          AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+          AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
+    ) p
+    ORDER BY s.bm25 DESC, s.chunk_id
+    LIMIT %(k)s
+)
+SELECT h.*, w.walked
+FROM (SELECT count(*) AS walked FROM scored) w
+LEFT JOIN hits h ON true
+ORDER BY h.bm25 DESC, h.chunk_id;
+
+-- name: lexical_hits_all_pointers
+-- lexical_hits for a scope its probes could not fill (a narrow filter or allow list): the tenant's pointers
+-- in scope are read once (MATERIALIZED) and hash-joined to the postings before they are summed. The planner
+-- cannot know how many postings the query's terms have (~100 estimated, 10,000s at 100k chunks) and
+-- otherwise probed the pointer index once per posting (measured: 67k probes, most of a 137 ms query;
+-- bench.scale.search).
 WITH q AS (
     SELECT * FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[]) AS q (term, idf)
 ),
@@ -141,8 +184,8 @@ pointed AS MATERIALIZED (
 ),
 scored AS (
     SELECT x.chunk_id,
-           sum(q.idf * x.tf * (%(k1)s::float8 + 1)
-               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8))) AS bm25
+           round(1e9::float8 * sum(q.idf * x.tf * (%(k1)s::float8 + 1)
+               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8)))) / 1e9::float8 AS bm25
     FROM q
     JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
     JOIN pointed p ON p.document_id = x.document_id AND p.version_number = x.version_number

@@ -354,3 +354,61 @@ def test_pruning_never_touches_a_row_of_another_version(db, db_url, index):
     with db.transaction() as tx:
         write_lexical(tx, [other], chunks, _shifted(MODEL))
     assert postings(db_url) == before == listed(db_url)
+
+
+def _recording(tx, names: list[str]):
+    """``tx`` with the names of the statements lexical_search runs on it recorded."""
+
+    class Recording:
+        def fetch_all(self, name, params=None):
+            names.append(name)
+            return tx.fetch_all(name, params)
+
+    return Recording()
+
+
+def test_lexical_search_probes_the_best_chunks_first_and_reads_every_pointer_only_when_it_must(
+    db, publisher, queue, monkeypatch
+):
+    """lexical_hits probes pointers in score order only; when its probes run out short of k (a reader who
+    may read little, superseded versions) or under a metadata filter, lexical_hits_all_pointers answers.
+    Every path gives the all-pointers answer: the same chunks, current and readable."""
+    from pipelines.domain.lexical import LexicalParams
+    from pipelines.domain.metadata import EVERYTHING, ReadScope
+    from resources import lexical
+    from resources.search import profile_analyzer
+
+    sink = IndexSink(db, queue)
+    for d in range(12):
+        allow = ["group:finance"] if d % 3 else None  # a third open, the rest finance only
+        for edit in range(2):  # version 1 superseded: its postings stay and score as high
+            text = f"Refund policy {d}: refunds of grade {d % 4} take {edit + 14} days. " * (1 + d % 3)
+            publisher.publish("acme", f"doc-{d}", text.encode(), f"doc-{d}.txt", metadata={"dept": "hr" if d % 4 else "legal"},
+                              allow=allow)
+            (claimed,) = queue.claim("test-worker", limit=1)
+            sink.publish(claimed.lease, pieces("acme", f"doc-{d}", claimed.version_number, [text]), vectors([text]))
+    profile = db.fetch_one("index_profile_active")
+    params = LexicalParams.of(profile)
+    scope = {"tenant_id": "acme", "profile": profile["name"]}
+    weights = lexical.query_weights(db, profile_analyzer(profile), "refund policy grade days", **scope)
+
+    def run(read: ReadScope, k: int) -> tuple[list[str], list[str]]:
+        names: list[str] = []
+        with db.transaction() as tx:
+            got = lexical.lexical_search(_recording(tx, names), weights, params, k=k, read=read.params(), **scope)
+            query = {**read.params(), **weights, "k1": params.bm25_k1, "b": params.bm25_b, **scope, "k": k,
+                     "query": None}
+            want = tx.fetch_all("lexical_hits_all_pointers", query)
+        assert [r["chunk_id"] for r in got] == [r["chunk_id"] for r in want], (names, [(r["chunk_id"][:6], r["bm25"]) for r in got], [(r["chunk_id"][:6], r["bm25"]) for r in want])
+        assert all(r["version_number"] == 2 for r in got), "a superseded version scored"
+        return names, [r["chunk_id"] for r in got]
+
+    assert run(EVERYTHING, 3)[0] == ["lexical_hits"], "the probes found k current chunks: no pointer scan"
+    names, hits = run(ReadScope(), 12)  # no principals: the 4 open documents only
+    assert len(hits) == 4 and names == ["lexical_hits"], "the walk ran out before the probes did"
+    monkeypatch.setattr(lexical, "PROBES_AT_LEAST", 1)
+    monkeypatch.setattr(lexical, "PROBES_PER_HIT", 2)
+    names, hits = run(ReadScope(), 3)  # 6 probes: superseded and finance-only chunks use them up
+    assert names == ["lexical_hits", "lexical_hits_all_pointers"] and len(hits) == 3
+    names, hits = run(ReadScope.of(see_all=True, filters=("dept=legal",)), 5)
+    assert names == ["lexical_hits_all_pointers"] and len(hits) == 3

@@ -75,7 +75,8 @@ def test_no_search_statement_of_any_mode_runs_a_generic_plan_on_a_reused_connect
         conn.execute("UPDATE index_profile SET lexical_analyzer = 'wordpiece'")  # the query's pieces then hit
     one_connection = Database(db_url, min_size=1, max_size=1)
     fake = FakeEmbedder(model_name=DEFAULT_MODEL_NAME)
-    kinds = [("dense", None), ("lexical", None), ("hybrid", None), ("dense", ReadScope.of(filters=["dept=hr"]))]
+    kinds = [("dense", None), ("lexical", None), ("hybrid", None), ("dense", ReadScope.of(filters=["dept=hr"])),
+             ("hybrid", ReadScope.of(filters=["dept=hr"]))]
     try:
         for i in range(20):
             for mode, read in kinds:
@@ -85,6 +86,44 @@ def test_no_search_statement_of_any_mode_runs_a_generic_plan_on_a_reused_connect
     finally:
         one_connection.close()
     prepared = {named(statement): (generic, custom) for statement, generic, custom in rows}
-    assert {"search_hits", "lexical_stats_get", "lexical_hits", "search_hits_scoped"} <= prepared.keys(), prepared
+    assert {"search_hits", "lexical_stats_get", "lexical_hits", "lexical_hits_all_pointers", "lexical_scores_of",
+            "search_hits_scoped"} <= prepared.keys(), prepared
     generic = {name: counts for name, counts in prepared.items() if counts[0] and name not in NO_CORPUS_TABLE}
     assert not generic, f"search statements that ran a generic plan: {generic}"
+
+
+def _rows_read(plan: dict, relation: str) -> int:
+    """Rows the plan's scans of ``relation`` returned, over all their loops."""
+    own = plan.get("Actual Rows", 0) * plan.get("Actual Loops", 1) if plan.get("Relation Name") == relation else 0
+    return own + sum(_rows_read(child, relation) for child in plan.get("Plans", ()))
+
+
+def test_bm25_of_given_chunks_probes_their_postings_instead_of_walking_the_terms(db_url):
+    """lexical_scores_of (the dense candidates' BM25 in a hybrid search) reads at most one posting per
+    (chunk, term): planned as a join, it walked every posting of the query's terms (7,934 for 26 matches at
+    1M chunks)."""
+    import json
+
+    import psycopg
+
+    from sql import queries
+
+    seed(db_url, 6000, 24, 100, 0, lambda line: None, np.random.default_rng(3))
+    with psycopg.connect(db_url) as conn:
+        terms = [t for (t,) in conn.execute(
+            "SELECT term FROM lexical_term_stats WHERE tenant_id = 't-huge' AND term >= 0 ORDER BY df DESC LIMIT 3")]
+        ids = [c for (c,) in conn.execute(
+            "SELECT c.chunk_id FROM chunk c JOIN search_pointer p USING (tenant_id, document_id, profile, version_number)"
+            " WHERE c.tenant_id = 't-huge' ORDER BY c.chunk_id LIMIT 20")]
+        postings = conn.execute("SELECT count(*) FROM lexical_posting WHERE tenant_id = 't-huge' AND term = ANY(%s)",
+                                (terms,)).fetchone()[0]
+        params = {"candidates": terms, "candidate_idfs": [1.0] * len(terms), "k1": 1.2, "b": 0.75, "avg_length": 60.0,
+                  "chunk_ids": ids, "tenant_id": "t-huge", "profile": "minilm-v1", "see_all": True, "principals": [],
+                  "filters": "[]"}
+        (plan,) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + queries["lexical_scores_of"], params).fetchone()[0]
+        scored = conn.execute(queries["lexical_scores_of"], params).fetchall()
+    plan = plan if isinstance(plan, dict) else json.loads(plan)[0]
+    assert scored, "some of the chunks hold one of the terms"
+    assert postings > 10 * len(ids) * len(terms), "a walk of the terms would read far more than the probes"
+    read = _rows_read(plan["Plan"], "lexical_posting")
+    assert read <= len(ids) * len(terms), f"{read} postings read for {len(ids)} chunks x {len(terms)} terms"

@@ -183,7 +183,7 @@ def lexical_search(
         "query": query_vector,
         "max_probes": max_pointer_probes(k),
     }
-    if read.get("filters", NO_FILTERS) != NO_FILTERS:  # a filter keeps a share of the tenant: its pointers are few
+    if read["filters"] != NO_FILTERS:  # a filter keeps a share of the tenant: its pointers are few
         return tx.fetch_all("lexical_hits_all_pointers", query)
     rows = tx.fetch_all("lexical_hits", query)
     hits = [r for r in rows if r["chunk_id"] is not None]

@@ -139,7 +139,8 @@ WITH q AS (
 scored AS MATERIALIZED (
     SELECT x.chunk_id,
            round(1e9::float8 * sum(q.idf * x.tf * (%(k1)s::float8 + 1)
-               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8)))) / 1e9::float8 AS bm25
+               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8))))
+           / 1e9::float8 AS bm25
     FROM q
     JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
     GROUP BY x.chunk_id
@@ -185,7 +186,8 @@ pointed AS MATERIALIZED (
 scored AS (
     SELECT x.chunk_id,
            round(1e9::float8 * sum(q.idf * x.tf * (%(k1)s::float8 + 1)
-               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8)))) / 1e9::float8 AS bm25
+               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8))))
+           / 1e9::float8 AS bm25
     FROM q
     JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
     JOIN pointed p ON p.document_id = x.document_id AND p.version_number = x.version_number
@@ -211,7 +213,8 @@ WITH q AS (
 )
 SELECT ids.chunk_id,
        round(1e9::float8 * sum(q.idf * x.tf * (%(k1)s::float8 + 1)
-           / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8)))) / 1e9::float8 AS bm25
+           / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8))))
+       / 1e9::float8 AS bm25
 FROM unnest(%(chunk_ids)s::text[]) AS ids (chunk_id)
 CROSS JOIN q
 CROSS JOIN LATERAL (

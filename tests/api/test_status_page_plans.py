@@ -5,22 +5,16 @@ about holds 5k of them, as one of many tenants would)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
 from sql import queries
+from tests.plans import rows_read, walk
 
 DOCUMENTS = {"acme": 5_000, "globex": 35_000}
 BIG_TABLES = {"index_task", "document", "document_version"}
-
-
-def walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", []):
-        yield from walk(child)
 
 
 @pytest.fixture
@@ -59,11 +53,6 @@ def plan(url: str, name: str, params: dict[str, Any]) -> dict[str, Any]:
         (raw,) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + queries[name], params).fetchone()
     raw = raw if isinstance(raw, list) else json.loads(raw)
     return raw[0]["Plan"]
-
-
-def rows_read(node: dict[str, Any]) -> int:
-    per_loop = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Index Recheck", 0)
-    return int(per_loop * node.get("Actual Loops", 1))
 
 
 LIMIT = 51  # a page of 50 and one more to know whether there is a next page

@@ -12,14 +12,9 @@ import pytest
 
 from resources.task_queue import NEVER_STARTED_MESSAGE
 from sql import queries
+from tests.plans import walk
 
 QUEUE_ROWS = 20_000
-
-
-def walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", []):
-        yield from walk(child)
 
 
 def walk_inline(node: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -383,8 +383,8 @@ def test_lexical_search_probes_the_best_chunks_first_and_reads_every_pointer_onl
         allow = ["group:finance"] if d % 3 else None  # a third open, the rest finance only
         for edit in range(2):  # version 1 superseded: its postings stay and score as high
             text = f"Refund policy {d}: refunds of grade {d % 4} take {edit + 14} days. " * (1 + d % 3)
-            publisher.publish("acme", f"doc-{d}", text.encode(), f"doc-{d}.txt", metadata={"dept": "hr" if d % 4 else "legal"},
-                              allow=allow)
+            publisher.publish("acme", f"doc-{d}", text.encode(), f"doc-{d}.txt",
+                              metadata={"dept": "hr" if d % 4 else "legal"}, allow=allow)
             (claimed,) = queue.claim("test-worker", limit=1)
             sink.publish(claimed.lease, pieces("acme", f"doc-{d}", claimed.version_number, [text]), vectors([text]))
     profile = db.fetch_one("index_profile_active")
@@ -399,7 +399,8 @@ def test_lexical_search_probes_the_best_chunks_first_and_reads_every_pointer_onl
             query = {**read.params(), **weights, "k1": params.bm25_k1, "b": params.bm25_b, **scope, "k": k,
                      "query": None}
             want = tx.fetch_all("lexical_hits_all_pointers", query)
-        assert [r["chunk_id"] for r in got] == [r["chunk_id"] for r in want], (names, [(r["chunk_id"][:6], r["bm25"]) for r in got], [(r["chunk_id"][:6], r["bm25"]) for r in want])
+        scores = [[(r["chunk_id"][:6], r["bm25"]) for r in rows] for rows in (got, want)]
+        assert [r["chunk_id"] for r in got] == [r["chunk_id"] for r in want], (names, scores)
         assert all(r["version_number"] == 2 for r in got), "a superseded version scored"
         return names, [r["chunk_id"] for r in got]
 

@@ -14,6 +14,7 @@ from bench.scale.search import seed
 from resources.database import Database
 from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder
 from resources.search import search
+from tests.plans import rows_read, walk
 
 PREPARED_SEARCH = """
 SELECT generic_plans, custom_plans FROM pg_prepared_statements
@@ -92,12 +93,6 @@ def test_no_search_statement_of_any_mode_runs_a_generic_plan_on_a_reused_connect
     assert not generic, f"search statements that ran a generic plan: {generic}"
 
 
-def _rows_read(plan: dict, relation: str) -> int:
-    """Rows the plan's scans of ``relation`` returned, over all their loops."""
-    own = plan.get("Actual Rows", 0) * plan.get("Actual Loops", 1) if plan.get("Relation Name") == relation else 0
-    return own + sum(_rows_read(child, relation) for child in plan.get("Plans", ()))
-
-
 def test_bm25_of_given_chunks_probes_their_postings_instead_of_walking_the_terms(db_url):
     """lexical_scores_of (the dense candidates' BM25 in a hybrid search) reads at most one posting per
     (chunk, term): planned as a join, it walked every posting of the query's terms (7,934 for 26 matches at
@@ -125,5 +120,5 @@ def test_bm25_of_given_chunks_probes_their_postings_instead_of_walking_the_terms
     plan = plan if isinstance(plan, dict) else json.loads(plan)[0]
     assert scored, "some of the chunks hold one of the terms"
     assert postings > 10 * len(ids) * len(terms), "a walk of the terms would read far more than the probes"
-    read = _rows_read(plan["Plan"], "lexical_posting")
+    read = sum(rows_read(n) for n in walk(plan["Plan"]) if n.get("Relation Name") == "lexical_posting")
     assert read <= len(ids) * len(terms), f"{read} postings read for {len(ids)} chunks x {len(terms)} terms"

@@ -26,7 +26,20 @@ Then, as an operator would:
    320 versions (a full run) and the window's tasks/s, for plain indexing and for REINDEX: that growth is
    measured, not assumed.
 
-The CI-sized round is tests/acceptance/test_bench_scale_migration.py.
+With ``--corpus PATH`` (issue #33's real-model round) nothing is seeded: ``--plain`` one-paragraph documents
+cut from the shared corpus (bench/scale/small_docs.py's paragraphs) go through plain indexing on the default
+profile (int8 MiniLM, through the warm embedding service, as ``kbindex dev`` runs it), then the migration
+REINDEXes exactly those versions into a shadow profile on the same model, chunking and lexical analysis.
+Profiles never share vectors (resources/embedding_reuse.py), so both phases embed the same texts with the
+same model: the same work, timed the same way. ``python -m bench.scale.migration --corpus ../shared/corpus
+--plain 10000 --minutes 30`` is the 10k round; the window ends early once every REINDEX task is done.
+
+In both modes the shadow profile copies the active profile's chunking, lexical analyzer, fusion and context,
+so a REINDEX writes the same kind of rows as plain indexing (before 2026-12-05 the fake round's shadow
+profile took create_profile's defaults, the word-piece analyzer, while the active profile analyzes English
+words: unequal lexical work).
+
+The CI-sized rounds are tests/acceptance/test_bench_scale_migration.py.
 """
 
 from __future__ import annotations
@@ -86,6 +99,8 @@ class Result:
     plain_windows: list[dict] | None = None
     reindex_windows: list[dict] | None = None
     """Per window of versions in finishing order: publish-step p50/p95 seconds and tasks/s (``windows``)."""
+    models: str = f"fake-384 -> {SHADOW_MODEL}"
+    """The active profile's model -> the shadow profile's."""
 
     @property
     def plain_rate(self) -> float:
@@ -214,15 +229,24 @@ def launch_backfill_job(ui: DagsterUI, profile: str) -> tuple[str, float]:
 
 
 def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float, log_to: Path | None = None,
-        lease_seconds: float = 300, cut: float = 0.9, window_versions: int = 1000) -> Result:
+        lease_seconds: float = 300, cut: float = 0.9, window_versions: int = 1000,
+        documents: list[tuple[str, bytes]] | None = None) -> Result:
+    """The bench on a scratch server. ``documents``: the real-model round (module docstring): these documents
+    are the plain phase (``plain`` is ignored) on the default profile's own model, and nothing is seeded."""
     import dagster as dg
 
     from resources.blob_store import BlobStore
+    from pipelines.domain.lexical import LexicalParams
     from resources.database import Database
     from resources.local_postgres import with_database
     from resources.migrations import migrate
     from resources.profiles import create_profile
     from resources.publisher import Publisher
+
+    if documents is not None:
+        if versions:
+            raise ValueError("the real-model round seeds nothing: pass versions=0 with documents")
+        plain = len(documents)
 
     kb, dg_db = "mig_kb", "mig_dg"
     create_databases(admin_url, kb, dg_db)
@@ -232,19 +256,30 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
     env = {"KBINDEX_DATABASE_URL": kb_url, "KBINDEX_HOME": str(workdir / "home"), "KBINDEX_BLOB_URL": blobs,
            "KBINDEX_ARTIFACTS": str(workdir / "artifacts"), "KBINDEX_LEASE_SECONDS": str(lease_seconds)}
     os.environ.update(env)
+    if documents is not None:  # the warm embedding service, as `kbindex dev` runs it
+        env["KBINDEX_EMBED_SERVICE"] = env["KBINDEX_HOME"]
     db = Database(kb_url)
     ui = DagsterUI(workdir, with_database(admin_url, dg_db), env)
+    service = None
     try:
-        db.execute("bench_corpus_set_active_model", {"model": "fake-384"})
-        print(f"seeding {versions:,} indexed versions and their blobs ...", flush=True)
-        seeded = seed_corpus(db, versions, progress=versions >= 200_000)
-        chunked = seed_chunks(kb_url, versions)
-        written = write_blobs(blobs, 1, versions)
-        print(f"  {seeded:.0f} s (SQL), {chunked:.0f} s (a chunk each and the HNSW graph), {written:.0f} s (blobs)",
-              flush=True)
         publisher = Publisher(db, BlobStore(blobs))
-        for i in range(versions + 1, versions + plain + 1):  # the same kind of document, fresh
-            publisher.publish(TENANT, f"fresh-{i}", document_text(i), f"fresh-{i}.txt")
+        if documents is None:
+            db.execute("bench_corpus_set_active_model", {"model": "fake-384"})
+            print(f"seeding {versions:,} indexed versions and their blobs ...", flush=True)
+            seeded = seed_corpus(db, versions, progress=versions >= 200_000)
+            chunked = seed_chunks(kb_url, versions)
+            written = write_blobs(blobs, 1, versions)
+            print(f"  {seeded:.0f} s (SQL), {chunked:.0f} s (a chunk each and the HNSW graph), {written:.0f} s (blobs)",
+                  flush=True)
+            for i in range(versions + 1, versions + plain + 1):  # the same kind of document, fresh
+                publisher.publish(TENANT, f"fresh-{i}", document_text(i), f"fresh-{i}.txt")
+        else:
+            from resources.embedding_service import start_service
+
+            service = start_service(env["KBINDEX_HOME"], {**os.environ, **env}, log=workdir / "embedder.log")
+            for i, (name, body) in enumerate(documents, 1):
+                publisher.publish(TENANT, f"fresh-{i}", body, name)
+        active_profile = db.fetch_one("index_profile_active")
         instance = ui.open_instance()
         began = datetime.now(UTC)
         print(f"dagster dev answered in {ui.start():.1f} s; plain indexing of {plain:,} fresh publishes ...", flush=True)
@@ -267,7 +302,10 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
             plain_runs[record.dagster_run.status.value] = plain_runs.get(record.dagster_run.status.value, 0) + 1
 
         started = time.perf_counter()
-        created = create_profile(db, SHADOW, model=SHADOW_MODEL, chunk_tokens=200, overlap=32)
+        # The same chunking, analysis, fusion and context as the active profile: the same rows to write.
+        created = create_profile(db, SHADOW, model=SHADOW_MODEL if documents is None else active_profile["model"],
+                                 chunk_tokens=active_profile["chunk_tokens"], overlap=active_profile["chunk_overlap"],
+                                 lexical=LexicalParams.of(active_profile), context=active_profile["embed_context"])
         create_seconds = time.perf_counter() - started
         print(f"create_profile: {created['reindex_tasks']:,} REINDEX tasks in {create_seconds:.2f} s", flush=True)
 
@@ -278,7 +316,11 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
         first_run_seconds = first_start - launched_at.timestamp()
         print(f"launched in {launch_seconds:.2f} s; first indexing run started after {first_run_seconds:.1f} s; "
               f"measuring {minutes:g} min ...", flush=True)
-        time.sleep(max(0.0, first_start + minutes * 60 - time.time()))
+        window_end = first_start + minutes * 60
+        while time.time() < window_end and _sql_one(
+                kb_url, "SELECT count(*) > 0 FROM index_task WHERE profile = %s AND status <> 'SUCCEEDED'", [SHADOW])[0]:
+            ui.dev.check_alive()
+            time.sleep(min(1.0, max(0.0, window_end - time.time())))
         # Measured like plain indexing: from the first run's start to the end of the last task finished
         # (here, within the window), so the runs cut off by the window's end count neither their tasks
         # nor their time.
@@ -300,12 +342,16 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
                       cut=m, plain_cut_seconds=cut_seconds([row[0] for row in plain_rows], first, m),
                       reindex_cut_seconds=cut_seconds([row[0] for row in reindex_rows], first_start, m),
                       plain_windows=windows(plain_rows, window_versions),
-                      reindex_windows=windows(reindex_rows, window_versions))
+                      reindex_windows=windows(reindex_rows, window_versions),
+                      models=f"{active_profile['model']} -> {created['model']}")
     finally:
         db.close()
         if log_to is not None and ui.dev.log_path.exists():
             log_to.write_bytes(ui.dev.log_path.read_bytes())
         ui.stop()
+        if service is not None:
+            service.terminate()
+            service.wait(30)
 
 
 def report(r: Result) -> bool:
@@ -315,7 +361,7 @@ def report(r: Result) -> bool:
         return "ok" if holds[key] else "MISSED"
 
     print(f"\nmigration of {r.reindex_tasks:,} versions ({r.versions:,} seeded + {r.plain_tasks:,} fresh), "
-          f"fake models, dagster.yaml run slots")
+          f"models {r.models}, dagster.yaml run slots")
     print(f"  create_profile (REINDEX tasks, one statement)   {r.create_seconds:8.2f} s")
     print(f"  launch mutation round trip                     {r.launch_seconds:8.2f} s   target <= 10 s  {mark('launch_seconds')}")
     print(f"  mutation -> first indexing run STARTED         {r.first_run_seconds:8.1f} s   target <= 60 s  {mark('first_run_seconds')}")
@@ -356,14 +402,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cut", type=float, default=0.9,
                         help="both phases are timed to their (cut x --plain)-th finished task")
     parser.add_argument("--window", type=int, default=1000, help="versions per window of the publish timings")
+    parser.add_argument("--corpus", type=Path, default=None,
+                        help="the real-model round: --plain paragraphs of this corpus, nothing seeded (--versions ignored)")
     args = parser.parse_args(argv)
     exit_on_sigterm()
     from resources.local_postgres import temporary_server
 
+    documents = None
+    if args.corpus is not None:
+        from bench import share_built_models
+        from bench.scale.small_docs import paragraph_documents
+
+        if not (args.corpus / "en-sotu").is_dir():
+            print(f"bench.scale.migration --corpus skipped: corpus {args.corpus} not found")
+            return 0
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        share_built_models()
+        documents = paragraph_documents(args.corpus, args.plain)
+        args.versions = 0
+
     with temporary_server("kbindex-bench-migration-", external_env="KBINDEX_BENCH_DATABASE_URL") as admin_url, \
             tempfile.TemporaryDirectory(prefix="kb-scale-mig-") as tmp:
         result = run(admin_url, Path(tmp), args.versions, args.plain, args.minutes, args.log, args.lease_seconds,
-                     args.cut, args.window)
+                     args.cut, args.window, documents)
         ok = report(result)  # before the clean-up: deleting 10^5 blobs takes minutes on a loaded machine
     return 0 if ok else 1
 

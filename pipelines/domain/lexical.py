@@ -341,7 +341,8 @@ def bm25_matrix(
     chunk_terms: Sequence[Mapping[int, int]], query_terms: Iterable[Iterable[int]], k1: float, b: float
 ):  # -> numpy array (queries x chunks)
     """BM25 of every query against every chunk, in memory, over the same ``scoring_terms`` search uses (the
-    quality gate's lexical side)."""
+    quality gate's lexical side), rounded to 1e-9 as the search statements round each chunk's sum
+    (sql/queries/lexical.sql), so a tie the gate sees is the tie search breaks by chunk id."""
     import numpy as np
     from scipy import sparse
 
@@ -370,7 +371,7 @@ def bm25_matrix(
                 q_cols.append(j)
                 q_vals.append(idf(n, int(df[j])))
     q = sparse.csr_matrix((q_vals, (q_rows, q_cols)), shape=(len(queries), len(vocab)))
-    return np.asarray((q @ weights.T).todense())
+    return np.round(np.asarray((q @ weights.T).todense()) * 1e9) / 1e9
 
 
 def fuse_matrix(cosines, bm25, lexical_weight: float):  # numpy arrays (queries x chunks) -> same shape

@@ -70,6 +70,7 @@ def test_bm25_matrix_is_the_sum_of_term_contributions():
         for i, c in enumerate(chunks)
     ]
     assert scores[0] == pytest.approx(expected)
+    assert np.array_equal(scores, np.round(np.asarray(expected)[None, :] * 1e9) / 1e9)  # on search's 1e-9 grid
 
 
 def test_fuse_and_fuse_matrix_agree_and_lexical_weight_moves_the_order():

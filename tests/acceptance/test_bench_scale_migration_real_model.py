@@ -40,7 +40,7 @@ def test_the_real_model_round_reindexes_the_same_versions_with_the_same_work(pg_
     assert (result.versions, result.plain_tasks, result.reindex_tasks) == (0, DOCS, DOCS)  # the same versions
     assert result.reindex_done == DOCS  # every one REINDEXed ...
     assert result.window_seconds < 10 * 60  # ... and the window ended when the last one did, not at 10 minutes
-    assert result.plain_cut_seconds and result.reindex_cut_seconds and result.ratio > 0
+    assert result.plain_cut_seconds and result.reindex_cut_seconds  # both phases timed to their M-th task
     assert result.backfill_run_status == "SUCCESS" and not result.retried, result.retried
 
     with psycopg.connect(with_database(pg_server_url, "mig_kb")) as conn:

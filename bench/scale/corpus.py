@@ -123,9 +123,10 @@ class DagsterUI:
         pg_url = psycopg2_url(dagster_url)
         (reader / "dagster.yaml").write_text(json.dumps({"storage": {"postgres": {"postgres_url": pg_url}},
                                                          "telemetry": {"enabled": False}}))
-        full_env = {**os.environ, "DAGSTER_HOME": str(home), "DAGSTER_PG_URL": pg_url,
+        # An embedding service inherited from the caller's shell is not this round's; one in ``env`` is.
+        inherited = {k: v for k, v in os.environ.items() if k != "KBINDEX_EMBED_SERVICE"}
+        full_env = {**inherited, "DAGSTER_HOME": str(home), "DAGSTER_PG_URL": pg_url,
                     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **env}
-        full_env.pop("KBINDEX_EMBED_SERVICE", None)
         self.dev = DagsterDev(root, full_env)
         self.reader_home = reader
         self.instance: Any = None

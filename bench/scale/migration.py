@@ -256,8 +256,8 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
     env = {"KBINDEX_DATABASE_URL": kb_url, "KBINDEX_HOME": str(workdir / "home"), "KBINDEX_BLOB_URL": blobs,
            "KBINDEX_ARTIFACTS": str(workdir / "artifacts"), "KBINDEX_LEASE_SECONDS": str(lease_seconds)}
     os.environ.update(env)
-    if documents is not None:  # the warm embedding service, as `kbindex dev` runs it
-        env["KBINDEX_EMBED_SERVICE"] = env["KBINDEX_HOME"]
+    if documents is not None:  # the warm embedding service, as `kbindex dev` runs it; no run embeds by itself
+        env.update({"KBINDEX_EMBED_SERVICE": env["KBINDEX_HOME"], "KBINDEX_EMBED_SERVICE_FALLBACK": "none"})
     db = Database(kb_url)
     ui = DagsterUI(workdir, with_database(admin_url, dg_db), env)
     service = None

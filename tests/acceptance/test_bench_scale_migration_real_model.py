@@ -8,6 +8,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from bench.scale.corpus import DagsterUI
 from bench.scale.migration import SHADOW, run
 from resources.local_postgres import with_database
 
@@ -53,3 +54,14 @@ def test_the_real_model_round_reindexes_the_same_versions_with_the_same_work(pg_
         lexical = dict(conn.execute("SELECT profile, count(*) FROM lexical_posting GROUP BY profile").fetchall())
     assert written[SHADOW] == written[active] >= DOCS  # the same chunks embedded and written on both sides
     assert lexical[SHADOW] == lexical[active] > 0  # and the same postings
+
+
+def test_the_round_hands_its_own_embedding_service_to_dagster_and_never_the_shells(tmp_path, monkeypatch):
+    """The real round's runs embed through the service it started (with no local fallback, a run that cannot
+    reach it fails its task, which the test above would see as a retry); a service named in the caller's shell
+    is never passed on. (A first 10k round ran with its runs embedding in-process: the service it started was
+    dropped here.)"""
+    monkeypatch.setenv("KBINDEX_EMBED_SERVICE", "/somewhere/else")
+    ours = DagsterUI(tmp_path / "a", "postgresql://u@h/db", {"KBINDEX_EMBED_SERVICE": "/round/home"})
+    assert ours.dev.env["KBINDEX_EMBED_SERVICE"] == "/round/home"
+    assert "KBINDEX_EMBED_SERVICE" not in DagsterUI(tmp_path / "b", "postgresql://u@h/db", {}).dev.env

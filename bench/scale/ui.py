@@ -18,6 +18,11 @@ the median of ``--repeat`` later ones, with its response size. Then ``--prune`` 
 window are added and the ``prune_lineage_keys`` job runs once in process over the whole corpus: its
 time must follow the keys it deletes, not the corpus. The CI-sized round is
 tests/acceptance/test_bench_scale_ui.py.
+
+``--history N`` (issue #33) first writes what N versions indexed and pruned earlier leave in Dagster's
+storage: one materialization of each partitioned asset per pruned key (pruning deletes keys, not events),
+so the partitions tab and the asset graph are measured with that history behind them. Runless events, as
+the live keys get: no run records or step events are seeded.
 """
 
 from __future__ import annotations
@@ -137,6 +142,32 @@ class Prune:
 def add_keys(instance, db, keys: list[str], assets: list[list[str]], *, age_seconds: float,
              spread_seconds: float) -> None:
     """Add ``keys`` as the sensor does (Dagster keys + kbindex's record) and materialize each asset for each."""
+    from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+
+    for start in range(0, len(keys), EVENT_BATCH):
+        batch = keys[start : start + EVENT_BATCH]
+        instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, batch)
+        materialize(instance, batch, assets)
+    db.execute("bench_corpus_record_keys", {"partition_keys": keys, "age_seconds": age_seconds,
+                                            "spread_seconds": spread_seconds})
+
+
+def add_history(instance, keys: list[str], assets: list[list[str]], out=print) -> float:
+    """The materializations that pruned keys leave behind (issue #33): each asset materialized once for each
+    of ``keys``, which are not (any longer) partition keys: prune_lineage_keys deletes keys, not events.
+    Runless events, as ``add_keys`` writes them (no run records or step events). Returns seconds."""
+    started = time.perf_counter()
+    for start in range(0, len(keys), EVENT_BATCH):
+        materialize(instance, keys[start : start + EVENT_BATCH], assets)
+        done = min(len(keys), start + EVENT_BATCH)
+        if done % 100_000 < EVENT_BATCH or done == len(keys):
+            out(f"  history: {done:,} of {len(keys):,} pruned keys' materializations "
+                f"({time.perf_counter() - started:.0f} s)")
+    return time.perf_counter() - started
+
+
+def materialize(instance, keys: list[str], assets: list[list[str]]) -> None:
+    """One runless ASSET_MATERIALIZATION event per asset and key, written in one batch per asset."""
     import dagster as dg
     from dagster._core.events import (
         DagsterEvent,
@@ -146,26 +177,19 @@ def add_keys(instance, db, keys: list[str], assets: list[list[str]], *, age_seco
     from dagster._core.events.log import EventLogEntry
     from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 
-    from pipelines.partitions import VERSIONS_PARTITIONS_NAME
-
-    for start in range(0, len(keys), EVENT_BATCH):
-        batch = keys[start : start + EVENT_BATCH]
-        instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, batch)
-        for path in assets:
-            events = [
-                EventLogEntry(
-                    user_message="", level=20, job_name=RUNLESS_JOB_NAME, run_id=RUNLESS_RUN_ID, error_info=None,
-                    timestamp=time.time(), step_key=None,
-                    dagster_event=DagsterEvent(
-                        event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value, job_name=RUNLESS_JOB_NAME,
-                        event_specific_data=StepMaterializationData(dg.AssetMaterialization(path, partition=key)),
-                    ),
-                )
-                for key in batch
-            ]
-            instance.event_log_storage.store_event_batch(events)
-    db.execute("bench_corpus_record_keys", {"partition_keys": keys, "age_seconds": age_seconds,
-                                            "spread_seconds": spread_seconds})
+    for path in assets:
+        events = [
+            EventLogEntry(
+                user_message="", level=20, job_name=RUNLESS_JOB_NAME, run_id=RUNLESS_RUN_ID, error_info=None,
+                timestamp=time.time(), step_key=None,
+                dagster_event=DagsterEvent(
+                    event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value, job_name=RUNLESS_JOB_NAME,
+                    event_specific_data=StepMaterializationData(dg.AssetMaterialization(path, partition=key)),
+                ),
+            )
+            for key in keys
+        ]
+        instance.event_log_storage.store_event_batch(events)
 
 
 def webserver_process(ui: DagsterUI):
@@ -230,13 +254,13 @@ def prune_once(instance, db, kb_url: str, batch: int) -> Prune:
 
 
 def run(admin_url: str, workdir: Path, versions: int, live_counts: list[int], prune: int, repeat: int,
-        ) -> tuple[list[Round], Prune | None]:
+        history: int = 0) -> tuple[list[Round], Prune | None]:
     from resources.database import Database
     from resources.local_postgres import with_database
     from resources.migrations import migrate
 
     live_counts = sorted(live_counts)
-    assert live_counts[-1] + prune <= versions, "--versions must cover the live and prunable keys"
+    assert live_counts[-1] + prune + history <= versions, "--versions must cover the live, prunable and history keys"
     kb, dg_db = "ui_kb", "ui_dg"
     create_databases(admin_url, kb, dg_db)
     kb_url = with_database(admin_url, kb)
@@ -257,6 +281,10 @@ def run(admin_url: str, workdir: Path, versions: int, live_counts: list[int], pr
         nodes = ui.post(ALL_ASSETS)[0]["assetNodes"]
         every = [n["assetKey"]["path"] for n in nodes]
         partitioned = [n["assetKey"]["path"] for n in nodes if n["partitionDefinition"]]
+        if history:  # versions after the prunable ones, before the live ones: indexed, then pruned
+            print(f"history: {history:,} pruned keys' materializations of {len(partitioned)} assets ...", flush=True)
+            add_history(instance, corpus_keys(db, prune + 1, history), partitioned,
+                        out=lambda line: print(line, flush=True))
         added = 0
         for live in live_counts:  # the newest versions hold the live keys, spread over the lineage window
             started = time.perf_counter()
@@ -319,13 +347,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live-keys", default="10000,70000", help="comma-separated live partition key counts")
     parser.add_argument("--prune", type=int, default=5000, help="keys past the lineage window to prune once (0: skip)")
     parser.add_argument("--repeat", type=int, default=3, help="warm requests per query after the first")
+    parser.add_argument("--history", type=int, default=0,
+                        help="pruned keys whose materializations stay in Dagster's event log (issue #33)")
     args = parser.parse_args(argv)
     from resources.local_postgres import temporary_server
 
     with temporary_server("kbindex-bench-ui-", external_env="KBINDEX_BENCH_DATABASE_URL") as admin_url, \
             tempfile.TemporaryDirectory(prefix="kb-scale-ui-") as tmp:
         rounds, pruned = run(admin_url, Path(tmp), args.versions, [int(k) for k in args.live_keys.split(",")],
-                             args.prune, args.repeat)
+                             args.prune, args.repeat, args.history)
+        if args.history:
+            print(f"\nwith the materializations of {args.history:,} pruned keys in Dagster's event log")
         ok = report(args.versions, rounds, pruned)  # before the clean-up of a 10^6-version database
     return 0 if ok else 1
 

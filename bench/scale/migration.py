@@ -22,9 +22,8 @@ Then, as an operator would:
    ``--plain`` must be large against a run: runs are sized by work (~2,340 of these versions each, two at a
    time), and a phase's tasks finish a run at a time, so with the old default of 3,000 REINDEX's 2,700th
    task came with its 4,684th (both first runs end together: ~184 tasks/s, plain's rate) and the ratio
-   read 0.58. The
-   default is now as many versions as the REINDEX window covers (23,000 in 6 minutes here; 2026-12-05,
-   measured 0.93; the README keeps the earlier figures beside it).
+   read 0.58. The default is now as many versions as the REINDEX window covers (23,000 in 6 minutes here;
+   2026-12-05, measured 0.93; the README keeps the earlier figures beside it).
    Both insert into an HNSW graph that holds the seeded corpus's chunks (random vectors), each model's
    vectors starting a neighbourhood of their own; an insert may cost more as its neighbourhood fills. The
    bench prints each run's publish step (from its publish announcement to its last task's finish), runs in
@@ -45,7 +44,8 @@ so a REINDEX writes the same kind of rows as plain indexing (before 2026-12-05 t
 profile took create_profile's defaults, the word-piece analyzer, while the active profile analyzes English
 words: unequal lexical work).
 
-The CI-sized rounds are tests/acceptance/test_bench_scale_migration.py.
+The CI-sized rounds are tests/acceptance/test_bench_scale_migration.py (fake models, soak) and
+tests/acceptance/test_bench_scale_migration_real_model.py (the real-model round, a dozen documents).
 """
 
 from __future__ import annotations
@@ -241,8 +241,8 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
     are the plain phase (``plain`` is ignored) on the default profile's own model, and nothing is seeded."""
     import dagster as dg
 
-    from resources.blob_store import BlobStore
     from pipelines.domain.lexical import LexicalParams
+    from resources.blob_store import BlobStore
     from resources.database import Database
     from resources.local_postgres import with_database
     from resources.migrations import migrate
@@ -323,8 +323,8 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
         print(f"launched in {launch_seconds:.2f} s; first indexing run started after {first_run_seconds:.1f} s; "
               f"measuring {minutes:g} min ...", flush=True)
         window_end = first_start + minutes * 60
-        while time.time() < window_end and _sql_one(
-                kb_url, "SELECT count(*) > 0 FROM index_task WHERE profile = %s AND status <> 'SUCCEEDED'", [SHADOW])[0]:
+        while time.time() < window_end and db.fetch_one("bench_migration_profile_unfinished",
+                                                        {"profile": SHADOW})["unfinished"]:
             ui.dev.check_alive()
             time.sleep(min(1.0, max(0.0, window_end - time.time())))
         # Measured like plain indexing: from the first run's start to the end of the last task finished

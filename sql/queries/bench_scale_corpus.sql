@@ -94,3 +94,8 @@ LEFT JOIN LATERAL (SELECT min(e.created_at) AS at, min(e.lease_owner) AS owner F
 WHERE t.profile = %(profile)s AND t.task_type = %(task_type)s AND t.status = 'SUCCEEDED'
   AND t.document_id ^@ %(prefix)s AND t.finished_at <= to_timestamp(%(until)s)
 ORDER BY t.finished_at, t.task_id;
+
+-- name: bench_migration_profile_unfinished
+-- Benchmark only: whether any task of the profile is not yet SUCCEEDED (the REINDEX window ends early
+-- once a migration is done).
+SELECT EXISTS (SELECT 1 FROM index_task WHERE profile = %(profile)s AND status <> 'SUCCEEDED') AS unfinished;

@@ -26,9 +26,11 @@ def test_ui_queries_see_the_live_keys_and_prune_leaves_them(pg_server_url, tmp_p
         assert all(n == r.live_keys for n in r.materialized.values()), r.materialized
         assert r.numbers and all(n == r.live_keys for n in r.numbers.values()), r.numbers  # graph: live keys only
         assert all(t.response_bytes > 0 for t in r.health.values())
+        assert set(r.after_new_key) == set(r.health)  # each tab measured again after one more key
+        assert all(first > 0 and after > 0 for first, after in r.after_new_key.values())
     assert pruned is not None
     assert pruned.deleted == 120
-    assert pruned.keys_left == 500  # the lineage window's keys survive the prune
+    assert pruned.keys_left == 500  # the lineage window's keys survive the prune (and each round's probe key went)
     assert pruned.recorded_left == 500  # kbindex forgot exactly the deleted keys
 
     with psycopg.connect(with_database(pg_server_url, "ui_dg")) as conn:  # the history is really there

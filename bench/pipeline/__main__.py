@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from bench.cpu import CpuMeter, postgres_pid
 from bench.cpu import budget as cpu_budget
 from bench.cpu import render as render_cpu
 from bench.dagster_dev import DagsterDev
+from bench.warm_service import warm_embedding_service
 from resources.local_postgres import with_database
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -498,15 +499,12 @@ def run(
         root = Path(tempfile.mkdtemp(prefix="kbindex-bench-pipeline-"))
         dagster = dagster_dev(kb_url, dg_url, root)
         bench = Bench(kb_url, dg_url, dagster, out)
-        service = None
+        services = ExitStack()
         try:
-            if embed_service and not fake_model:  # as `kbindex dev` runs it: small runs use the warm model
-                from resources.embedding_service import start_service
-
-                kbhome = Path(dagster.env["KBINDEX_HOME"])
-                service = start_service(kbhome, dagster.env, log=root / "embedder.log")
-                dagster.env["KBINDEX_EMBED_SERVICE"] = str(kbhome)
-                bench.service_pid = service.pid
+            service = services.enter_context(warm_embedding_service(  # as `kbindex dev` runs it: small runs
+                dagster.env["KBINDEX_HOME"], dagster.env, log=root / "embedder.log",  # use the warm model
+                enabled=embed_service and not fake_model))
+            bench.service_pid = service.pid if service else None
             report["embed_service"] = service is not None
             dagster.start()
             ready = dagster.wait_ready()
@@ -531,9 +529,7 @@ def run(
             report["pipeline_counts"] = bench.embed_counts(TENANT)
         finally:
             dagster.stop()
-            if service is not None:
-                service.terminate()
-                service.wait(30)
+            services.close()
             bench.close()
             shutil.rmtree(root, ignore_errors=True)
     unique = list(dict.fromkeys(texts))  # the pipeline embeds each distinct text once and reuses the rest

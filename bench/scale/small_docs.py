@@ -24,6 +24,7 @@ import os
 import shutil
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import psycopg
 from bench import exit_on_sigterm
 from bench.cpu import budget as cpu_budget
 from bench.cpu import render as render_cpu
+from bench.warm_service import warm_embedding_service
 
 TENANT = "bench"  # bench.pipeline.Bench measures this tenant
 
@@ -83,15 +85,12 @@ def run_documents(documents: list[tuple[str, bytes]], *, fake_model: bool = Fals
         root = Path(tempfile.mkdtemp(prefix="kbindex-bench-small-"))
         dagster = dagster_dev(kb_url, dg_url, root)
         bench = Bench(kb_url, dg_url, dagster, out)
-        service = None
+        services = ExitStack()
         try:
-            if embed_service and not fake_model:  # as `kbindex dev` runs it
-                from resources.embedding_service import start_service
-
-                kbhome = Path(dagster.env["KBINDEX_HOME"])
-                service = start_service(kbhome, dagster.env, log=root / "embedder.log")
-                dagster.env["KBINDEX_EMBED_SERVICE"] = str(kbhome)
-                bench.service_pid = service.pid
+            service = services.enter_context(warm_embedding_service(  # as `kbindex dev` runs it
+                dagster.env["KBINDEX_HOME"], dagster.env, log=root / "embedder.log",
+                enabled=embed_service and not fake_model))
+            bench.service_pid = service.pid if service else None
             dagster.start()
             out(f"dagster dev answered in {dagster.wait_ready():.1f} s; warm-up document…")
             bench.warm_up(300.0)
@@ -103,9 +102,7 @@ def run_documents(documents: list[tuple[str, bytes]], *, fake_model: bool = Fals
             report["floor"] = summary(report["passes"])
         finally:
             dagster.stop()
-            if service is not None:
-                service.terminate()
-                service.wait(30)
+            services.close()
             bench.close()
             shutil.rmtree(root, ignore_errors=True)
     first = report["passes"][0]

@@ -56,6 +56,7 @@ import math
 import os
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -71,6 +72,7 @@ from bench.scale.corpus import (
     seed_corpus,
     write_blobs,
 )
+from bench.warm_service import warm_embedding_service
 
 SHADOW = "shadow"
 SHADOW_MODEL = "fake-shadow"
@@ -140,13 +142,6 @@ class Result:
         return {"launch_seconds": self.launch_seconds <= TARGETS["launch_seconds"],
                 "first_run_seconds": self.first_run_seconds <= TARGETS["first_run_seconds"],
                 "ratio": self.ratio >= TARGETS["ratio"]}
-
-
-def _sql_one(url: str, statement: str, params: list | None = None):
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute(statement, params).fetchone()
 
 
 def _wait(predicate, timeout: float, what: str, ui: DagsterUI, interval: float = 0.5):
@@ -266,7 +261,7 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
         env.update({"KBINDEX_EMBED_SERVICE": env["KBINDEX_HOME"], "KBINDEX_EMBED_SERVICE_FALLBACK": "none"})
     db = Database(kb_url)
     ui = DagsterUI(workdir, with_database(admin_url, dg_db), env)
-    service = None
+    services = ExitStack()
     try:
         publisher = Publisher(db, BlobStore(blobs))
         if documents is None:
@@ -280,20 +275,17 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
             for i in range(versions + 1, versions + plain + 1):  # the same kind of document, fresh
                 publisher.publish(TENANT, f"fresh-{i}", document_text(i), f"fresh-{i}.txt")
         else:
-            from resources.embedding_service import start_service
-
-            service = start_service(env["KBINDEX_HOME"], {**os.environ, **env}, log=workdir / "embedder.log")
+            services.enter_context(warm_embedding_service(env["KBINDEX_HOME"], {**os.environ, **env},
+                                                          log=workdir / "embedder.log"))
             for i, (name, body) in enumerate(documents, 1):
                 publisher.publish(TENANT, f"fresh-{i}", body, name)
         active_profile = db.fetch_one("index_profile_active")
         instance = ui.open_instance()
         began = datetime.now(UTC)
         print(f"dagster dev answered in {ui.start():.1f} s; plain indexing of {plain:,} fresh publishes ...", flush=True)
-        _wait(lambda: _sql_one(kb_url, "SELECT count(*) = 0 FROM index_task WHERE status <> 'SUCCEEDED'")[0],
-              3600, "plain indexing", ui)
+        _wait(lambda: db.fetch_one("bench_migration_all_succeeded")["done"], 3600, "plain indexing", ui)
         first = _first_start(instance, began)
-        last = _sql_one(kb_url, "SELECT extract(epoch FROM max(finished_at)) FROM index_task"
-                                " WHERE document_id ^@ 'fresh-'")[0]
+        last = db.fetch_one("bench_migration_last_finished", {"prefix": "fresh-"})["last"]
         plain_seconds = float(last) - first
         active = db.fetch_one("index_profile_active")["name"]
         plain_rows = phase_rows(db, active, "INDEX", "fresh-", float(last))
@@ -330,14 +322,11 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
         # Measured like plain indexing: from the first run's start to the end of the last task finished
         # (here, within the window), so the runs cut off by the window's end count neither their tasks
         # nor their time.
-        done, last = _sql_one(kb_url, "SELECT count(*), extract(epoch FROM max(finished_at)) FROM index_task"
-                                      " WHERE profile = %s AND task_type = 'REINDEX' AND status = 'SUCCEEDED'"
-                                      " AND finished_at <= to_timestamp(%s)", [SHADOW, first_start + minutes * 60])
+        row = db.fetch_one("bench_migration_window_done", {"profile": SHADOW, "until": first_start + minutes * 60})
+        done, last = row["done"], row["last"]
         window = float(last) - first_start if last is not None else minutes * 60
-        nth = _sql_one(kb_url, "SELECT extract(epoch FROM finished_at) FROM index_task WHERE profile = %s"
-                               " AND task_type = 'REINDEX' AND status = 'SUCCEEDED' ORDER BY finished_at"
-                               " OFFSET %s LIMIT 1", [SHADOW, plain - 1])
-        first_seconds = float(nth[0]) - first_start if nth else None
+        nth = db.fetch_one("bench_migration_nth_finished", {"profile": SHADOW, "n": plain})
+        first_seconds = nth["finished"] - first_start if nth else None
         reindex_rows = phase_rows(db, SHADOW, "REINDEX", "", first_start + minutes * 60)
         backfill_run = instance.get_run_by_id(run_id)
         runs = instance.get_run_records(dg.RunsFilter(job_name=INDEX_JOB, created_after=launched_at))
@@ -355,9 +344,7 @@ def run(admin_url: str, workdir: Path, versions: int, plain: int, minutes: float
         if log_to is not None and ui.dev.log_path.exists():
             log_to.write_bytes(ui.dev.log_path.read_bytes())
         ui.stop()
-        if service is not None:
-            service.terminate()
-            service.wait(30)
+        services.close()
 
 
 def report(r: Result) -> bool:

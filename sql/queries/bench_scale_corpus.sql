@@ -99,3 +99,28 @@ ORDER BY t.finished_at, t.task_id;
 -- Benchmark only: whether any task of the profile is not yet SUCCEEDED (the REINDEX window ends early
 -- once a migration is done).
 SELECT EXISTS (SELECT 1 FROM index_task WHERE profile = %(profile)s AND status <> 'SUCCEEDED') AS unfinished;
+
+-- name: bench_migration_all_succeeded
+-- Benchmark only: whether every task has SUCCEEDED (the plain phase is done).
+SELECT NOT EXISTS (SELECT 1 FROM index_task WHERE status <> 'SUCCEEDED') AS done;
+
+-- name: bench_migration_last_finished
+-- Benchmark only: when (epoch seconds) the last task of the documents whose id starts with %(prefix)s finished.
+SELECT extract(epoch FROM max(finished_at))::float8 AS last FROM index_task WHERE document_id ^@ %(prefix)s;
+
+-- name: bench_migration_window_done
+-- Benchmark only: the REINDEX tasks of a profile that SUCCEEDED by %(until)s (epoch seconds), and when the last
+-- of them finished.
+SELECT count(*) AS done, extract(epoch FROM max(finished_at))::float8 AS last
+FROM index_task
+WHERE profile = %(profile)s AND task_type = 'REINDEX' AND status = 'SUCCEEDED'
+  AND finished_at <= to_timestamp(%(until)s);
+
+-- name: bench_migration_nth_finished
+-- Benchmark only: when (epoch seconds) the profile's REINDEX task number %(n)s (1-based, in finishing order)
+-- finished; no row when fewer have.
+SELECT extract(epoch FROM finished_at)::float8 AS finished
+FROM index_task
+WHERE profile = %(profile)s AND task_type = 'REINDEX' AND status = 'SUCCEEDED'
+ORDER BY finished_at
+OFFSET %(n)s - 1 LIMIT 1;

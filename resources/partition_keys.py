@@ -23,7 +23,10 @@ DEFAULT_LINEAGE_SECONDS = 7 * 24 * 3600.0
 DEFAULT_MAX_KEYS = 30_000
 """At most this many finished versions keep their key, the newest, whatever the churn. With 1M versions in
 the corpus and 30k live keys the UI's partitions tab and asset graph answered in <= 1.02 s on a first request
-and <= 0.49 s warm on this 2-core machine; at 50k a first request took 2.09 s, at 100k 4.41 s (bench.scale.ui)."""
+and <= 0.49 s warm on this 2-core machine; at 50k a first request took 2.09 s, at 100k 4.41 s (bench.scale.ui).
+The cap bounds the live keys only: pruned keys' materializations stay in Dagster's event log, and while keys
+change (every new version adds one) each partitions-tab request rebuilds its status cache from all of them,
+~1.5 s more per 100k pruned keys (README, "With history behind the live keys")."""
 
 
 def record_added(db: Database, keys: Sequence[str]) -> None:

@@ -10,7 +10,7 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning)
 from pipelines.artifact_sweep_job import sweep_artifacts_hourly, sweep_artifacts_job
 from pipelines.assets import indexing_assets
 from pipelines.jobs import index_versions_job
-from pipelines.lineage_job import backfill_profile_job, prune_lineage_keys_hourly, prune_lineage_keys_job
+from pipelines.lineage_job import backfill_profile_job, prune_lineage_keys_job, prune_lineage_keys_when_due
 from pipelines.quality_gate import gate_assets, gate_jobs
 from pipelines.retention_job import apply_retention_hourly, apply_retention_job
 from pipelines.sensors import claim_index_tasks, record_crashed_runs
@@ -21,8 +21,8 @@ defs = dg.Definitions(
     assets=[*indexing_assets, *gate_assets],
     jobs=[index_versions_job, apply_retention_job, prune_lineage_keys_job, backfill_profile_job, *gate_jobs,
           sweep_artifacts_job],
-    schedules=[apply_retention_hourly, prune_lineage_keys_hourly, sweep_artifacts_hourly],
-    sensors=[claim_index_tasks, record_crashed_runs],
+    schedules=[apply_retention_hourly, sweep_artifacts_hourly],
+    sensors=[claim_index_tasks, record_crashed_runs, prune_lineage_keys_when_due],
     resources=default_resources(),
     # Every job, the UI's implicit asset job included (backfills, "Materialize"), runs its steps in one
     # process: one IndexingRun holds the run's leases from parse to publish (issue #12, defect 10).

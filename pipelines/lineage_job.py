@@ -1,7 +1,8 @@
 """Jobs that keep the Dagster side bounded at enterprise size (issue #14).
 
-``prune_lineage_keys`` (hourly) deletes the partition keys of versions with nothing in flight once
-their lineage window has passed, a bounded batch per run: the live key set follows the churn, not
+``prune_lineage_keys`` (started by its sensor, at most every 10 minutes, when there is work) deletes the
+partition keys of versions with nothing in flight once their lineage window has passed, or beyond the
+cap, a bounded batch per run: the live key set follows the churn, not
 the corpus (Dagster's UI and every call that lists keys slow down with it). It is the only job that
 deletes keys: retention (pipelines/retention_job.py) deletes chunks and bytes, never keys, so a released
 version's key goes here like any other, after its window. ``backfill_profile`` is
@@ -13,6 +14,7 @@ import dagster as dg
 from pydantic import Field
 
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+from pipelines.sensors import tick_database_resource, tick_instance
 from resources.dagster_resources import DatabaseResource
 from resources.partition_keys import DEFAULT_LINEAGE_SECONDS, DEFAULT_MAX_KEYS, forget, prunable
 from resources.profiles import request_backfill
@@ -43,9 +45,28 @@ def prune_lineage_keys_job() -> None:
     prune_partition_keys()
 
 
-prune_lineage_keys_hourly = dg.ScheduleDefinition(
-    job=prune_lineage_keys_job, cron_schedule="30 * * * *", default_status=dg.DefaultScheduleStatus.RUNNING,
-)
+PRUNE_INTERVAL_SECONDS = 600
+"""How often the sensor below looks for keys to prune. A run deletes up to ``PruneConfig.batch`` keys (5,000,
+~45-66 s at ~9-13 ms a key), so pruning drains up to 30,000 keys an hour: the hourly schedule it replaces
+drained 5,000, while a model migration adds a key for every version it rebuilds (~86 a second in
+bench.scale.migration's fake round), so the live keys passed the cap for a day after one."""
+PRUNE_IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+                   dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+
+
+@dg.sensor(job=prune_lineage_keys_job, minimum_interval_seconds=PRUNE_INTERVAL_SECONDS,
+           default_status=dg.DefaultSensorStatus.RUNNING,
+           description=("Starts prune_lineage_keys when a finished version's key is past the lineage window or the "
+                        "cap and no prune run is in flight: up to 5,000 keys every 10 minutes."))
+def prune_lineage_keys_when_due(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+    """One cheap check a tick (the prunable query with limit 1 walks at most the cap's keys, whatever the
+    corpus), so an idle deployment starts no runs, unlike a schedule."""
+    if not prunable(tick_database_resource(context).db, limit=1):
+        return dg.SkipReason("no partition key is past the lineage window or the cap")
+    in_flight = dg.RunsFilter(job_name=prune_lineage_keys_job.name, statuses=PRUNE_IN_FLIGHT)
+    if tick_instance(context).get_run_records(in_flight, limit=1):
+        return dg.SkipReason("a prune_lineage_keys run is still in flight")
+    return dg.RunRequest()
 
 
 class BackfillConfig(dg.Config):

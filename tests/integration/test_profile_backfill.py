@@ -9,7 +9,7 @@ from __future__ import annotations
 import dagster as dg
 
 from pipelines import sensors
-from pipelines.lineage_job import backfill_profile_job, prune_lineage_keys_job
+from pipelines.lineage_job import backfill_profile_job, prune_lineage_keys_job, prune_lineage_keys_when_due
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from resources.dagster_resources import DatabaseResource, leases_of
 from resources.partition_keys import prunable
@@ -114,6 +114,34 @@ def test_finished_versions_lose_their_partition_key_after_the_window(db, db_url,
     assert out.success
     assert instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME) == [keys[busy.task_id]]
     assert prunable(db, window_seconds=0) == []
+
+
+def test_the_prune_sensor_starts_a_run_only_when_a_key_is_due_and_no_prune_run_is_in_flight(db, db_url, publish_task,
+                                                                                             instance):
+    import psycopg
+
+    def evaluate():
+        with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
+            return prune_lineage_keys_when_due(ctx)
+
+    assert isinstance(evaluate(), dg.SkipReason)  # no key at all
+    done = publish_task()
+    assert claimed_task_ids(tick(instance, db_url)) == [done.task_id]
+    assert isinstance(evaluate(), dg.SkipReason)  # in flight
+    finish(db, [done.task_id])
+    assert isinstance(evaluate(), dg.SkipReason)  # finished, inside the 7-day window
+    with psycopg.connect(db_url, autocommit=True) as conn:  # eight days later
+        conn.execute("UPDATE dagster_partition_key SET added_at = added_at - interval '8 days'")
+    assert isinstance(evaluate(), dg.RunRequest)
+    running = instance.add_run(dg.DagsterRun(job_name=prune_lineage_keys_job.name,
+                                             status=dg.DagsterRunStatus.STARTED))
+    skipped = evaluate()
+    assert isinstance(skipped, dg.SkipReason) and "in flight" in skipped.skip_message  # one prune at a time
+    instance.delete_run(running.run_id)
+    assert prune_lineage_keys_job.execute_in_process(resources={"database": DatabaseResource(url=db_url)},
+                                                     instance=instance).success  # the run it requests: defaults
+    assert instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME) == []
+    assert isinstance(evaluate(), dg.SkipReason)  # nothing left to prune
 
 
 def test_a_tick_claims_by_bytes_and_leaves_the_rest_due(db, db_url, publish_task, instance, monkeypatch):

@@ -213,3 +213,7 @@ mutation LaunchPipelineExecution($executionParams: ExecutionParams!) {
   }
 }"""
 REPOSITORY = "query { repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"
+SENSOR_ID = "query($selector: SensorSelector!) { sensorOrError(sensorSelector: $selector) { ... on Sensor { id } } }"
+STOP_SENSOR = """mutation($id: String!) {
+  stopSensor(id: $id) { ... on StopSensorMutationResult { instigationState { status } } }
+}"""

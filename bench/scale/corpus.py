@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 
-from bench.dagster_dev import PROJECT_ROOT, REPOSITORY, DagsterDev
+from bench.dagster_dev import PROJECT_ROOT, REPOSITORY, SENSOR_ID, STOP_SENSOR, DagsterDev
 
 TENANT = "acme"
 SEED_BATCH = 100_000
@@ -169,3 +169,10 @@ class DagsterUI:
             (node,) = self.post(REPOSITORY)[0]["repositoriesOrError"]["nodes"]
             self._repository = {"repositoryLocationName": node["location"]["name"], "repositoryName": node["name"]}
         return self._repository
+
+    def stop_sensor(self, name: str) -> str:
+        """Stop one sensor through the UI's own mutation, as an operator would; returns its status after."""
+        selector = {**self.repository_selector(), "sensorName": name}
+        sensor = self.post(SENSOR_ID, {"selector": selector})[0]["sensorOrError"]
+        stopped = self.post(STOP_SENSOR, {"id": sensor["id"]})[0]["stopSensor"]
+        return stopped["instigationState"]["status"]

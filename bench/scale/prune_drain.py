@@ -105,11 +105,14 @@ def report(d: Drain) -> None:
     for i, r in enumerate(d.runs, 1):
         took = f"{r.seconds:.1f} s" if r.seconds is not None else "not finished"
         print(f"prune run {i}: started {r.started_after:.0f} s after dagster dev answered, {took}, {r.status}")
+    from pipelines.lineage_job import PruneConfig
+
+    batch = PruneConfig.model_fields["batch"].default  # what the sensor's runs delete at most, each
     starts = [r.started_after for r in d.runs]
-    if len(starts) >= 2:  # the steady rate: a full run's keys per interval between runs (the sensor's cadence)
+    if len(starts) >= 2 and d.drained >= batch * (len(starts) - 1):  # full runs: the steady rate
         gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-        print(f"runs started {', '.join(f'{g:.0f}' for g in gaps)} s apart: 5,000 keys per "
-              f"{max(gaps):.0f} s is {3600 * 5000 / max(gaps):,.0f} keys/hour while keys are due")
+        print(f"runs started {', '.join(f'{g:.0f}' for g in gaps)} s apart: {batch:,} keys per "
+              f"{max(gaps):.0f} s is {3600 * batch / max(gaps):,.0f} keys/hour while keys are due")
     print(f"{d.drained:,} of {d.old:,} keys past the window deleted in {d.seconds:.0f} s "
           f"({d.keys_per_hour:,.0f} keys/hour); {d.left:,} keys left ({d.live:,} inside the window; "
           f"{d.dagster_left:,} in Dagster)")

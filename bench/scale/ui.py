@@ -349,12 +349,13 @@ def report(versions: int, rounds: list[Round], pruned: Prune | None) -> bool:
     print(f"{'AssetGraphLiveQuery (all assets)':<34}" + "".join(f"{cell(r.graph):>28}" for r in rounds))
     print(f"{'slowest query, first / warm s':<34}"  # the README's table row
           + "".join(f"{f'{r.worst_first:.2f} / {r.worst:.2f}':>28}" for r in rounds))
-    print(f"{'partitions tab after a new key':<34}" + "".join(f"{'first / next s':>28}" for _ in rounds))
-    for asset in rounds[0].after_new_key:
-        print(f"{'  ' + asset:<34}" + "".join(f"{'{:.2f} / {:.2f}'.format(*r.after_new_key[asset]):>28}"
-                                              for r in rounds))
-    print(f"{'slowest after a new key, first/next':<34}"  # the README's table row
-          + "".join(f"{'{:.2f} / {:.2f}'.format(*r.worst_after_new_key):>28}" for r in rounds))
+    if all(r.after_new_key for r in rounds):
+        print(f"{'partitions tab after a new key':<34}" + "".join(f"{'first / next s':>28}" for _ in rounds))
+        for asset in rounds[0].after_new_key:
+            print(f"{'  ' + asset:<34}" + "".join(f"{'{:.2f} / {:.2f}'.format(*r.after_new_key[asset]):>28}"
+                                                  for r in rounds))
+        print(f"{'slowest after a new key, first/next':<34}"  # the README's table row
+              + "".join(f"{'{:.2f} / {:.2f}'.format(*r.worst_after_new_key):>28}" for r in rounds))
     ok = all(r.worst <= TARGET_SECONDS for r in rounds)
     if len(rounds) >= 2:  # the slowest query is linear in the live keys: where does it cross the target?
         a, b = rounds[0], rounds[-1]

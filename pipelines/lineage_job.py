@@ -14,7 +14,7 @@ import dagster as dg
 from pydantic import Field
 
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
-from pipelines.sensors import tick_database_resource, tick_instance
+from pipelines.sensors import LIVE, tick_database_resource, tick_instance
 from resources.dagster_resources import DatabaseResource
 from resources.partition_keys import DEFAULT_LINEAGE_SECONDS, DEFAULT_MAX_KEYS, forget, prunable
 from resources.profiles import request_backfill
@@ -52,8 +52,6 @@ PRUNE_INTERVAL_SECONDS = 600
 replaces drained 5,000, while a model migration adds a key for every version it rebuilds (~86 a second in
 bench.scale.migration's fake round): after a 100k-version migration the live keys stayed over the cap for
 about 20 hours (derived)."""
-PRUNE_IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-                   dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
 
 @dg.sensor(job=prune_lineage_keys_job, minimum_interval_seconds=PRUNE_INTERVAL_SECONDS,
@@ -65,7 +63,7 @@ def prune_lineage_keys_when_due(context: dg.SensorEvaluationContext) -> dg.RunRe
     corpus), so an idle deployment starts no runs, unlike a schedule."""
     if not prunable(tick_database_resource(context).db, limit=1):
         return dg.SkipReason("no partition key is past the lineage window or the cap")
-    in_flight = dg.RunsFilter(job_name=prune_lineage_keys_job.name, statuses=PRUNE_IN_FLIGHT)
+    in_flight = dg.RunsFilter(job_name=prune_lineage_keys_job.name, statuses=LIVE)
     if tick_instance(context).get_run_records(in_flight, limit=1):
         return dg.SkipReason("a prune_lineage_keys run is still in flight")
     return dg.RunRequest()

@@ -70,7 +70,9 @@ def run(admin_url: str, workdir: Path, old: int, live: int, minutes: float, out=
     try:
         seed_corpus(db, old + live)
         instance = ui.open_instance()
-        paths = [["parsed_document"], ["document_chunks"], ["chunk_embeddings"], ["search_index"]]
+        from pipelines.assets import indexing_assets
+
+        paths = [list(key.path) for asset in indexing_assets for key in asset.keys]  # the four per-version assets
         out(f"adding {old:,} keys past the lineage window and {live:,} inside it ...")
         add_keys(instance, db, corpus_keys(db, 1, old), paths, age_seconds=WINDOW_SECONDS + 3600, spread_seconds=3600)
         add_keys(instance, db, corpus_keys(db, old + 1, live), paths, age_seconds=0, spread_seconds=3600)

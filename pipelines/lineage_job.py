@@ -14,9 +14,9 @@ import dagster as dg
 from pydantic import Field
 
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
-from pipelines.sensors import LIVE, tick_database_resource, tick_instance
-from resources.dagster_resources import DatabaseResource
-from resources.partition_keys import DEFAULT_LINEAGE_SECONDS, DEFAULT_MAX_KEYS, forget, prunable
+from pipelines.sensors import LIVE, keys_by_run, tick_database_resource, tick_instance
+from resources.dagster_resources import DatabaseResource, leases_of
+from resources.partition_keys import DEFAULT_LINEAGE_SECONDS, DEFAULT_MAX_KEYS, forget, live, prunable, runs_of
 from resources.profiles import request_backfill
 
 
@@ -26,16 +26,55 @@ class PruneConfig(dg.Config):
     max_keys: int = Field(default=DEFAULT_MAX_KEYS, ge=0,
                           description="Keep at most this many finished versions' keys (the newest), whatever the window.")
     batch: int = Field(default=5000, ge=1, le=100_000, description="Keys deleted per run at most (~12 ms each).")
+    delete_runs: bool = Field(default=True, description=(
+        "Also delete the finished runs that worked on the pruned keys and on no live key, with their events: "
+        "the history the partitions tab is rebuilt from whenever a key is added. Their ids stay in each task's "
+        "history (`kbindex task ID`); their pages in the UI go."))
+
+
+FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+RUN_ID_CHUNK = 1000
+
+
+def delete_runs_of(instance: dg.DagsterInstance, database: DatabaseResource, pruned: list[str]) -> tuple[int, int]:
+    """Delete the finished runs that worked on the ``pruned`` keys and on no other key still live; (deleted, kept).
+
+    Dagster rebuilds the partitions tab's status cache from every materialization of the asset each time a
+    key is added (README, "With history behind the live keys"), and pruning a key leaves its events behind:
+    only deleting their runs (``DagsterInstance.delete_run``, which deletes the run's events) bounds that
+    history by the live keys. A run that also covers a key still live is kept (it may hold that key's only
+    materialization); it is found again when that key is pruned. A UI range run without lease tags is kept:
+    its middle keys cannot be listed. Called before the keys are deleted, so a prune that dies in between
+    finds the same keys, and so their runs, next time.
+    """
+    run_ids, batch = runs_of(database.db, pruned), set(pruned)
+    runs = [record.dagster_run for start in range(0, len(run_ids), RUN_ID_CHUNK)
+            for record in instance.get_run_records(dg.RunsFilter(run_ids=run_ids[start:start + RUN_ID_CHUNK],
+                                                                 statuses=FINISHED))]
+    covered = keys_by_run(runs, database)
+    still_live = live(database.db, sorted(set().union(*covered.values()) - batch))
+    deleted = 0
+    for run in runs:
+        unlisted_range = not leases_of(run.tags) and "dagster/asset_partition_range_start" in run.tags
+        if covered[run.run_id] & still_live or unlisted_range:
+            continue
+        instance.delete_run(run.run_id)
+        deleted += 1
+    return deleted, len(runs) - deleted
 
 
 @dg.op(out=dg.Out(dg.Nothing), description="Delete the partition keys of finished versions past the lineage window.")
 def prune_partition_keys(context: dg.OpExecutionContext, config: PruneConfig, database: DatabaseResource) -> dg.Output:
     keys = prunable(database.db, window_seconds=config.window_seconds, max_keys=config.max_keys,
                     limit=config.batch)
+    deleted = kept = 0
+    if config.delete_runs:
+        deleted, kept = delete_runs_of(context.instance, database, keys)
     for key in keys:
         context.instance.delete_dynamic_partition(VERSIONS_PARTITIONS_NAME, key)
     forget(database.db, keys)
-    return dg.Output(None, metadata={"partition_keys_deleted": len(keys), "window_seconds": config.window_seconds,
+    return dg.Output(None, metadata={"partition_keys_deleted": len(keys), "runs_deleted": deleted,
+                                     "runs_kept": kept, "window_seconds": config.window_seconds,
                                      "max_keys": config.max_keys})
 
 

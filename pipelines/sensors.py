@@ -495,20 +495,28 @@ def fail_lost_launches(instance: dg.DagsterInstance, runs: list[LeasedRun]) -> l
     return failed
 
 
+def keys_by_run(runs: list[dg.DagsterRun], database: DatabaseResource) -> dict[str, set[str]]:
+    """The partition keys each run covers: its key, its range ends, its tagged tasks' keys (every key of a run the
+    sensor requested: its lease tags name all its tasks). One query for all the runs."""
+    keys = {run.run_id: {v for k in PARTITION_TAGS if (v := run.tags.get(k))} for run in runs}
+    runs_of_task: dict[int, list[str]] = {}
+    for run in runs:
+        for task_id, _ in leases_of(run.tags):
+            runs_of_task.setdefault(task_id, []).append(run.run_id)
+    if runs_of_task:
+        for r in database.db.fetch_all("run_plan_inputs", {"task_ids": list(runs_of_task)}):
+            for run_id in runs_of_task[r["task_id"]]:
+                keys[run_id].add(r["partition_key"])
+    return keys
+
+
 def live_run_keys(runs: list[dg.DagsterRun], database: DatabaseResource) -> set[str]:
-    """Partition keys that a run not yet finished covers: its range ends, its key, its tagged tasks' keys.
+    """Partition keys that a run not yet finished covers (``keys_by_run``).
 
     Such a key must not move: Dagster resolves a run's key range at each step, so moving an end
     would shrink or stretch the range under the run. O(live runs): the queue plus the run slots.
     """
-    pinned: set[str] = set()
-    task_ids: list[int] = []
-    for run in runs:
-        pinned.update(v for k in PARTITION_TAGS if (v := run.tags.get(k)))
-        task_ids.extend(task_id for task_id, _ in leases_of(run.tags))
-    if task_ids:
-        pinned.update(r["partition_key"] for r in database.db.fetch_all("run_plan_inputs", {"task_ids": task_ids}))
-    return pinned
+    return set().union(*keys_by_run(runs, database).values())
 
 
 def release_runs(instance: dg.DagsterInstance, queue: TaskQueue, runs: list[LeasedRun]) -> list[str]:

@@ -43,6 +43,20 @@ def prunable(db: Database, *, window_seconds: float = DEFAULT_LINEAGE_SECONDS, m
     return [r["partition_key"] for r in rows]
 
 
+def runs_of(db: Database, keys: Sequence[str]) -> list[str]:
+    """The ids of the Dagster runs that worked on the versions with these keys (their tasks' lease owners)."""
+    if not keys:
+        return []
+    return [r["run_id"] for r in db.fetch_all("dagster_partition_key_runs", {"partition_keys": list(keys)})]
+
+
+def live(db: Database, keys: Sequence[str]) -> set[str]:
+    """Which of these keys are recorded as still in Dagster."""
+    if not keys:
+        return set()
+    return {r["partition_key"] for r in db.fetch_all("dagster_partition_key_live", {"partition_keys": list(keys)})}
+
+
 def forget(db: Database, keys: Sequence[str]) -> None:
     """These keys were deleted from Dagster."""
     if keys:

@@ -60,6 +60,22 @@ LIMIT %(limit)s;
 -- These keys were deleted from Dagster.
 DELETE FROM dagster_partition_key WHERE partition_key = ANY(%(partition_keys)s::text[]);
 
+-- name: dagster_partition_key_runs
+-- The Dagster runs that worked on the versions with these keys (task_event's lease owners: the runs' adoptions
+-- and the claims of UI runs), which prune_lineage_keys deletes once none of their keys is live. Per key: the
+-- version by its unique key, its tasks by their business key, their events by task_event_task_idx.
+SELECT DISTINCT substr(e.lease_owner, 5) AS run_id
+FROM document_version v
+JOIN index_task t
+  ON t.tenant_id = v.tenant_id AND t.document_id = v.document_id AND t.version_number = v.version_number
+JOIN task_event e ON e.task_id = t.task_id
+WHERE v.partition_key = ANY(%(partition_keys)s::text[])
+  AND e.lease_owner LIKE 'run-%%';
+
+-- name: dagster_partition_key_live
+-- Which of these keys Dagster still has (recorded and not pruned).
+SELECT partition_key FROM dagster_partition_key WHERE partition_key = ANY(%(partition_keys)s::text[]);
+
 -- name: task_dagster_runs
 -- The Dagster runs that worked on a task (adoptions, and the claims of UI runs), first attempt first.
 SELECT r.run_id, r.attempt, r.created_at

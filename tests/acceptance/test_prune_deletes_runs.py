@@ -1,0 +1,120 @@
+"""Pruning a version's key also deletes the runs that indexed it (issue #33), with their events.
+
+Dagster rebuilds the partitions tab's status cache from every materialization of the asset whenever a key is
+added, so the events of pruned keys would grow that rebuild without bound. These runs are real: the four
+assets materialized in process into Dagster's PostgreSQL storage, with the lease tags the sensor gives.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+import psycopg
+import pytest
+
+from pipelines.assets import indexing_assets
+from pipelines.lineage_job import prune_lineage_keys_job
+from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+from resources.blob_store import BlobStore
+from resources.dagster_resources import LEASES_TAG, OWNER_TAG, DatabaseResource, default_resources, encode_leases
+from resources.database import Database
+from resources.partition_keys import record_added
+from resources.publisher import Publisher
+from resources.task_queue import TaskQueue
+
+TEXT = b"# Refunds\n\nCustomers may ask for a refund within 30 days of purchase.\n\n## Exceptions\n\nGift cards are final."
+
+
+@pytest.fixture
+def kb(db_url, dagster_pg_url, kb_env, fake_profile):
+    db = Database(db_url)
+    overrides = {"storage": {"postgres": {"postgres_url": dagster_pg_url}}}
+    with dg.instance_for_test(overrides=overrides) as instance:
+        yield db, Publisher(db, BlobStore(kb_env["KBINDEX_BLOB_URL"])), TaskQueue(db, lease_seconds=60), instance
+    db.close()
+
+
+def index(kb, documents: list[str]) -> tuple[str, list[str], list[int]]:
+    """Publish ``documents``, claim them and index them in one run as the sensor would: (run id, keys, task ids)."""
+    db, publisher, queue, instance = kb
+    for name in documents:
+        publisher.publish("acme", name, TEXT + name.encode(), name)
+    claimed = queue.claim("prune-test", limit=10)
+    tasks = [t.lease.task_id for t in claimed]
+    keys = [r["partition_key"] for r in db.fetch_all("document_version_partition_keys", {"task_ids": tasks})]
+    instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
+    record_added(db, keys)
+    pairs = [(t.lease.task_id, t.lease.attempt) for t in claimed]
+    tags = {LEASES_TAG: encode_leases(pairs), OWNER_TAG: "prune-test",
+            "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
+    result = dg.materialize(indexing_assets, resources=default_resources(), instance=instance, tags=tags)
+    assert result.success
+    return result.run_id, keys, tasks
+
+
+def age(db_url, keys_oldest_first: list[str]) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for hours, key in enumerate(reversed(keys_oldest_first), start=1):
+            conn.execute("UPDATE dagster_partition_key SET added_at = now() - make_interval(hours => %s)"
+                         " WHERE partition_key = %s", (hours, key))
+
+
+def prune(kb, db_url, **config) -> dict:
+    instance = kb[3]
+    result = prune_lineage_keys_job.execute_in_process(
+        run_config={"ops": {"prune_partition_keys": {"config": {"window_seconds": 0, **config}}}},
+        resources={"database": DatabaseResource(url=db_url)}, instance=instance)
+    assert result.success
+    (output,) = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+    return {k: v.value for k, v in output.step_output_data.metadata.items()}
+
+
+def materialized_keys(instance) -> set[str]:
+    records = instance.fetch_materializations(dg.AssetKey("search_index"), limit=100).records
+    return {r.partition_key for r in records}
+
+
+def test_a_run_goes_with_the_last_of_its_keys_and_its_events_with_it(kb, db_url):
+    db, _, queue, instance = kb
+    run_a, (a1, a2), tasks_a = index(kb, ["one.md", "two.md"])
+    run_b, (b1,), _ = index(kb, ["three.md"])
+    age(db_url, [a1, a2, b1])
+    assert materialized_keys(instance) == {a1, a2, b1}
+
+    first = prune(kb, db_url, batch=1)  # a1 only: run A also indexed a2, still live, so it stays
+    assert (first["partition_keys_deleted"], first["runs_deleted"], first["runs_kept"]) == (1, 0, 1)
+    assert instance.get_run_by_id(run_a) is not None and materialized_keys(instance) == {a1, a2, b1}
+
+    second = prune(kb, db_url, batch=1)  # a2: the last live key of run A
+    assert (second["partition_keys_deleted"], second["runs_deleted"], second["runs_kept"]) == (1, 1, 0)
+    assert instance.get_run_by_id(run_a) is None
+    assert materialized_keys(instance) == {b1}  # its events went with it: only run B's are left
+    assert not instance.get_records_for_run(run_a).records
+    assert instance.get_run_by_id(run_b) is not None
+    assert instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME) == [b1]
+    # kbindex keeps the task's own history, the id of the run that indexed it included
+    assert run_a in {r["run_id"] for r in queue.dagster_runs(tasks_a[0])}
+
+
+def test_an_operator_can_keep_the_runs(kb, db_url):
+    instance = kb[3]
+    run, (key,), _ = index(kb, ["one.md"])
+    kept = prune(kb, db_url, delete_runs=False)
+    assert (kept["partition_keys_deleted"], kept["runs_deleted"]) == (1, 0)
+    assert instance.get_run_by_id(run) is not None and materialized_keys(instance) == {key}
+    assert instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME) == []
+
+
+def test_a_ui_range_run_without_lease_tags_is_kept(kb, db_url):
+    """Its middle keys cannot be listed once pruned, so nothing says it covers no live key."""
+    db, publisher, queue, instance = kb
+    run, keys, _ = index(kb, ["one.md", "two.md"])
+    ui_run = instance.add_run(dg.DagsterRun(
+        job_name="__ASSET_JOB", status=dg.DagsterRunStatus.SUCCESS,
+        tags={"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}))
+    with psycopg.connect(db_url, autocommit=True) as conn:  # it claimed a task of the range, as UI runs do
+        conn.execute("INSERT INTO task_event (task_id, attempt, from_status, to_status, lease_owner)"
+                     " SELECT task_id, attempts, 'RUNNING', 'RUNNING', %s FROM index_task"
+                     " WHERE document_id = 'one.md'", (f"run-{ui_run.run_id}",))
+    pruned = prune(kb, db_url)
+    assert (pruned["partition_keys_deleted"], pruned["runs_deleted"], pruned["runs_kept"]) == (2, 1, 1)
+    assert instance.get_run_by_id(run) is None and instance.get_run_by_id(ui_run.run_id) is not None

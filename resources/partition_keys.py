@@ -2,7 +2,8 @@
 
 The claiming sensor records every key it adds; ``prunable`` names the keys of versions with nothing in
 flight whose last addition is older than the lineage window, or that are not among the newest
-``max_keys``, for pipelines/lineage_job.py to delete from Dagster. A version whose key was pruned keeps its history in task_event, Dagster run ids
+``max_keys``, for pipelines/lineage_job.py to delete from Dagster, with the runs that worked on them (``runs_of``)
+once they cover no live key. A version whose key was pruned keeps its history in task_event, Dagster run ids
 included (``TaskQueue.dagster_runs``); if it is indexed again, the sensor simply adds its key again.
 
 This is the one mechanism that deletes partition keys: retention removes chunks, never keys, so a version
@@ -24,9 +25,9 @@ DEFAULT_MAX_KEYS = 30_000
 """At most this many finished versions keep their key, the newest, whatever the churn. With 1M versions in
 the corpus and 30k live keys the UI's partitions tab and asset graph answered in <= 1.02 s on a first request
 and <= 0.49 s warm on this 2-core machine; at 50k a first request took 2.09 s, at 100k 4.41 s (bench.scale.ui).
-The cap bounds the live keys only: pruned keys' materializations stay in Dagster's event log, and while keys
-change (every new version adds one) each partitions-tab request rebuilds its status cache from all of them,
-~1.5 s more per 100k pruned keys (README, "With history behind the live keys")."""
+While keys change (every new version adds one) each partitions-tab request rebuilds its status cache from every
+materialization in Dagster's event log, ~1.5 s more per 100k pruned keys' (README, "With history behind the live
+keys"): so prune_lineage_keys also deletes the runs of the keys it prunes, with their events."""
 
 
 def record_added(db: Database, keys: Sequence[str]) -> None:

@@ -124,3 +124,32 @@ FROM index_task
 WHERE profile = %(profile)s AND task_type = 'REINDEX' AND status = 'SUCCEEDED'
 ORDER BY finished_at
 OFFSET %(n)s - 1 LIMIT 1;
+
+-- name: bench_history_tasks_of_keys
+-- Benchmark only: the INDEX task of each seeded version with these keys.
+SELECT v.partition_key, t.task_id
+FROM document_version v
+JOIN index_task t
+  ON t.tenant_id = v.tenant_id AND t.document_id = v.document_id AND t.version_number = v.version_number
+WHERE v.partition_key = ANY(%(partition_keys)s::text[]) AND t.task_type = 'INDEX';
+
+-- name: bench_history_seed_run_owners
+-- Benchmark only: the adoption event a run leaves in each task it indexed (lease owner run-<run id>).
+INSERT INTO task_event (task_id, kind, attempt, from_status, to_status, lease_owner)
+SELECT x.task_id, 'run', 1, 'RUNNING', 'RUNNING', 'run-' || x.run_id
+FROM unnest(%(task_ids)s::bigint[], %(run_ids)s::text[]) AS x(task_id, run_id);
+
+-- name: bench_history_dagster_events
+-- Benchmark only (Dagster's storage): the event log rows and run records of these runs.
+SELECT (SELECT count(*) FROM event_logs WHERE run_id = ANY(%(run_ids)s::text[])) AS events,
+       (SELECT count(*) FROM runs WHERE run_id = ANY(%(run_ids)s::text[])) AS runs;
+
+-- name: bench_history_copy_events
+-- Benchmark only (Dagster's storage): the events of copied runs other than materializations (step and run
+-- events, planned materializations, log lines), in the columns Dagster's store_event fills; it takes ~10 ms
+-- an event, and its batch writer takes materializations only.
+INSERT INTO event_logs (run_id, event, dagster_event_type, timestamp, step_key, asset_key, partition)
+SELECT x.run_id, x.event, x.event_type, to_timestamp(x.ts) AT TIME ZONE 'UTC', x.step_key, x.asset_key, x.partition
+FROM unnest(%(run_ids)s::text[], %(events)s::text[], %(event_types)s::text[], %(timestamps)s::float8[],
+            %(step_keys)s::text[], %(asset_keys)s::text[], %(partitions)s::text[])
+     AS x(run_id, event, event_type, ts, step_key, asset_key, partition);

@@ -3,7 +3,8 @@
 ``prune_lineage_keys`` (started by its sensor, at most every 10 minutes, when there is work) deletes the
 partition keys of versions with nothing in flight once their lineage window has passed, or beyond the
 cap, a bounded batch per run: the live key set follows the churn, not
-the corpus (Dagster's UI and every call that lists keys slow down with it). It is the only job that
+the corpus (Dagster's UI and every call that lists keys slow down with it). With them go the runs that
+covered only pruned keys, and their events, so the history the UI rebuilds from follows the churn too. It is the only job that
 deletes keys: retention (pipelines/retention_job.py) deletes chunks and bytes, never keys, so a released
 version's key goes here like any other, after its window. ``backfill_profile`` is
 how an operator starts a model migration from the UI: it asks the claiming sensor to build the
@@ -64,7 +65,8 @@ def delete_runs_of(instance: dg.DagsterInstance, database: DatabaseResource, pru
     return deleted, len(runs) - deleted
 
 
-@dg.op(out=dg.Out(dg.Nothing), description="Delete the partition keys of finished versions past the lineage window.")
+@dg.op(out=dg.Out(dg.Nothing),
+       description="Delete the partition keys of finished versions past the lineage window, and their runs.")
 def prune_partition_keys(context: dg.OpExecutionContext, config: PruneConfig, database: DatabaseResource) -> dg.Output:
     keys = prunable(database.db, window_seconds=config.window_seconds, max_keys=config.max_keys,
                     limit=config.batch)

@@ -128,8 +128,9 @@ class DagsterUI:
         full_env = {**inherited, "DAGSTER_HOME": str(home), "DAGSTER_PG_URL": pg_url,
                     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **env}
         self.dev = DagsterDev(root, full_env)
-        self.reader_home = reader
+        self.reader_home, self.home, self.pg_url = reader, home, pg_url
         self.instance: Any = None
+        self.product: Any = None
         self._repository: dict[str, str] = {}
 
     def open_instance(self) -> Any:
@@ -140,14 +141,26 @@ class DagsterUI:
             self.instance = dg.DagsterInstance.from_config(str(self.reader_home))
         return self.instance
 
+    def product_instance(self) -> Any:
+        """The same Dagster storage through the project's dagster.yaml, as a run sees it (KbindexDagsterStorage:
+        pooled connections, schema checks remembered). ``open_instance``'s is plain dagster_postgres storage,
+        a new connection per call: what a bench writes through it is not what a run pays."""
+        import dagster as dg
+
+        if self.product is None:
+            os.environ["DAGSTER_PG_URL"] = self.pg_url
+            self.product = dg.DagsterInstance.from_config(str(self.home))
+        return self.product
+
     def start(self) -> float:
         self.dev.start()
         return self.dev.wait_ready()
 
     def stop(self) -> None:
-        if self.instance is not None:
-            self.instance.dispose()
-            self.instance = None
+        for name in ("instance", "product"):
+            if getattr(self, name) is not None:
+                getattr(self, name).dispose()
+                setattr(self, name, None)
         self.dev.stop()
 
     def post(self, query: str, variables: dict | None = None, timeout: float = 300) -> tuple[dict, int, float]:

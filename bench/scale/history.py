@@ -37,10 +37,8 @@ class Deletion:
     events_after: int
     runs_after: int  # of the history's runs left in Dagster's run storage
     seconds: float
-
-    @property
-    def ms_per_run(self) -> float:
-        return 1000 * self.seconds / max(1, self.runs)
+    by_storage: dict[str, tuple[int, int, float]]
+    """storage -> (keys, runs deleted, seconds): the prune batches alternate between the two."""
 
 
 def template_run(instance, db, blob_url: str, size: int):
@@ -134,26 +132,34 @@ def copy_runs(instance, db, dagster_db, template, template_keys: list[str], keys
     return run_ids
 
 
-def delete_history(instance, dagster_db, kb_url: str, keys: list[str], run_ids: list[str], out=print) -> Deletion:
-    """The runs of ``keys`` deleted as prune_lineage_keys deletes them, a prune batch at a time."""
+def delete_history(instances: dict, dagster_db, kb_url: str, keys: list[str], run_ids: list[str],
+                   batch_keys: int = PRUNE_BATCH, out=print) -> Deletion:
+    """The runs of ``keys`` deleted as prune_lineage_keys deletes them, a prune batch at a time, the batches
+    alternating between ``instances`` (name -> instance on the same storage, configured differently)."""
     from pipelines.lineage_job import delete_runs_of
     from resources.dagster_resources import DatabaseResource
 
     database = DatabaseResource(url=kb_url)
     before = dagster_db.fetch_one("bench_history_dagster_events", {"run_ids": run_ids})
+    by_storage = {name: (0, 0, 0.0) for name in instances}
     started, runs, kept = time.perf_counter(), 0, 0
-    for start in range(0, len(keys), PRUNE_BATCH):
-        deleted, left = delete_runs_of(instance, database, keys[start:start + PRUNE_BATCH])
+    for n, start in enumerate(range(0, len(keys), batch_keys)):
+        name = list(instances)[n % len(instances)]
+        batch = keys[start:start + batch_keys]
+        t0 = time.perf_counter()
+        deleted, left = delete_runs_of(instances[name], database, batch)
+        done_keys, done_runs, seconds = by_storage[name]
+        by_storage[name] = (done_keys + len(batch), done_runs + deleted, seconds + time.perf_counter() - t0)
         runs, kept = runs + deleted, kept + left
-        out(f"  deleted the runs of {min(len(keys), start + PRUNE_BATCH):,} keys: {runs:,} runs "
-            f"({time.perf_counter() - started:.0f} s)")
+        out(f"  deleted the runs of {min(len(keys), start + batch_keys):,} keys: {runs:,} runs "
+            f"({time.perf_counter() - started:.0f} s; this batch through {name})")
     seconds = time.perf_counter() - started
     after = dagster_db.fetch_one("bench_history_dagster_events", {"run_ids": run_ids})
-    return Deletion(runs, kept, int(before["events"]), int(after["events"]), int(after["runs"]), seconds)
+    return Deletion(runs, kept, int(before["events"]), int(after["events"]), int(after["runs"]), seconds, by_storage)
 
 
 def run(admin_url: str, workdir: Path, versions: int, live: int, history: int, run_size: int,
-        repeat: int) -> tuple[Round, Round, Deletion, int]:
+        repeat: int, batch_keys: int = PRUNE_BATCH) -> tuple[Round, Round, Deletion, int]:
     """(round before, round after the deletion, the deletion, events per run)."""
     from pipelines.partitions import VERSIONS_PARTITIONS_NAME
     from resources.database import Database
@@ -196,7 +202,8 @@ def run(admin_url: str, workdir: Path, versions: int, live: int, history: int, r
         print(f"round: {live:,} live keys, the runs of {history:,} pruned keys behind them ...", flush=True)
         before = measure_round(ui, instance, live, partitioned, every, repeat)
         print("deleting the history's runs as prune_lineage_keys does ...", flush=True)
-        deletion = delete_history(instance, dagster_db, kb_url, history_keys, run_ids,
+        storages = {"kbindex storage": ui.product_instance(), "dagster_postgres": instance}
+        deletion = delete_history(storages, dagster_db, kb_url, history_keys, run_ids, batch_keys,
                                   out=lambda line: print(line, flush=True))
         print(f"round: {live:,} live keys, their runs deleted ...", flush=True)
         after = measure_round(ui, instance, live, partitioned, every, repeat)
@@ -220,12 +227,16 @@ def report(live: int, history: int, run_size: int, before: Round, after: Round, 
           + "".join(f"{'{:.2f} / {:.2f}'.format(*r.worst_after_new_key):>16}" for r in (before, after)))
     print(f"{'slowest query, first / warm s':<38}"
           + "".join(f"{f'{r.worst_first:.2f} / {r.worst:.2f}':>16}" for r in (before, after)))
-    per_key = deletion.seconds / max(1, history)
     print(f"deleted {deletion.runs:,} runs ({deletion.kept:,} kept) and "
           f"{deletion.events_before - deletion.events_after:,} events in {deletion.seconds:.1f} s "
-          f"({deletion.runs_after:,} runs and {deletion.events_after:,} events of the history left): "
-          f"{deletion.ms_per_run:.1f} ms per run, {1000 * per_key:.2f} ms per pruned key; "
-          f"a prune run's {PRUNE_BATCH:,} keys add ~{per_key * PRUNE_BATCH:.0f} s")
+          f"({deletion.runs_after:,} runs and {deletion.events_after:,} events of the history left), the prune "
+          f"batches ({PRUNE_BATCH:,} keys) alternating between two configurations of the same storage:")
+    for name, (keys, runs, seconds) in deletion.by_storage.items():
+        print(f"  {name + ':':<18} {runs:,} runs in {seconds:.1f} s: {1000 * seconds / max(1, runs):.1f} ms per run, "
+              f"{1000 * seconds / max(1, keys):.2f} ms per pruned key; a prune run's {PRUNE_BATCH:,} keys add "
+              f"~{seconds / max(1, keys) * PRUNE_BATCH:.0f} s")
+    print("(kbindex storage: the project's dagster.yaml, as the prune run has it: pooled connections, schema checks "
+          "remembered; dagster_postgres: plain, a new connection per call)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,11 +17,14 @@ def test_the_history_runs_are_copied_then_deleted_with_all_their_events(pg_serve
     for name in ("KBINDEX_DATABASE_URL", "KBINDEX_BLOB_URL", "KBINDEX_ARTIFACTS", "KBINDEX_HOME"):
         monkeypatch.setenv(name, "")  # run() points these at its round; restored after the test
     before, after, deletion, per_run = run(pg_server_url, tmp_path, versions=500, live=150, history=240,
-                                           run_size=12, repeat=1)
+                                           run_size=12, repeat=1, batch_keys=60)
 
     assert per_run > 4 * 12  # a real run: step and run events besides one materialization per asset and version
     assert (deletion.runs, deletion.kept) == (20, 0)
     assert (deletion.events_before, deletion.events_after, deletion.runs_after) == (20 * per_run, 0, 0)
+    # four prune batches of 60 keys, alternating between the project's storage and plain dagster_postgres
+    assert {name: done[:2] for name, done in deletion.by_storage.items()} == {
+        "kbindex storage": (120, 10), "dagster_postgres": (120, 10)}
     for r in (before, after):
         assert all(n == 150 for n in r.materialized.values()), r.materialized  # live keys only, either way
         assert set(r.after_new_key) == {"parsed_document", "document_chunks", "chunk_embeddings", "search_index"}
@@ -32,4 +35,5 @@ def test_the_history_runs_are_copied_then_deleted_with_all_their_events(pg_serve
     assert events == 4 * 150  # the live keys' materializations stay (run-less, as bench.scale.ui writes them)
     assert runs == 0  # the template run went too
     report(150, 240, 12, before, after, deletion, per_run)
-    assert "20 runs (0 kept)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "20 runs (0 kept)" in printed and "kbindex storage:" in printed and "dagster_postgres:" in printed

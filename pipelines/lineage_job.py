@@ -2,10 +2,10 @@
 
 ``prune_lineage_keys`` (started by its sensor, at most every 10 minutes, when there is work) deletes the
 partition keys of versions with nothing in flight once their lineage window has passed, or beyond the
-cap, a bounded batch per run: the live key set follows the churn, not
-the corpus (Dagster's UI and every call that lists keys slow down with it). With them go the runs that
-covered only pruned keys, and their events, so the history the UI rebuilds from follows the churn too. It is the only job that
-deletes keys: retention (pipelines/retention_job.py) deletes chunks and bytes, never keys, so a released
+cap, a bounded batch per run: the live key set follows the churn, not the corpus (Dagster's UI and every
+call that lists keys slow down with it). With them go the runs that covered only pruned keys, and their
+events, so the history the UI rebuilds from follows the churn too. It is the only job that deletes keys:
+retention (pipelines/retention_job.py) deletes chunks and bytes, never keys, so a released
 version's key goes here like any other, after its window. ``backfill_profile`` is
 how an operator starts a model migration from the UI: it asks the claiming sensor to build the
 profile's backlog in ordinary bounded runs beside live indexing, whatever its size.
@@ -27,7 +27,8 @@ class PruneConfig(dg.Config):
     max_keys: int = Field(default=DEFAULT_MAX_KEYS, ge=0,
                           description="Keep at most this many finished versions' keys (the newest), whatever the window.")
     batch: int = Field(default=5000, ge=1, le=100_000,
-                       description="Keys deleted per run at most (5,000: 4-7 s under dagster dev, ~3 s more for their runs).")
+                       description="Keys deleted per run at most (5,000: 4-7 s under dagster dev, ~3 s more "
+                                   "for their runs).")
     delete_runs: bool = Field(default=True, description=(
         "Also delete the finished runs that worked on the pruned keys and on no live key, with their events: "
         "the history the partitions tab is rebuilt from whenever a key is added. Their ids stay in each task's "

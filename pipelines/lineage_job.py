@@ -11,13 +11,24 @@ how an operator starts a model migration from the UI: it asks the claiming senso
 profile's backlog in ordinary bounded runs beside live indexing, whatever its size.
 """
 
+from datetime import datetime, timezone
+
 import dagster as dg
 from pydantic import Field
 
+from pipelines.jobs import index_versions_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from pipelines.sensors import LIVE, keys_by_run, tick_database_resource, tick_instance
 from resources.dagster_resources import DatabaseResource, leases_of
-from resources.partition_keys import DEFAULT_LINEAGE_SECONDS, DEFAULT_MAX_KEYS, forget, live, prunable, runs_of
+from resources.partition_keys import (
+    DEFAULT_LINEAGE_SECONDS,
+    DEFAULT_MAX_KEYS,
+    forget,
+    live,
+    oldest_added,
+    prunable,
+    runs_of,
+)
 from resources.profiles import request_backfill
 
 
@@ -37,6 +48,8 @@ class PruneConfig(dg.Config):
 
 FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 RUN_ID_CHUNK = 1000
+CATCH_UP_RUNS = 1000
+"""Runs ``delete_runs_left_behind`` looks at per prune run, oldest first (~6 ms each to delete)."""
 
 
 def delete_runs_of(instance: dg.DagsterInstance, database: DatabaseResource, pruned: list[str]) -> tuple[int, int]:
@@ -45,17 +58,40 @@ def delete_runs_of(instance: dg.DagsterInstance, database: DatabaseResource, pru
     Dagster rebuilds the partitions tab's status cache from every materialization of the asset each time a
     key is added (README, "With history behind the live keys"), and pruning a key leaves its events behind:
     only deleting their runs (``DagsterInstance.delete_run``, which deletes the run's events) bounds that
-    history by the live keys. A run that also covers a key still live is kept (it may hold that key's only
-    materialization); it is found again when that key is pruned. A UI range run without lease tags is kept:
-    its middle keys cannot be listed. Called before the keys are deleted, so a prune that dies in between
-    finds the same keys, and so their runs, next time.
+    history by the live keys. Called before the keys are deleted, so a prune that dies in between finds the
+    same keys, and so their runs, next time.
     """
-    run_ids, batch = runs_of(database.db, pruned), set(pruned)
+    run_ids = runs_of(database.db, pruned)
     runs = [record.dagster_run for start in range(0, len(run_ids), RUN_ID_CHUNK)
             for record in instance.get_run_records(dg.RunsFilter(run_ids=run_ids[start:start + RUN_ID_CHUNK],
                                                                  statuses=FINISHED))]
+    return delete_unless_live(instance, database, runs, set(pruned))
+
+
+def delete_runs_left_behind(instance: dg.DagsterInstance, database: DatabaseResource,
+                            limit: int = CATCH_UP_RUNS) -> tuple[int, int]:
+    """The runs of keys pruned before prune deleted runs (or while ``delete_runs`` was off): the oldest ``limit``
+    finished index runs created before the oldest live key was added, deleted by the same rule; (deleted, kept).
+
+    Only index_versions runs: their lease tags list every key. A run kept (it also covers a key added again
+    since) stays at the front of this walk until that key is pruned, within the lineage window or the cap.
+    """
+    oldest = oldest_added(database.db)
+    before = oldest.astimezone(timezone.utc) if oldest is not None else datetime.now(timezone.utc)
+    filters = dg.RunsFilter(job_name=index_versions_job.name, statuses=FINISHED, created_before=before)
+    runs = [record.dagster_run for record in instance.get_run_records(filters, limit=limit, ascending=True)]
+    return delete_unless_live(instance, database, runs, set())
+
+
+def delete_unless_live(instance: dg.DagsterInstance, database: DatabaseResource, runs: list[dg.DagsterRun],
+                       pruned: set[str]) -> tuple[int, int]:
+    """Delete each of ``runs`` that covers no key still live (``pruned`` are going now); (deleted, kept).
+
+    A run that also covers a live key is kept: it may hold that key's only materialization. A UI range run
+    without lease tags is kept: its middle keys cannot be listed.
+    """
     covered = keys_by_run(runs, database)
-    still_live = live(database.db, sorted(set().union(*covered.values()) - batch))
+    still_live = live(database.db, sorted(set().union(*covered.values()) - pruned))
     deleted = 0
     for run in runs:
         unlisted_range = not leases_of(run.tags) and "dagster/asset_partition_range_start" in run.tags
@@ -71,14 +107,16 @@ def delete_runs_of(instance: dg.DagsterInstance, database: DatabaseResource, pru
 def prune_partition_keys(context: dg.OpExecutionContext, config: PruneConfig, database: DatabaseResource) -> dg.Output:
     keys = prunable(database.db, window_seconds=config.window_seconds, max_keys=config.max_keys,
                     limit=config.batch)
-    deleted = kept = 0
+    deleted = kept = caught_up = 0
     if config.delete_runs:
         deleted, kept = delete_runs_of(context.instance, database, keys)
     for key in keys:
         context.instance.delete_dynamic_partition(VERSIONS_PARTITIONS_NAME, key)
     forget(database.db, keys)
+    if config.delete_runs:  # after forget: the walk stops at the oldest key still live
+        caught_up, _ = delete_runs_left_behind(context.instance, database)
     return dg.Output(None, metadata={"partition_keys_deleted": len(keys), "runs_deleted": deleted,
-                                     "runs_kept": kept, "window_seconds": config.window_seconds,
+                                     "runs_kept": kept, "older_runs_deleted": caught_up, "window_seconds": config.window_seconds,
                                      "max_keys": config.max_keys})
 
 

@@ -58,6 +58,11 @@ def live(db: Database, keys: Sequence[str]) -> set[str]:
     return {r["partition_key"] for r in db.fetch_all("dagster_partition_key_live", {"partition_keys": list(keys)})}
 
 
+def oldest_added(db: Database) -> datetime | None:
+    """When the oldest recorded key was added (None: no key is recorded)."""
+    return db.fetch_one("dagster_partition_key_oldest")["added_at"]
+
+
 def forget(db: Database, keys: Sequence[str]) -> None:
     """These keys were deleted from Dagster."""
     if keys:

@@ -76,6 +76,10 @@ WHERE v.partition_key = ANY(%(partition_keys)s::text[])
 -- Which of these keys Dagster still has (recorded and not pruned).
 SELECT partition_key FROM dagster_partition_key WHERE partition_key = ANY(%(partition_keys)s::text[]);
 
+-- name: dagster_partition_key_oldest
+-- When the oldest key Dagster still has was added (one end of the added_at index); NULL: none.
+SELECT min(added_at) AS added_at FROM dagster_partition_key;
+
 -- name: task_dagster_runs
 -- The Dagster runs that worked on a task (adoptions, and the claims of UI runs), first attempt first.
 SELECT r.run_id, r.attempt, r.created_at

@@ -1,8 +1,8 @@
 """Pruning a version's key also deletes the runs that indexed it (issue #33), with their events.
 
 Dagster rebuilds the partitions tab's status cache from every materialization of the asset whenever a key is
-added, so the events of pruned keys would grow that rebuild without bound. These runs are real: the four
-assets materialized in process into Dagster's PostgreSQL storage, with the lease tags the sensor gives.
+added, so the events of pruned keys would grow that rebuild without bound. These runs are real: the
+index_versions job run in process into Dagster's PostgreSQL storage, with the lease tags the sensor gives.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import dagster as dg
 import psycopg
 import pytest
 
-from pipelines.assets import indexing_assets
+from pipelines.definitions import defs
+from pipelines.jobs import index_versions_job
 from pipelines.lineage_job import prune_lineage_keys_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from resources.blob_store import BlobStore
@@ -46,7 +47,8 @@ def index(kb, documents: list[str]) -> tuple[str, list[str], list[int]]:
     pairs = [(t.lease.task_id, t.lease.attempt) for t in claimed]
     tags = {LEASES_TAG: encode_leases(pairs), OWNER_TAG: "prune-test",
             "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
-    result = dg.materialize(indexing_assets, resources=default_resources(), instance=instance, tags=tags)
+    job = defs.resolve_job_def(index_versions_job.name)  # the job the claiming sensor starts
+    result = job.execute_in_process(instance=instance, tags=tags, resources=default_resources())
     assert result.success
     return result.run_id, keys, tasks
 
@@ -118,3 +120,25 @@ def test_a_ui_range_run_without_lease_tags_is_kept(kb, db_url):
     pruned = prune(kb, db_url)
     assert (pruned["partition_keys_deleted"], pruned["runs_deleted"], pruned["runs_kept"]) == (2, 1, 1)
     assert instance.get_run_by_id(run) is None and instance.get_run_by_id(ui_run.run_id) is not None
+
+
+def test_runs_left_by_keys_pruned_earlier_go_oldest_first(kb, db_url):
+    """Keys pruned while runs were kept (before prune deleted runs, or with delete_runs off) left their runs:
+    a later prune walks the oldest finished index runs created before the oldest live key was added."""
+    instance = kb[3]
+    run_a, (a,), _ = index(kb, ["one.md"])
+    run_b, (b,), _ = index(kb, ["two.md"])
+    run_c, (c,), _ = index(kb, ["three.md"])
+    age(db_url, [a, b])
+    with psycopg.connect(db_url, autocommit=True) as conn:  # c was added again since run C (a re-index)
+        conn.execute("UPDATE dagster_partition_key SET added_at = now() + interval '1 hour' WHERE partition_key = %s",
+                     (c,))
+    legacy = prune(kb, db_url, batch=1, delete_runs=False)  # a goes, run A stays: the state before this change
+    assert (legacy["partition_keys_deleted"], legacy["runs_deleted"]) == (1, 0)
+    assert instance.get_run_by_id(run_a) is not None
+
+    later = prune(kb, db_url, batch=1)  # b goes with run B; the walk finds run A
+    assert (later["partition_keys_deleted"], later["runs_deleted"], later["older_runs_deleted"]) == (1, 1, 1)
+    assert instance.get_run_by_id(run_a) is None and instance.get_run_by_id(run_b) is None
+    # run C was created before c's last addition, so the walk looked at it: c is live, so it stays
+    assert instance.get_run_by_id(run_c) is not None and materialized_keys(instance) == {c}

@@ -115,8 +115,8 @@ def prune_partition_keys(context: dg.OpExecutionContext, config: PruneConfig, da
     forget(database.db, keys)
     if config.delete_runs:  # after forget: the walk stops at the oldest key still live
         caught_up, _ = delete_runs_left_behind(context.instance, database)
-    return dg.Output(None, metadata={"partition_keys_deleted": len(keys), "runs_deleted": deleted,
-                                     "runs_kept": kept, "older_runs_deleted": caught_up, "window_seconds": config.window_seconds,
+    return dg.Output(None, metadata={"partition_keys_deleted": len(keys), "runs_deleted": deleted, "runs_kept": kept,
+                                     "older_runs_deleted": caught_up, "window_seconds": config.window_seconds,
                                      "max_keys": config.max_keys})
 
 

@@ -26,7 +26,7 @@ DEFAULT_MAX_KEYS = 30_000
 the corpus and 30k live keys the UI's partitions tab and asset graph answered in <= 1.02 s on a first request
 and <= 0.49 s warm on this 2-core machine; at 50k a first request took 2.09 s, at 100k 4.41 s (bench.scale.ui).
 While keys change (every new version adds one) each partitions-tab request rebuilds its status cache from every
-materialization in Dagster's event log, ~1.5 s more per 100k pruned keys' (README, "With history behind the live
+materialization in Dagster's event log, ~1.5 s more per 100k pruned keys (README, "With history behind the live
 keys"): so prune_lineage_keys also deletes the runs of the keys it prunes, with their events."""
 
 

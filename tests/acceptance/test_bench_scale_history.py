@@ -14,8 +14,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_history_runs_are_copied_then_deleted_with_all_their_events(pg_server_url, tmp_path, monkeypatch, capsys):
-    for name in ("KBINDEX_DATABASE_URL", "KBINDEX_BLOB_URL", "KBINDEX_ARTIFACTS", "KBINDEX_HOME"):
-        monkeypatch.setenv(name, "")  # run() points these at its round; restored after the test
+    for name in ("KBINDEX_DATABASE_URL", "KBINDEX_BLOB_URL", "KBINDEX_ARTIFACTS", "KBINDEX_HOME", "DAGSTER_PG_URL"):
+        monkeypatch.setenv(name, "")  # run() points these at its round (product_instance: DAGSTER_PG_URL); restored
     before, after, deletion, per_run = run(pg_server_url, tmp_path, versions=500, live=150, history=240,
                                            run_size=12, repeat=1, batch_keys=60)
 

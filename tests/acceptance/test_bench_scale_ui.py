@@ -14,8 +14,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_ui_queries_see_the_live_keys_and_prune_leaves_them(pg_server_url, tmp_path, monkeypatch):
-    for name in ("KBINDEX_DATABASE_URL", "KBINDEX_BLOB_URL", "KBINDEX_ARTIFACTS", "KBINDEX_HOME"):
-        monkeypatch.setenv(name, "")  # run() points these at its round; restored after the test
+    for name in ("KBINDEX_DATABASE_URL", "KBINDEX_BLOB_URL", "KBINDEX_ARTIFACTS", "KBINDEX_HOME", "DAGSTER_PG_URL"):
+        monkeypatch.setenv(name, "")  # run() points these at its round (product_instance: DAGSTER_PG_URL); restored
     rounds, pruned = run(pg_server_url, tmp_path, versions=1500, live_counts=[200, 500], prune=120, repeat=1,
                          history=300)
 
@@ -30,6 +30,8 @@ def test_ui_queries_see_the_live_keys_and_prune_leaves_them(pg_server_url, tmp_p
         assert all(first > 0 and after > 0 for first, after in r.after_new_key.values())
     assert pruned is not None
     assert pruned.deleted == 120
+    assert {name: keys for name, (keys, _) in pruned.by_storage.items()} == {  # 4 runs of 30, alternating
+        "kbindex storage": 60, "dagster_postgres": 60}
     assert pruned.keys_left == 500  # the lineage window's keys survive the prune (and each round's probe key went)
     assert pruned.recorded_left == 500  # kbindex forgot exactly the deleted keys
 

@@ -29,3 +29,19 @@ def test_the_after_a_new_key_row_takes_the_slowest_first_and_next_over_the_parti
     report(1_000_000, rounds, None)
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("slowest after a new key"))
     assert row.split()[-6:] == ["1.19", "/", "0.39", "2.40", "/", "0.50"]
+
+
+def test_the_prune_line_says_what_each_storage_took_per_key(capsys):
+    from bench.scale.ui import Prune
+
+    def t(first, warm):
+        return Timing(first_seconds=first, warm_seconds=warm, response_bytes=2048, cpu_seconds=0.1)
+
+    rounds = [Round(30_000, health={"a": t(0.90, 0.49)}, graph=t(0.50, 0.20))]
+    pruned = Prune(5000, 30.0, 0.2, 30_000, 30_000,
+                   by_storage={"kbindex storage": (2500, 5.0), "dagster_postgres": (2500, 25.0)})
+    report(140_000, rounds, pruned)
+    lines = capsys.readouterr().out.splitlines()
+    assert any("5,000 keys deleted in 30.0 s (6.0 ms/key" in line for line in lines)
+    assert any("kbindex storage:" in line and "2,500 keys in 5.0 s (2.0 ms/key)" in line for line in lines)
+    assert any("dagster_postgres:" in line and "2,500 keys in 25.0 s (10.0 ms/key)" in line for line in lines)

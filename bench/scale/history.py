@@ -1,6 +1,6 @@
 """What deleting the runs of pruned keys costs, and what it buys the partitions tab (issue #33).
 
-``python -m bench.scale.history [--versions 130000] [--live-keys 30000] [--history 100000] [--run-size 12]``
+``python -m bench.scale.history [--versions 130000] [--live-keys 30000] [--history 99996] [--run-size 12]``
 starts a throwaway PostgreSQL and ``dagster dev`` as bench.scale.ui does, gives the newest ``--live-keys``
 versions their key and one materialization per asset, then writes what ``--history`` versions indexed earlier
 and pruned leave in Dagster's storage when their runs stay: runs of ``--run-size`` versions, each a copy of

@@ -258,14 +258,22 @@ def _pack(group_keys: list[str], units: dict[str, list[ClaimedTask]], cap: int) 
     return out
 
 
+def run_tags(pairs: list[tuple[int, int]], keys: list[str], owner: str, tenant: str) -> dict[str, str]:
+    """The tags the sensor gives a run of these leases over these keys: the leases, owner and tenant, and the key
+    range when there is more than one key (one key goes in the request's partition key instead)."""
+    tags = {**lease_tags(pairs), OWNER_TAG: owner, TENANT_TAG: tenant}
+    if len(keys) > 1:
+        tags["dagster/asset_partition_range_start"] = keys[0]
+        tags["dagster/asset_partition_range_end"] = keys[-1]
+    return tags
+
+
 def _request(group: list[ClaimedTask], group_keys: list[str], owner: str, tenant: str) -> dg.RunRequest:
     pairs = [(t.lease.task_id, t.lease.attempt) for t in group]
-    tags = {**lease_tags(pairs), OWNER_TAG: owner, TENANT_TAG: tenant}
+    tags = run_tags(pairs, group_keys, owner, tenant)
     run_key = run_key_of(pairs)  # a run tag too (dagster/run_key): bounded like the lease tags
     if len(group_keys) == 1:
         return dg.RunRequest(run_key=run_key, partition_key=group_keys[0], tags=tags)
-    tags["dagster/asset_partition_range_start"] = group_keys[0]
-    tags["dagster/asset_partition_range_end"] = group_keys[-1]
     return dg.RunRequest(run_key=run_key, tags=tags)
 
 

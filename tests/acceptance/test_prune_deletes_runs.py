@@ -16,7 +16,8 @@ from pipelines.jobs import index_versions_job
 from pipelines.lineage_job import prune_lineage_keys_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from resources.blob_store import BlobStore
-from resources.dagster_resources import LEASES_TAG, OWNER_TAG, DatabaseResource, default_resources, encode_leases
+from pipelines.sensors import run_tags
+from resources.dagster_resources import DatabaseResource, default_resources
 from resources.database import Database
 from resources.partition_keys import record_added
 from resources.publisher import Publisher
@@ -44,11 +45,10 @@ def index(kb, documents: list[str]) -> tuple[str, list[str], list[int]]:
     keys = [r["partition_key"] for r in db.fetch_all("document_version_partition_keys", {"task_ids": tasks})]
     instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
     record_added(db, keys)
-    pairs = [(t.lease.task_id, t.lease.attempt) for t in claimed]
-    tags = {LEASES_TAG: encode_leases(pairs), OWNER_TAG: "prune-test",
-            "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
-    job = defs.resolve_job_def(index_versions_job.name)  # the job the claiming sensor starts
-    result = job.execute_in_process(instance=instance, tags=tags, resources=default_resources())
+    tags = run_tags([(t.lease.task_id, t.lease.attempt) for t in claimed], keys, "prune-test", "acme")
+    job = defs.resolve_job_def(index_versions_job.name)  # the job the claiming sensor starts, with its tags
+    result = job.execute_in_process(instance=instance, tags=tags, partition_key=keys[0] if len(keys) == 1 else None,
+                                    resources=default_resources())
     assert result.success
     return result.run_id, keys, tasks
 

@@ -17,7 +17,7 @@ import shutil
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql as pgsql
@@ -40,6 +40,29 @@ def create_databases(admin_url: str, *names: str) -> None:
         for name in names:
             conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
             conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+
+
+class ScaleRound(NamedTuple):
+    db: Any  # resources.database.Database on kb_url
+    kb_url: str
+    dagster_url: str
+    ui: DagsterUI
+
+
+def open_round(admin_url: str, workdir: Path, name: str) -> ScaleRound:
+    """Databases ``<name>_kb`` (migrated) and ``<name>_dg`` on the scratch server, the round's folders under
+    ``workdir`` in this process's environment and dagster dev's, and a ``DagsterUI`` over them (not started)."""
+    from resources.database import Database
+    from resources.local_postgres import with_database
+    from resources.migrations import migrate
+
+    create_databases(admin_url, f"{name}_kb", f"{name}_dg")
+    kb_url, dagster_url = with_database(admin_url, f"{name}_kb"), with_database(admin_url, f"{name}_dg")
+    migrate(kb_url)
+    env = {"KBINDEX_DATABASE_URL": kb_url, "KBINDEX_HOME": str(workdir / "home"),
+           "KBINDEX_BLOB_URL": str(workdir / "blobs"), "KBINDEX_ARTIFACTS": str(workdir / "artifacts")}
+    os.environ.update(env)
+    return ScaleRound(Database(kb_url), kb_url, dagster_url, DagsterUI(workdir, dagster_url, env))
 
 
 def seed_corpus(db: Any, count: int, *, first: int = 1, tenant: str = TENANT, progress: bool = False) -> float:

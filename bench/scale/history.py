@@ -15,17 +15,17 @@ times the tabs again. The CI-sized round is tests/acceptance/test_bench_scale_hi
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.scale.corpus import DagsterUI, corpus_keys, create_databases, document_text, seed_corpus
+from bench.scale.corpus import TENANT, corpus_keys, document_text, open_round, seed_corpus
 from bench.scale.ui import ALL_ASSETS, WINDOW_SECONDS, Round, add_keys, measure_round
 
 TEMPLATE_TENANT = "template"
+OWNER = "bench-history"
 PRUNE_BATCH = 5000  # keys per prune run (PruneConfig.batch)
 
 
@@ -48,20 +48,20 @@ def template_run(instance, db, blob_url: str, size: int):
     from pipelines.assets import indexing_assets
     from pipelines.partitions import VERSIONS_PARTITIONS_NAME
     from resources.blob_store import BlobStore
-    from resources.dagster_resources import OWNER_TAG, default_resources, lease_tags
+    from pipelines.sensors import run_tags
+    from resources.dagster_resources import default_resources
     from resources.publisher import Publisher
     from resources.task_queue import TaskQueue
 
     publisher, queue = Publisher(db, BlobStore(blob_url)), TaskQueue(db, lease_seconds=600)
     for i in range(size):
         publisher.publish(TEMPLATE_TENANT, f"template-{i}", document_text(i), f"template-{i}.txt")
-    claimed = queue.claim("bench-history", limit=size)
+    claimed = queue.claim(OWNER, limit=size)
     assert len(claimed) == size, "only the template documents may be due"
     tasks = [t.lease.task_id for t in claimed]
     keys = [r["partition_key"] for r in db.fetch_all("document_version_partition_keys", {"task_ids": tasks})]
     instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
-    tags = {**lease_tags([(t.lease.task_id, t.lease.attempt) for t in claimed]), OWNER_TAG: "bench-history",
-            "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
+    tags = run_tags([(t.lease.task_id, t.lease.attempt) for t in claimed], keys, OWNER, TEMPLATE_TENANT)
     result = dg.materialize(indexing_assets, resources=default_resources(), instance=instance, tags=tags)
     assert result.success
     return instance.get_run_by_id(result.run_id), keys
@@ -79,7 +79,7 @@ def copy_runs(instance, db, dagster_db, template, template_keys: list[str], keys
     from dagster._core.events.log import EventLogEntry
     from dagster._core.utils import make_new_run_id
 
-    from resources.dagster_resources import LEASES_TAG, lease_tags
+    from pipelines.sensors import run_tags
 
     size = len(template_keys)
     assert len(keys) % size == 0, "whole runs only"
@@ -95,7 +95,6 @@ def copy_runs(instance, db, dagster_db, template, template_keys: list[str], keys
         partition = event.partition if event is not None and asset else None
         return (event.event_type_value if event else None, entry.timestamp, entry.step_key, asset, partition)
 
-    kept_tags = {k: v for k, v in template.tags.items() if not k.startswith(LEASES_TAG)}
     tasks = {r["partition_key"]: r["task_id"] for r in db.fetch_all("bench_history_tasks_of_keys",
                                                                    {"partition_keys": keys})}
     started, run_ids, plain, materialized = time.perf_counter(), [], [], {}
@@ -106,8 +105,7 @@ def copy_runs(instance, db, dagster_db, template, template_keys: list[str], keys
         swap = {template.run_id: run_id, **dict(zip(template_keys, group))}
         pattern = re.compile("|".join(re.escape(k) for k in sorted(swap, key=len, reverse=True)))
         pairs = [(tasks[k], 1) for k in group]
-        tags = {**kept_tags, **lease_tags(pairs), "dagster/asset_partition_range_start": group[0],
-                "dagster/asset_partition_range_end": group[-1]}
+        tags = run_tags(pairs, group, OWNER, TENANT)  # as the sensor tags a run of these versions
         instance.add_run(dg.DagsterRun(job_name=template.job_name, run_id=run_id,
                                        status=dg.DagsterRunStatus.SUCCESS, tags=tags))
         for text, entry in zip(texts, entries):
@@ -163,26 +161,17 @@ def run(admin_url: str, workdir: Path, versions: int, live: int, history: int, r
     """(round before, round after the deletion, the deletion, events per run)."""
     from pipelines.partitions import VERSIONS_PARTITIONS_NAME
     from resources.database import Database
-    from resources.local_postgres import with_database
-    from resources.migrations import migrate
 
     assert live + history <= versions, "--versions must cover the live and history keys"
     assert history % run_size == 0, "--history must be a multiple of --run-size"
-    kb, dg_db = "history_kb", "history_dg"
-    create_databases(admin_url, kb, dg_db)
-    kb_url = with_database(admin_url, kb)
-    migrate(kb_url)
-    db, dagster_db = Database(kb_url), Database(with_database(admin_url, dg_db))
-    env = {"KBINDEX_DATABASE_URL": kb_url, "KBINDEX_HOME": str(workdir / "home"),
-           "KBINDEX_BLOB_URL": str(workdir / "blobs"), "KBINDEX_ARTIFACTS": str(workdir / "artifacts")}
-    ui = DagsterUI(workdir, with_database(admin_url, dg_db), env)
-    os.environ.update(env)
+    db, kb_url, dagster_url, ui = open_round(admin_url, workdir, "history")
+    dagster_db = Database(dagster_url)
     try:
         print(f"seeding {versions:,} indexed versions ...", flush=True)
         print(f"  {seed_corpus(db, versions, progress=versions >= 200_000):.0f} s", flush=True)
         db.execute("bench_corpus_set_active_model", {"model": "fake-384"})
         instance = ui.open_instance()
-        template, template_keys = template_run(instance, db, env["KBINDEX_BLOB_URL"], run_size)
+        template, template_keys = template_run(instance, db, str(workdir / "blobs"), run_size)
         per_run = len(instance.get_records_for_run(template.run_id, limit=1_000_000).records)
         print(f"template: one real index run of {run_size} versions wrote {per_run} events", flush=True)
         history_keys = corpus_keys(db, 1, history)

@@ -13,14 +13,13 @@ README (bench.scale.migration). The CI-sized round is tests/acceptance/test_benc
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench import exit_on_sigterm
-from bench.scale.corpus import DagsterUI, corpus_keys, create_databases, seed_corpus
+from bench.scale.corpus import corpus_keys, open_round, seed_corpus
 from bench.scale.ui import WINDOW_SECONDS, add_keys
 
 PRUNE_JOB = "prune_lineage_keys"
@@ -54,19 +53,7 @@ class Drain:
 def run(admin_url: str, workdir: Path, old: int, live: int, minutes: float, out=print) -> Drain:
     import dagster as dg
 
-    from resources.database import Database
-    from resources.local_postgres import with_database
-    from resources.migrations import migrate
-
-    kb, dg_db = "drain_kb", "drain_dg"
-    create_databases(admin_url, kb, dg_db)
-    kb_url = with_database(admin_url, kb)
-    migrate(kb_url)
-    db = Database(kb_url)
-    env = {"KBINDEX_DATABASE_URL": kb_url, "KBINDEX_HOME": str(workdir / "home"),
-           "KBINDEX_BLOB_URL": str(workdir / "blobs"), "KBINDEX_ARTIFACTS": str(workdir / "artifacts")}
-    ui = DagsterUI(workdir, with_database(admin_url, dg_db), env)
-    os.environ.update(env)
+    db, _, _, ui = open_round(admin_url, workdir, "drain")
     try:
         seed_corpus(db, old + live)
         instance = ui.open_instance()

@@ -32,14 +32,13 @@ the live keys get: no run records or step events are seeded.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.scale.corpus import DagsterUI, corpus_keys, create_databases, seed_corpus
+from bench.scale.corpus import DagsterUI, corpus_keys, open_round, seed_corpus
 
 TARGET_SECONDS = 2.0
 WINDOW_SECONDS = 7 * 24 * 3600.0
@@ -303,22 +302,9 @@ def prune_once(instances: dict, db, kb_url: str, batch: int) -> Prune:
 
 def run(admin_url: str, workdir: Path, versions: int, live_counts: list[int], prune: int, repeat: int,
         history: int = 0) -> tuple[list[Round], Prune | None]:
-    from resources.database import Database
-    from resources.local_postgres import with_database
-    from resources.migrations import migrate
-
     live_counts = sorted(live_counts)
     assert live_counts[-1] + prune + history <= versions, "--versions must cover the live, prunable and history keys"
-    kb, dg_db = "ui_kb", "ui_dg"
-    create_databases(admin_url, kb, dg_db)
-    kb_url = with_database(admin_url, kb)
-    migrate(kb_url)
-    db = Database(kb_url)
-    ui = DagsterUI(workdir, with_database(admin_url, dg_db),
-                   {"KBINDEX_DATABASE_URL": kb_url, "KBINDEX_HOME": str(workdir / "home"),
-                    "KBINDEX_BLOB_URL": str(workdir / "blobs"), "KBINDEX_ARTIFACTS": str(workdir / "artifacts")})
-    os.environ.update(KBINDEX_DATABASE_URL=kb_url, KBINDEX_BLOB_URL=str(workdir / "blobs"),
-                      KBINDEX_ARTIFACTS=str(workdir / "artifacts"), KBINDEX_HOME=str(workdir / "home"))
+    db, kb_url, _, ui = open_round(admin_url, workdir, "ui")
     rounds: list[Round] = []
     try:
         print(f"seeding {versions:,} indexed versions ...", flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import numpy as np
@@ -246,3 +247,26 @@ def test_cli_search_prints_hits_and_json(db_url, index, real_model):
     assert lines[1].strip() == "Parking is free." and lines[2] == "", result.stdout
     assert runner.invoke(app, ["search", "x", "--tenant", "bad tenant!"], env=env).exit_code == 2
     assert runner.invoke(app, ["search", "x"], env=env).exit_code == 2
+
+
+def _out_of_line_vectors(db_url: str, document: str) -> list[bool]:
+    with psycopg.connect(db_url) as conn:
+        return [row[0] for row in conn.execute(
+            "SELECT pg_column_toast_chunk_id(embedding) IS NOT NULL FROM chunk WHERE document_id = %s ORDER BY ordinal",
+            [document])]
+
+
+def test_vectors_stay_in_their_rows_beside_chunk_length_text(db_url, index):
+    """Migration 0051: a chunk of real length (~1,100 characters, what 254 word pieces make) keeps its vector inline,
+    so a distance computed from the heap costs no TOAST lookup. pgvector's own placement (STORAGE external), set
+    back for a second document, moves the same rows' vectors out of line: the check can tell the two apart."""
+    rng = random.Random(51)  # prose-like: as little repetition as English has (a repeated line compresses away)
+    words = ["".join(rng.choice("etaoinshrdlucmfwypvbgk") for _ in range(rng.randint(2, 9))) for _ in range(400)]
+    paragraph = " ".join(rng.choice(words) for _ in range(400))
+    texts = [paragraph[:1100], paragraph[1100:2200], "A short closing line."]
+    index("acme", "inline", texts)
+    assert _out_of_line_vectors(db_url, "inline") == [False, False, False]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE chunk ALTER COLUMN embedding SET STORAGE EXTERNAL")
+    index("acme", "external", texts)
+    assert _out_of_line_vectors(db_url, "external") == [True, True, False]

@@ -117,6 +117,15 @@ MODES = ("dense", "hybrid", "lexical")
 PERMISSIONS = ReadScope.of([RESTRICTED_TO])  # may read every document: the same answers as EVERYTHING, checked
 
 
+def pseudo_prose(words: int = 2000, length: int = 400_000, seed: int = 7) -> str:
+    """Text of ``length`` characters: ``words`` random pseudo-words in random order, about as compressible as
+    English prose. Chunk texts of ``--text-chars`` are windows of it."""
+    rng = np.random.default_rng(seed)
+    vocabulary = ["".join(rng.choice(list("etaoinshrdlucmfwypvbgk"), size=int(n)))
+                  for n in rng.integers(2, 10, size=words)]
+    return " ".join(vocabulary[i] for i in rng.integers(0, words, size=length // 5))[:length]
+
+
 @dataclass(frozen=True)
 class Setting:
     """One search configuration: HNSW candidate list, iterative scan mode, scan budget."""
@@ -304,15 +313,18 @@ def topic_centers(structure: str, rng: np.random.Generator) -> np.ndarray:
 
 
 def seed(url: str, chunks: int, m: int, ef_construction: int, workers: int, out: Callable[[str], None],
-         rng: np.random.Generator, structure: str = "hierarchical", lexical: bool = True) -> dict[str, float]:
+         rng: np.random.Generator, structure: str = "hierarchical", lexical: bool = True,
+         text_chars: int = 0) -> dict[str, float]:
     """Load the synthetic corpus (with its lexical index unless ``lexical`` is false) and build the graph;
-    returns the seconds each phase took."""
+    returns the seconds each phase took. ``text_chars``: each chunk's text length (0: a short label; the
+    lexical rows are synthetic either way)."""
     timings: dict[str, float] = {}
     layout = doc_layout(chunks, rng)
     centers = topic_centers(structure, rng)
     terms = TermModel.draw(np.random.default_rng(LEXICAL_SEED)) if lexical else None
     term_rng = np.random.default_rng(LEXICAL_SEED + 1)
-    names = {"tenants": list(TENANTS), "profiles": PROFILES}
+    names = {"tenants": list(TENANTS), "profiles": PROFILES, "text_chars": int(text_chars),
+             "prose": pseudo_prose() if text_chars else ""}
     started = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn, ExitStack() as stack:
         conn.execute(queries["bench_search_shadow_profile"])
@@ -761,6 +773,9 @@ def main(argv: list[str] | None = None) -> int:
                         "references cost the most at 1M)")
     parser.add_argument("--lexical", action=argparse.BooleanOptionalAction, default=True,
                         help="also seed the lexical index and measure hybrid and lexical search (default: on)")
+    parser.add_argument("--text-chars", type=int, default=0,
+                        help="each chunk's text length in characters (default 0: a short label, as every figure in the "
+                             "README before migration 0051; ~1,000 is a real chunk's, see bench.scale.vector_placement)")
     parser.add_argument("--permission-rounds", type=int, metavar="N",
                         help="measure only permissions on vs off (dense), N rounds over --queries queries per tenant")
     parser.add_argument("--json", dest="json_path", help="also write the results here")
@@ -782,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
             out(f"seeding {args.chunks:,} chunks ({args.structure} topics, m={args.m}, "
                 f"ef_construction={args.ef_construction}, lexical {'on' if args.lexical else 'off'})")
             timings = seed(url, args.chunks, args.m, args.ef_construction, args.workers, out, rng, args.structure,
-                           lexical=args.lexical)
+                           lexical=args.lexical, text_chars=args.text_chars)
         with Database(url, max_size=1) as db:
             sizes = db.fetch_one("bench_search_sizes")
         out("seeding: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))

@@ -53,6 +53,20 @@ INSERT INTO index_profile (name, model, dimension, chunk_tokens, chunk_overlap, 
 VALUES ('bench-shadow', 'fake-384', 384, 128, 16, true)
 ON CONFLICT (name) DO NOTHING;
 
+-- name: bench_search_vector_storage_external
+-- Benchmark only (bench.scale.vector_placement): pgvector's own placement of chunk vectors, as before migration
+-- 0051 (an install whose rows predate it keeps them this way until they are rewritten).
+ALTER TABLE chunk ALTER COLUMN embedding SET STORAGE EXTERNAL;
+
+-- name: bench_search_vector_placement
+-- Benchmark only: where the chunk vectors are (out of line in the TOAST table or in their rows), and the sizes.
+SELECT count(*) FILTER (WHERE pg_column_toast_chunk_id(embedding) IS NOT NULL) AS out_of_line,
+       count(*) AS chunks,
+       round(avg(octet_length(text)))::int AS avg_text_chars,
+       pg_relation_size('chunk') AS heap_bytes,
+       pg_table_size('chunk') - pg_relation_size('chunk') AS toast_bytes
+FROM chunk;
+
 -- name: bench_search_drop_hnsw
 -- Benchmark only: bulk-load without the graph, build it once afterwards.
 DROP INDEX IF EXISTS chunk_embedding_hnsw_idx;
@@ -96,12 +110,19 @@ JOIN document_version v
 ORDER BY t.tenant_id, t.document_id, t.profile, t.version_number DESC;
 
 -- name: bench_search_fill_chunks
--- Benchmark only: the chunk rows, with stable-looking ids and short texts (the vectors are what matter).
+-- Benchmark only: the chunk rows, with stable-looking ids. Texts are short ("synthetic chunk 3 of doc-17") when
+-- %(text_chars)s is 0, otherwise that many characters of the pseudo-English %(prose)s from an offset hashed from the
+-- chunk's key: a chunk row of real size, which decides where PostgreSQL keeps the vector (migration 0051).
 INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text, token_count,
                    content_digest, embedding)
 SELECT md5(tenant || '/' || doc || '/' || version || '/' || profile || '/' || ordinal),
        (%(tenants)s::text[])[tenant + 1], 'doc-' || doc, version, (%(profiles)s::text[])[profile + 1], ordinal,
-       'synthetic chunk ' || ordinal || ' of doc-' || doc, 10, md5(doc || '/' || ordinal), embedding
+       CASE WHEN %(text_chars)s::int = 0 THEN 'synthetic chunk ' || ordinal || ' of doc-' || doc
+            ELSE substr(%(prose)s::text,
+                        1 + abs(hashtext(doc || '/' || version || '/' || ordinal))
+                            %% greatest(1, length(%(prose)s::text) - %(text_chars)s::int),
+                        %(text_chars)s::int) END,
+       10, md5(doc || '/' || ordinal), embedding
 FROM bench_search_stage;
 
 -- name: bench_search_stage_drop

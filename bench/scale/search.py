@@ -323,8 +323,9 @@ def seed(url: str, chunks: int, m: int, ef_construction: int, workers: int, out:
     centers = topic_centers(structure, rng)
     terms = TermModel.draw(np.random.default_rng(LEXICAL_SEED)) if lexical else None
     term_rng = np.random.default_rng(LEXICAL_SEED + 1)
-    names = {"tenants": list(TENANTS), "profiles": PROFILES, "text_chars": int(text_chars),
-             "prose": pseudo_prose() if text_chars else ""}
+    prose = pseudo_prose().encode("ascii") if text_chars else b""
+    names = {"tenants": list(TENANTS), "profiles": PROFILES, "text_chars": int(text_chars), "prose": prose,
+             "prose_starts": max(1, len(prose) - int(text_chars))}
     started = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn, ExitStack() as stack:
         conn.execute(queries["bench_search_shadow_profile"])

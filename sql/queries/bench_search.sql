@@ -111,17 +111,17 @@ ORDER BY t.tenant_id, t.document_id, t.profile, t.version_number DESC;
 
 -- name: bench_search_fill_chunks
 -- Benchmark only: the chunk rows, with stable-looking ids. Texts are short ("synthetic chunk 3 of doc-17") when
--- %(text_chars)s is 0, otherwise that many characters of the pseudo-English %(prose)s from an offset hashed from the
--- chunk's key: a chunk row of real size, which decides where PostgreSQL keeps the vector (migration 0051).
+-- %(text_chars)s is 0, otherwise that many characters of the pseudo-English %(prose)s (ASCII) from an offset
+-- hashed from the chunk's key: a chunk row of real size, which decides where PostgreSQL keeps the vector
+-- (migration 0051).
 INSERT INTO chunk (chunk_id, tenant_id, document_id, version_number, profile, ordinal, text, token_count,
                    content_digest, embedding)
 SELECT md5(tenant || '/' || doc || '/' || version || '/' || profile || '/' || ordinal),
        (%(tenants)s::text[])[tenant + 1], 'doc-' || doc, version, (%(profiles)s::text[])[profile + 1], ordinal,
        CASE WHEN %(text_chars)s::int = 0 THEN 'synthetic chunk ' || ordinal || ' of doc-' || doc
-            ELSE substr(%(prose)s::text,
-                        1 + abs(hashtext(doc || '/' || version || '/' || ordinal))
-                            %% greatest(1, length(%(prose)s::text) - %(text_chars)s::int),
-                        %(text_chars)s::int) END,
+            ELSE convert_from(substring(%(prose)s::bytea  -- ASCII: bytes are characters, and cut in O(1)
+                                        FROM 1 + abs(hashtext(doc || '/' || version || '/' || ordinal)) %% %(prose_starts)s::int
+                                        FOR %(text_chars)s::int), 'UTF8') END,
        10, md5(doc || '/' || ordinal), embedding
 FROM bench_search_stage;
 

@@ -51,6 +51,17 @@ exhaustive p50 11 ms, p95 22 ms (recall@10 1.0 both). At 1M chunks (100 queries)
 p50 90 ms, p95 161 ms, recall@10 0.944; exhaustive (with the metadata index of migration 0034) p50 11 ms,
 p95 16 ms, recall 1.0. A filter keeping a tenth of that tenant (28.5k chunks) walks: the probe costs it
 p50 11 vs 5 ms."""
+WALK_MIN_SHARE = 0.01
+WALK_MIN_CHUNKS = EXACT_SCOPE_CHUNKS
+"""An unfiltered dense search walks the graph, whatever the planner prefers, when the tenant's current chunks are at
+least this share of the chunk table's rows and at least this many. The planner underestimates how many of a
+tenant's rows a search pointer names (its join estimate at 1M: 1,028 of t-small's 25,552 current chunks), so it
+expects the walk to pass ~25x the tuples it does and reads the tenant exhaustively. ``python -m bench.scale.search
+--chunks 1000000 --modes dense --no-lexical --text-chars 1000`` (its "planner alone" row is the rule switched off,
+side by side): t-small's 25,552 current chunks (2.55% of the rows) p50 3.2 ms, p95 7.3 ms, recall@10 0.973 walking against
+28.2 / 36.0 ms, 1.0 exhaustive. t-tiny's 2,760 (0.28%) stays exhaustive (p50 4.1 ms); walked, it took p50 25.5 ms
+(one-off script: the walk passes ~k / share tuples). 1% lies between the two measured sizes and is not measured
+itself. A walk that comes back short still ends in the exact fallback."""
 MAX_QUERY_CHARS = 10_000
 log = logging.getLogger("kbindex")
 
@@ -236,9 +247,26 @@ def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[s
                                                    "max_scope_chunks": EXACT_SCOPE_CHUNKS})
         if rows and rows[0]["exact"]:
             return [r for r in rows if r["chunk_id"] is not None]
-    rows = tx.fetch_all("search_hits", params)
+    rows = walk_rows(tx, params, walk=visible["filters"] == NO_FILTERS and walk_preferred(tx, scope))
     if len(rows) < k:
         rows = tx.fetch_all("search_hits_exact", params)
+    return rows
+
+
+def walk_preferred(tx: Session, scope: dict[str, Any]) -> bool:
+    """Whether the tenant is big enough a share of the graph that walking it beats measuring it (WALK_MIN_SHARE)."""
+    size = tx.fetch_one("search_tenant_size", scope) or {}
+    chunks, rows = size.get("tenant_chunks"), size.get("index_rows")
+    return bool(chunks and rows and chunks >= WALK_MIN_CHUNKS and chunks >= WALK_MIN_SHARE * rows)
+
+
+def walk_rows(tx: Session, params: dict[str, Any], *, walk: bool) -> list[dict[str, Any]]:
+    """``search_hits``: the planner's plan, or (``walk``) with sorts forbidden for it alone, so it walks the graph."""
+    if not walk:
+        return tx.fetch_all("search_hits", params)
+    tx.fetch_one("search_sort_enabled", {"enable_sort": "off"})
+    rows = tx.fetch_all("search_hits", params)
+    tx.fetch_one("search_sort_enabled", {"enable_sort": "on"})
     return rows
 
 

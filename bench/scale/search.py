@@ -80,7 +80,7 @@ from resources.database import Database
 from resources.lexical import N_CHUNKS, TOTAL_LENGTH, lexical_search, query_weights
 from pipelines.domain.metadata import EVERYTHING, ReadScope
 from resources.search import (DEFAULT_MAX_SCAN_TUPLES, EXACT_SCOPE_CHUNKS, EXACT_SCOPE_POINTERS, _hybrid_rows,
-                              ef_search_for, hybrid_depth)
+                              ef_search_for, hybrid_depth, walk_preferred, walk_rows)
 from sql import queries
 
 DIM = 384
@@ -136,6 +136,9 @@ class Setting:
     max_scan_tuples: int
     scoped: bool = True
     """Whether a filtered search may answer exhaustively over a narrow scope (``search_hits_scoped``)."""
+    walk_rule: bool = True
+    """Whether an unfiltered search may force the graph walk for a big enough tenant (resources.search.WALK_MIN_SHARE);
+    False: the planner's own choice, as before that rule."""
 
 
 def settings_grid() -> list[Setting]:
@@ -147,6 +150,7 @@ def settings_grid() -> list[Setting]:
         Setting("ef100 relaxed", 100, "relaxed_order", DEFAULT_MAX_SCAN_TUPLES),
         Setting("ef200 relaxed", 200, "relaxed_order", DEFAULT_MAX_SCAN_TUPLES),
         Setting("ef400 relaxed", 400, "relaxed_order", DEFAULT_MAX_SCAN_TUPLES),
+        replace(product, label="planner alone", walk_rule=False),
         Setting(f"ef{product.ef_search} strict", product.ef_search, "strict_order", DEFAULT_MAX_SCAN_TUPLES),
         Setting(f"ef{product.ef_search} no iter", product.ef_search, "off", DEFAULT_MAX_SCAN_TUPLES),
         Setting(f"ef{product.ef_search} scan 5k", product.ef_search, "relaxed_order", 5_000),
@@ -385,6 +389,8 @@ def seed(url: str, chunks: int, m: int, ef_construction: int, workers: int, out:
                 out(f"  {name.removeprefix('bench_search_')} done ({time.perf_counter() - phase:6.1f} s)")
             conn.execute(queries["bench_search_lexical_stage_drop"])
             timings["lexical rows from staging"] = time.perf_counter() - phase
+        else:  # publish keeps each tenant's chunk count with or without terms (dense search reads it)
+            conn.execute(queries["bench_search_fill_chunk_counts"])
         phase = time.perf_counter()
         build = {"m": int(m), "ef_construction": int(ef_construction)}  # DDL: bound client-side, as literals
         psycopg.ClientCursor(conn).execute(queries["bench_search_build_hnsw"], build)
@@ -441,7 +447,9 @@ def product_search(db: Database, vector: np.ndarray, tenant: str, setting: Setti
                                                        "max_scope_chunks": EXACT_SCOPE_CHUNKS})
             if rows and rows[0]["exact"]:
                 return [r["chunk_id"] for r in rows if r["chunk_id"] is not None], "scoped"
-        rows = tx.fetch_all("search_hits", params)
+        scope = {"tenant_id": tenant, "profile": PROFILES[0]}
+        walk = setting.walk_rule and not read.filters and walk_preferred(tx, scope)
+        rows = walk_rows(tx, params, walk=walk)
         path = "walk"
         if len(rows) < K:
             rows, path = tx.fetch_all("search_hits_exact", params), "fallback"
@@ -523,6 +531,8 @@ def plan_uses_hnsw(db: Database, vector: np.ndarray, tenant: str, setting: Setti
     with db.transaction() as tx:
         tx.fetch_one("search_settings", {"ef_search": setting.ef_search, "max_scan_tuples": setting.max_scan_tuples})
         tx.fetch_one("bench_search_iterative_scan", {"mode": setting.iterative_scan})
+        if setting.walk_rule and not read.filters and walk_preferred(tx, {"tenant_id": tenant, "profile": PROFILES[0]}):
+            tx.fetch_one("search_sort_enabled", {"enable_sort": "off"})  # as walk_rows plans it
         plan = tx.conn.execute("EXPLAIN (FORMAT JSON) " + queries["search_hits"], params).fetchone()[0]
     return "chunk_embedding_hnsw_idx" in json.dumps(plan)
 

@@ -262,6 +262,14 @@ SELECT d.tenant_id, d.profile, t.term, sum(t.df)::bigint
 FROM lexical_document d, unnest(d.terms, d.dfs) AS t (term, df)
 GROUP BY d.tenant_id, d.profile, t.term;
 
+-- name: bench_search_fill_chunk_counts
+-- Benchmark only (no lexical rows seeded): each tenant's current chunk count per profile, the statistic every
+-- publish keeps beside the terms (term -1), which dense search reads to decide whether to walk the graph.
+INSERT INTO lexical_term_stats (tenant_id, profile, term, df)
+SELECT tenant_id, profile, -1, sum(chunk_count)::bigint
+FROM search_pointer
+GROUP BY tenant_id, profile;
+
 -- name: bench_search_lexical_stage_drop
 -- Benchmark only: the staged postings are no longer needed once the lexical rows are in.
 DROP TABLE IF EXISTS bench_search_lexical_stage;

@@ -46,6 +46,19 @@ SELECT chunk_id, document_id, version_number, heading_path, page, text, metadata
 FROM relaxed
 ORDER BY distance + 0, chunk_id;
 
+-- name: search_tenant_size
+-- How many current chunks the tenant has under the profile (lexical_term_stats' chunk count, term -1, which every
+-- publish keeps) and how many rows the chunk table holds (ANALYZE's estimate; NULL before the first ANALYZE):
+-- the share of the graph's nodes a walk for this tenant can keep.
+SELECT (SELECT df FROM lexical_term_stats
+        WHERE tenant_id = %(tenant_id)s AND profile = %(profile)s AND term = -1) AS tenant_chunks,
+       (SELECT nullif(greatest(reltuples, 0), 0) FROM pg_class WHERE oid = 'chunk'::regclass)::bigint AS index_rows;
+
+-- name: search_sort_enabled
+-- Sorts forbidden ('off') for search_hits alone, then allowed again ('on'): the planner then walks the graph in
+-- index order instead of measuring the tenant exhaustively (resources/search.py WALK_MIN_SHARE says when).
+SELECT set_config('enable_sort', %(enable_sort)s, true) AS enable_sort;
+
 -- name: search_hits_exact
 -- The same answer by exhaustive distance over the tenant's current chunks in scope (no index order: "+ 0"):
 -- used when the graph walk ran out of max_scan_tuples before finding k rows (a small tenant among big ones,

@@ -17,7 +17,7 @@ from resources.database import Database, Session
 from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder, checked_embed, embedder_for_model
 from resources.index_sink import IndexSink
 from pipelines.domain.lexical import MODES
-from pipelines.domain.metadata import EVERYTHING
+from pipelines.domain.metadata import EVERYTHING, ReadScope
 from resources.search import SearchHit, search
 from resources.task_queue import TaskQueue
 from sql import queries
@@ -270,3 +270,62 @@ def test_vectors_stay_in_their_rows_beside_chunk_length_text(db_url, index):
         conn.execute("ALTER TABLE chunk ALTER COLUMN embedding SET STORAGE EXTERNAL")
     index("acme", "external", texts)
     assert _out_of_line_vectors(db_url, "external") == [True, True, False]
+
+
+def test_a_tenant_big_enough_a_share_of_the_graph_walks_it(db, db_url, fake, index, monkeypatch):
+    """WALK_MIN_SHARE: the planner reads a tenant of a few percent of a big index exhaustively; search forbids sorts
+    for search_hits alone when the tenant's current chunks (lexical_term_stats, kept by publish) are a big enough share
+    of the chunk table (ANALYZE's estimate), so the graph is walked, and allows them again for what follows. The
+    thresholds are lowered here so a 5-chunk tenant among 3,005 qualifies: the planner, left alone, measures it."""
+    import resources.search as search_module
+
+    rng = np.random.default_rng(2)
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"]
+    for d in range(15):
+        index("big", f"doc-{d}", [" ".join(rng.choice(words, 6)) + f" big{d}x{i}" for i in range(200)])
+    small = ["refund window for damaged goods", "refund to the original card", "refund of shipping fees"]
+    index("small", "refunds", small)
+    index("small", "other", ["holiday calendar", "parking rules"])
+    ran: list[tuple[str, Any]] = []
+    for method in ("fetch_one", "fetch_all"):
+        real = getattr(Session, method)
+
+        def spy(self, query_name, params=None, _real=real):
+            ran.append((query_name, (params or {}).get("enable_sort")))
+            return _real(self, query_name, params)
+
+        monkeypatch.setattr(Session, method, spy)
+    statements = lambda: [name for name, _ in ran if name.startswith("search_") and name != "search_settings"]  # noqa: E731
+
+    before = search(db, fake, "refund", tenant_id="small", k=5, mode="dense")
+    assert statements() == ["search_tenant_size", "search_hits"], "never analyzed: no row estimate, the planner decides"
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ANALYZE chunk")
+    monkeypatch.setattr(search_module, "WALK_MIN_CHUNKS", 5)
+    monkeypatch.setattr(search_module, "WALK_MIN_SHARE", 0.001)
+    ran.clear()
+    walked = search(db, fake, "refund", tenant_id="small", k=5, mode="dense")
+    assert walked == before, "the walk (iterative scan) finds the same 5 as the exhaustive plan"
+    assert [(n, v) for n, v in ran if n in ("search_sort_enabled", "search_hits")] == [
+        ("search_sort_enabled", "off"), ("search_hits", None), ("search_sort_enabled", "on")]
+    with psycopg.connect(db_url) as conn:
+        from pgvector.psycopg import register_vector
+
+        register_vector(conn)
+        with conn.transaction():
+            conn.execute(queries["search_settings"], {"ef_search": 64, "max_scan_tuples": 20000})
+            params = {"query": fake.embed(["refund"])[0], "tenant_id": "small", "profile": PROFILE, "k": 5,
+                      **EVERYTHING.params()}
+            left_alone = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + queries["search_hits"], params).fetchone()[0])
+            conn.execute(queries["search_sort_enabled"], {"enable_sort": "off"})
+            forced = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + queries["search_hits"], params).fetchone()[0])
+    assert "chunk_embedding_hnsw_idx" not in left_alone and "chunk_embedding_hnsw_idx" in forced
+
+    monkeypatch.setattr(search_module, "WALK_MIN_SHARE", 0.01)  # 5 of 3,005 rows is below 1%: the planner decides
+    ran.clear()
+    assert search(db, fake, "refund", tenant_id="small", k=5, mode="dense") == before
+    assert "search_sort_enabled" not in statements()
+    ran.clear()  # a filtered search keeps its own path (the scope decides), never the forced walk
+    search(db, fake, "refund", tenant_id="small", k=5, mode="dense", read=ReadScope.of(see_all=True, filters=["a=b"]))
+    assert "search_sort_enabled" not in statements()

@@ -58,10 +58,10 @@ least this share of the chunk table's rows and at least this many. The planner u
 tenant's rows a search pointer names (its join estimate at 1M: 1,028 of t-small's 25,552 current chunks), so it
 expects the walk to pass ~25x the tuples it does and reads the tenant exhaustively. ``python -m bench.scale.search
 --chunks 1000000 --modes dense --no-lexical --text-chars 1000`` (its "planner alone" row is the rule switched off,
-side by side): t-small's 25,552 current chunks (2.55% of the rows) p50 3.2 ms, p95 7.3 ms, recall@10 0.973 walking against
-28.2 / 36.0 ms, 1.0 exhaustive. t-tiny's 2,760 (0.28%) stays exhaustive (p50 4.1 ms); walked, it took p50 25.5 ms
-(one-off script: the walk passes ~k / share tuples). 1% lies between the two measured sizes and is not measured
-itself. A walk that comes back short still ends in the exact fallback."""
+side by side): t-small's 25,552 current chunks (2.55% of the rows) p50 3.2 ms, p95 7.3 ms, recall@10 0.973
+walking against 28.2 / 36.0 ms, 1.0 exhaustive. t-tiny's 2,760 (0.28%) stays exhaustive (p50 4.1 ms); walked, it
+took p50 25.5 ms (one-off script: the walk passes ~k / share tuples). 1% lies between the two measured sizes and is
+not measured itself. A walk that comes back short still ends in the exact fallback."""
 MAX_QUERY_CHARS = 10_000
 log = logging.getLogger("kbindex")
 

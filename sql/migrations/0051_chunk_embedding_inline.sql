@@ -2,10 +2,10 @@
 -- PostgreSQL's ~2 kB TOAST threshold the vector (1,552 bytes at 384 dimensions) is the first thing moved out of
 -- line, and a chunk row's other columns (ids, digests, heading path, text) take it past that with any text longer
 -- than a few hundred bytes: nearly every real chunk. Every distance the search statements compute from the heap
--- (the exhaustive scans of small tenants and narrow filters, the exact re-ordering of the graph walk's candidates,
--- the lexical side's candidates in hybrid) then costs a TOAST index lookup and a second heap read. MAIN keeps the
--- vector inline (float data does not compress, so it stays as is) and moves the text out first; only a row that
--- still does not fit would spill it. bench.scale.vector_placement measures both placements in one table.
+-- (the exhaustive scans of small tenants and narrow filters, hybrid's candidates) then costs a TOAST index lookup
+-- and a second heap read; a graph walk reads only its k hits' vectors from the heap. MAIN keeps the vector inline
+-- (float data does not compress, so it stays as is) and moves the text out first; only a row that still does not
+-- fit would spill it. bench.scale.vector_placement measures both placements side by side, in two databases.
 -- Metadata only: rows written before this keep their out-of-line vectors until rewritten (a REINDEX migration,
 -- retention, or an operator's VACUUM FULL chunk, which locks the table while it runs).
 ALTER TABLE chunk ALTER COLUMN embedding SET STORAGE MAIN;

@@ -71,7 +71,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import psycopg
 
-from bench import server_url
+from bench import exit_on_sigterm, server_url
 from bench.queue.__main__ import scratch_database
 from resources.local_postgres import with_database
 from resources.migrations import migrate
@@ -799,6 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     def out(line: str) -> None:
         print(line, flush=True)
 
+    exit_on_sigterm()  # killed with SIGTERM, still drop the scratch databases and stop the server
     rng = np.random.default_rng(14)
     with server_url() as admin_url, bench_database(admin_url, args.keep, args.seeded) as url:
         if args.seeded:

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from bench import server_url
+from bench import exit_on_sigterm, server_url
 from bench.queue.__main__ import scratch_database
 from bench.scale.search import (LEXICAL_SEED, MEASURED_TENANTS, QUERY_SEED, Runner, percentile, recall,
                                 seed, tenant_queries, tenant_runners)
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     def out(line: str) -> None:
         print(line, flush=True)
 
+    exit_on_sigterm()  # killed with SIGTERM, still drop the scratch databases and stop the server
     modes = ("dense", "hybrid", "lexical") if args.lexical else ("dense",)
     results: list[dict] = []
     layout: dict[str, dict] = {}

@@ -147,3 +147,62 @@ def test_an_inserted_task_event_still_notifies_its_id(db_url, publish_task):
         newest = conn.execute("SELECT max(event_id) FROM task_event WHERE task_id = %s",
                               [published.task_id]).fetchone()[0]
     assert [n.payload for n in notes] == [str(newest)]
+
+
+def _claimed_ids(result) -> list[int]:
+    assert isinstance(result, dg.SensorResult), result
+    return sorted(t for r in result.run_requests for t, _ in leases_of(r.tags))
+
+
+def _publish_during(publish_task, seconds: float, every: float) -> list[int]:
+    ids, until = [], time.monotonic() + seconds
+    while time.monotonic() < until:
+        ids.append(publish_task().task_id)
+        time.sleep(every)
+    return ids
+
+
+def test_a_burst_of_publishes_is_claimed_by_the_tick_it_began_in(db_url, publish_task, instance, monkeypatch):
+    """A tick that claimed several tasks keeps claiming while publishes keep coming: the burst's bulk is not
+    left for the daemon's next tick, 5 s later (without claim_burst the tick returns the first two alone)."""
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 30.0)
+    monkeypatch.setattr(sensors, "BURST_GAP_SECONDS", 0.5)
+    first = [publish_task().task_id, publish_task().task_id]
+    results = []
+    ticking = threading.Thread(target=lambda: results.append(tick(instance, db_url)))
+    ticking.start()
+    later = _publish_during(publish_task, 2.0, every=0.1)
+    ticking.join(20)
+    assert not ticking.is_alive(), "the tick went on claiming after the burst ended"
+    assert _claimed_ids(results[0]) == sorted(first + later)
+
+
+def test_a_burst_claim_stops_at_the_ticks_byte_budget(db_url, publish_task, instance, monkeypatch):
+    """The burst's claims share the tick's budget (RUN_SPREAD runs of RUN_BYTES): what is over it stays due."""
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 30.0)
+    monkeypatch.setattr(sensors, "BURST_GAP_SECONDS", 0.3)
+    monkeypatch.setattr(sensors, "RUN_SPREAD", 1)
+    monkeypatch.setattr(sensors, "BATCH_MIN", 1)
+    monkeypatch.setattr(sensors, "VERSION_BYTES", 1000)
+    monkeypatch.setattr(sensors, "RUN_BYTES", 5 * 1006)  # five versions of "body N" (6 bytes) plus their fixed cost
+    first = [publish_task().task_id, publish_task().task_id]
+    results = []
+    ticking = threading.Thread(target=lambda: results.append(tick(instance, db_url)))
+    ticking.start()
+    later = _publish_during(publish_task, 1.5, every=0.1)
+    ticking.join(20)
+    claimed = _claimed_ids(results[0])
+    assert claimed == sorted(first + later)[:5], "the burst claimed past the tick's budget"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        pending = conn.execute("SELECT count(*) FROM index_task WHERE status = 'PENDING'").fetchone()[0]
+    assert pending == len(first) + len(later) - 5
+
+
+def test_a_lone_publish_is_claimed_without_waiting_for_a_burst(db_url, publish_task, instance, monkeypatch):
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 30.0)
+    monkeypatch.setattr(sensors, "BURST_GAP_SECONDS", 20.0)
+    published = publish_task()
+    started = time.monotonic()
+    result = tick(instance, db_url)
+    assert _claimed_ids(result) == [published.task_id]
+    assert time.monotonic() - started < 10.0, "a single claim waited for more"

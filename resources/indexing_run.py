@@ -27,6 +27,7 @@ step methods; tests drive this class directly.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -52,6 +53,13 @@ PARSE_FIGURES = ("pdf_engine", "ocr_pages", "ocr_seconds", "ocr_failed_pages", "
                  "sheets", "attachments_failed")
 """What the parse step reports of a document's parse (its cost, OCR included) as metadata."""
 
+# A parse or chunk output goes to the artifact store (for re-execution from a later step) only if making it took
+# this long: storing one costs a few file operations (~0.5 ms: folder, temporary file, pickle, rename, and the
+# delete when the task ends), as much as parsing and chunking a one-paragraph document (bench.scale.small_docs:
+# 0.47 ms a version, both), and a run of 480 such versions spent ~9% of its CPU storing them. A re-execution
+# recomputes a missing output (the chunker is deterministic; the fingerprint still guards what is read back).
+# Vectors are always stored: embedding costs far more than the write.
+KEEP_ARTIFACT_SECONDS = float(os.environ.get("KBINDEX_KEEP_ARTIFACT_SECONDS", "0.005"))
 PASS_PROGRESS_SECONDS = 30.0
 """How often the shared pass reports each live task's embedded chunks (one fenced write per task)."""
 
@@ -427,8 +435,10 @@ class IndexingRun:
     # -- outputs, computed on a miss (re-execution from a later step, or artifacts gone) ----------
     def parse_ahead(self, work: TaskWork) -> Any:
         """Parse the task's document and keep the result for the later steps."""
+        started = time.perf_counter()
         parsed = self._parse(work)
-        self.state.put("parsed_document", work.task_id, work.fingerprint("parsed_document"), parsed)
+        self.state.put("parsed_document", work.task_id, work.fingerprint("parsed_document"), parsed,
+                       keep=time.perf_counter() - started >= KEEP_ARTIFACT_SECONDS)
         return parsed
 
     def chunk_ahead(self, work: TaskWork) -> list[Any]:
@@ -462,12 +472,14 @@ class IndexingRun:
         if copied is not None:
             return list(copied.chunks)
         parsed = self._parsed_of(work)
+        started = time.perf_counter()
         chunks = chunk_document(
             parsed, tokenizer=self.tokenizer_for(work.model), chunk_tokens=work.chunk_tokens,
             overlap=work.chunk_overlap, identity=work.identity,
             title=document_title(parsed, work.filename) if work.embed_context else None,
         )
-        self.state.put("document_chunks", work.task_id, work.fingerprint("document_chunks"), chunks)
+        self.state.put("document_chunks", work.task_id, work.fingerprint("document_chunks"), chunks,
+                       keep=time.perf_counter() - started >= KEEP_ARTIFACT_SECONDS)
         return chunks
 
     def _chunks(self, work: TaskWork) -> list[Any]:

@@ -35,10 +35,11 @@ class RunState:
         self.store = store
         self._memory: dict[tuple[str, int], tuple[Hashable, Any]] = {}
 
-    def put(self, stage: str, task_id: int, fingerprint: Hashable, value: Any) -> None:
+    def put(self, stage: str, task_id: int, fingerprint: Hashable, value: Any, *, keep: bool = True) -> None:
+        """Hold the value for the run; ``keep``: also store it for re-execution (False: cheaper to recompute)."""
         assert stage in STAGES, stage
         self._memory[(stage, task_id)] = (fingerprint, value)
-        if self.store is not None:
+        if self.store is not None and keep:
             self.store.put(stage, artifact_key(task_id), {"fingerprint": fingerprint, "value": value})
 
     def get(self, stage: str, task_id: int, fingerprint: Hashable) -> Any:

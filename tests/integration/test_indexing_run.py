@@ -196,3 +196,32 @@ def test_a_profile_with_ocr_off_leaves_scanned_pages_unread(db, db_url, tmp_path
     task = queue.get(published.task_id)
     assert (result.outcome, task["status"], task["error_code"]) == ("failed", "DEAD", "EMPTY_DOCUMENT")
     assert "OCR" in task["error_message"]
+
+
+@pytest.mark.parametrize("keep_seconds, stored", [
+    (60.0, ["chunk_embeddings.pickle"]),  # parse and chunk took less: recomputed on re-execution, never stored
+    (0.0, ["chunk_embeddings.pickle", "document_chunks.pickle", "parsed_document.pickle"]),
+])
+def test_only_outputs_dearer_to_remake_than_to_store_are_stored(db, db_url, migration, monkeypatch, keep_seconds,
+                                                                stored):
+    """A cheap parse or chunk output is held in memory only (KEEP_ARTIFACT_SECONDS); vectors are always stored.
+    A re-execution from the publish step (a fresh run, nothing in memory) then remakes the chunks and reads
+    the vectors back, and publishes the same rows."""
+    from resources import indexing_run
+
+    monkeypatch.setattr(indexing_run, "KEEP_ARTIFACT_SECONDS", keep_seconds)
+    m = migration
+    leases = [claim(m, "minilm-v1", "run-1"), claim(m, "shadow-b", "run-1")]
+    run = make_run(db, m, "run-1", leases)
+    for step in (run.parse, run.chunk, run.embed):
+        step([m["key"]])
+    for task_id, _ in leases:
+        assert sorted(p.name for p in m["store"].task_folder(task_id).iterdir()) == stored
+
+    def no_model(model: str):
+        raise AssertionError("a re-execution from publish embedded again instead of reading the stored vectors")
+
+    make_run(db, m, "run-1", leases, embedder=no_model).publish([m["key"]])
+    statuses = db_rows(db_url, "SELECT profile, status FROM index_task ORDER BY profile")
+    assert statuses == [("minilm-v1", "SUCCEEDED"), ("shadow-b", "SUCCEEDED")]
+    assert_each_profile_has_its_own_chunks_and_vectors(db_url)

@@ -209,3 +209,12 @@ def test_run_state_passes_the_refusal_on_instead_of_treating_it_as_missing(tmp_p
     with pytest.raises(ArtifactUntrusted):
         RunState(store).get("parsed_document", 5, "any fingerprint")
     assert not marker.exists()
+
+
+def test_a_value_put_without_keep_is_held_for_the_run_only(tmp_path):
+    state = RunState(ArtifactStore(tmp_path / "artifacts"))
+    state.put("document_chunks", 4, "fp", ["a"], keep=False)
+    assert state.get("document_chunks", 4, "fp") == ["a"]
+    assert not (tmp_path / "artifacts" / "task-4").exists()
+    with pytest.raises(KeyError):
+        RunState(ArtifactStore(tmp_path / "artifacts")).get("document_chunks", 4, "fp")  # a re-execution remakes it

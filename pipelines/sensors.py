@@ -13,8 +13,7 @@ bisected (record_crashed_runs); a run that can do nothing useful any more (a que
 were all taken over, a launched run that lost every lease) is canceled before the tick plans
 its runs, so it pins no partition keys and gives its run slot back (release_runs).
 A tick that finds nothing due waits up to KBINDEX_CLAIM_WAIT_SECONDS for a publish's NOTIFY and claims it
-then, so a lone publish is not left for the daemon's next loop, 5 s later (resources/task_wakeup.py); a tick
-that claimed several keeps claiming while a burst of publishes lasts (claim_burst), within the same deadline.
+then, so a lone publish is not left for the daemon's next loop, 5 s later (resources/task_wakeup.py).
 """
 
 
@@ -88,12 +87,6 @@ CLAIM_WAIT_SECONDS = float(os.environ.get("KBINDEX_CLAIM_WAIT_SECONDS", "4.5"))
 # by its own publishing process right after the commit (resources/chunk_copy.py, milliseconds later), and a claim
 # that beat it would send it through a run instead (2 of 10 of each in bench.delete without this grace).
 CLAIM_WAKE_GRACE_SECONDS = float(os.environ.get("KBINDEX_CLAIM_WAKE_GRACE_SECONDS", "0.1"))
-# A tick whose claim took several tasks (a bulk publish or a source sync under way) claims again this often while
-# they keep coming, until a claim finds nothing new, the tick's byte budget is spent or its wait deadline is near:
-# the daemon's next tick is up to 5 s away, so a burst's bulk otherwise waited for it while its first few tasks
-# ran alone (bench.scale.small_docs: runs of 38, 482 and 480 for 1,000 publishes over 2.2 s, the 962 claimed
-# ~2.9 s after their publish at the median). A lone publish (one task) is claimed at once, as before; 0: off.
-BURST_GAP_SECONDS = float(os.environ.get("KBINDEX_CLAIM_BURST_GAP_SECONDS", "0.25"))
 MAX_WAITING_RUNS = int(os.environ.get("KBINDEX_MAX_WAITING_RUNS", "1"))
 # A run STARTING this long with no process, that the warm launcher never forked, lost its launch (fail_lost_launches).
 # A launch reaches the fork server milliseconds after the run is marked STARTING.
@@ -324,10 +317,8 @@ def claim_index_tasks(context: dg.SensorEvaluationContext) -> dg.SensorResult | 
         if queue_full:
             return dg.SkipReason(f"{waiting} run(s) still waiting to start; no expired leases to take over")
         return dg.SkipReason("no due index tasks")
-    rows = database.db.fetch_all("run_plan_inputs", {"task_ids": [t.lease.task_id for t in claimed]})
-    if not queue_full:
-        claimed, rows = claim_burst(database, queue, owner, claimed, rows, deadline)
     _inject_fault_after_claim()
+    rows = database.db.fetch_all("run_plan_inputs", {"task_ids": [t.lease.task_id for t in claimed]})
     keys = {r["task_id"]: r["partition_key"] for r in rows}
     weights = {r["task_id"]: r["byte_size"] for r in rows}
     caps = {r["task_id"]: r["run_size_cap"] for r in rows}
@@ -392,34 +383,6 @@ def task_queue(database: DatabaseResource) -> TaskQueue:
     """The task queue as the sensors use it: leases, reservations and give-backs from the environment."""
     return TaskQueue(database.db, lease_seconds=LEASE_SECONDS, reservation_seconds=RESERVATION_SECONDS,
                      giveback_limit=GIVEBACK_LIMIT)
-
-
-def claim_burst(database: DatabaseResource, queue: TaskQueue, owner: str, claimed: list[ClaimedTask],
-                rows: list[dict], deadline: float) -> tuple[list[ClaimedTask], list[dict]]:
-    """More of a burst for this tick: while publishes keep coming, claim what came every BURST_GAP_SECONDS, within
-    the tick's byte budget (claim_limit's: RUN_SPREAD runs of RUN_BYTES), until a claim finds nothing due or the
-    deadline is near. Only live work: a profile backfill fills what is left at the next tick. ``rows``: the
-    tasks' ``run_plan_inputs``, extended with the new ones'."""
-    spread = max(1, RUN_SPREAD)
-    budget = RUN_BYTES * spread - sum(version_weight(r["byte_size"], VERSION_BYTES) for r in rows)
-    room = BATCH_MAX * spread - len(claimed)
-    if len(claimed) < 2 or BURST_GAP_SECONDS <= 0:
-        return claimed, rows
-    while budget > 0 and room > 0 and time.monotonic() + BURST_GAP_SECONDS < deadline:
-        time.sleep(BURST_GAP_SECONDS)
-        due = [r["byte_size"] for r in database.db.fetch_all("task_due_sizes", {"limit": room})]
-        count = claim_count(due, budget, 0, VERSION_BYTES)
-        more = queue.claim(owner, limit=count, for_run=True) if count else []
-        if not more:
-            break
-        claimed = claimed + more
-        new_rows = database.db.fetch_all("run_plan_inputs", {"task_ids": [t.lease.task_id for t in more]})
-        rows = rows + new_rows
-        budget -= sum(version_weight(r["byte_size"], VERSION_BYTES) for r in new_rows)
-        room -= len(more)
-        if count < len(due):  # the budget is spent: what is left is the next tick's
-            break
-    return claimed, rows
 
 
 def claim_limit(database: DatabaseResource, queue_full: bool) -> tuple[int, int]:

@@ -51,7 +51,10 @@ def _files(root) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.exists() else []
 
 
-def test_after_a_burst_and_the_sweep_the_artifact_folder_holds_no_files(db_url, kb_env, fake_profile):
+def test_after_a_burst_and_the_sweep_the_artifact_folder_holds_no_files(db_url, kb_env, fake_profile, monkeypatch):
+    import resources.indexing_run as indexing_run
+
+    monkeypatch.setattr(indexing_run, "KEEP_ARTIFACT_SECONDS", 0.0)  # every output on disk, as for long documents
     root = Path(kb_env["KBINDEX_ARTIFACTS"])
     db = Database(db_url)
     try:

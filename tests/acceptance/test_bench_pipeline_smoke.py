@@ -213,6 +213,7 @@ def test_a_version_whose_lease_is_lost_during_the_shared_pass_stops_there_and_th
     import resources.indexing_run as indexing_run
 
     monkeypatch.setattr(indexing_run, "PASS_PROGRESS_SECONDS", 0.0)  # report (and so notice the loss) after every batch
+    monkeypatch.setattr(indexing_run, "KEEP_ARTIFACT_SECONDS", 0.0)  # the victim's chunks on disk, read back below
     db = Database(db_url)
     try:
         publisher = Publisher(db, BlobStore(kb_env["KBINDEX_BLOB_URL"]))

@@ -103,7 +103,10 @@ def found(db, kb, mode: str, query: str) -> set[str]:
 ALL = ("parse", "chunk", "embed", "publish")
 
 
-def test_after_an_erase_no_copy_of_the_phrase_remains_in_the_database_or_under_the_home(db, db_url, kb):
+def test_after_an_erase_no_copy_of_the_phrase_remains_in_the_database_or_under_the_home(db, db_url, kb, monkeypatch):
+    import resources.indexing_run as indexing_run
+
+    monkeypatch.setattr(indexing_run, "KEEP_ARTIFACT_SECONDS", 0.0)  # every output on disk, as for a long document
     v1 = kb["publisher"].publish("acme", "secret", SECRET_V1, f"{PHRASE}.txt")
     other = kb["publisher"].publish("acme", "handbook", HANDBOOK, "handbook.txt")
     run_steps(db, db_url, kb, v1.task_id, "secret", 1, ALL, "run-1")

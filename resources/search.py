@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -62,6 +65,15 @@ side by side): t-small's 25,552 current chunks (2.55% of the rows) p50 3.2 ms, p
 walking against 28.2 / 36.0 ms, 1.0 exhaustive. t-tiny's 2,760 (0.28%) stays exhaustive (p50 4.1 ms); walked, it
 took p50 25.5 ms (one-off script: the walk passes ~k / share tuples). 1% lies between the two measured sizes and is
 not measured itself. A walk that comes back short still ends in the exact fallback."""
+WIDE_SCOPE_SECONDS = float(os.environ.get("KBINDEX_WIDE_SCOPE_SECONDS", "60"))
+"""How long this process remembers that a filtered scope (tenant, profile, filters, reader) was too wide for the
+exact path: its next searches walk the graph at once instead of probing it again. The probe (``search_hits_scoped``)
+reads up to EXACT_SCOPE_POINTERS + 1 pointers in scope before it can say so (a date range, which the metadata index
+cannot answer, reads the tenant's pointers until then). At 1M chunks (``python -m bench.scale.search --chunks 1000000
+--modes dense --no-lexical --text-chars 1000``, its "product" and "product, again" rows side by side), the biggest
+tenant with a 10% date range: p50 69.0 ms probing, 6.5 ms remembered (the walk alone 6.1); dept=hr 15.8 and 7.1 ms.
+A scope that shrinks meanwhile is walked until the verdict expires, and a walk that comes back short still ends in
+the exact fallback; 0 turns the memory off."""
 MAX_QUERY_CHARS = 10_000
 log = logging.getLogger("kbindex")
 
@@ -96,6 +108,40 @@ class SearchHits(list[SearchHit]):
     def status(self) -> dict[str, Any]:
         """What the API and the CLI show besides the hits."""
         return {"reranked": self.reranked, "rerank_error": self.rerank_error}
+
+
+class WideScopes:
+    """Filtered scopes found too wide for the exact path, each until WIDE_SCOPE_SECONDS after its probe said so
+    (per process, at most ``size`` remembered; thread-safe)."""
+
+    def __init__(self, seconds: float, size: int = 4096) -> None:
+        self.seconds, self.size = seconds, size
+        self._until: dict[tuple[Any, ...], float] = {}
+        self._lock = threading.Lock()
+
+    def known(self, key: tuple[Any, ...]) -> bool:
+        until = self._until.get(key)
+        return until is not None and until > time.monotonic()
+
+    def remember(self, key: tuple[Any, ...]) -> None:
+        if self.seconds <= 0:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if len(self._until) >= self.size:  # expired verdicts go first; if none expired, all of them
+                self._until = {k: u for k, u in self._until.items() if u > now}
+                if len(self._until) >= self.size:
+                    self._until.clear()
+            self._until[key] = now + self.seconds
+
+
+WIDE_SCOPES = WideScopes(WIDE_SCOPE_SECONDS)
+
+
+def scope_key(db: Database, scope: dict[str, Any], visible: dict[str, Any]) -> tuple[Any, ...]:
+    """What a filtered scope's verdict is remembered under: the database, tenant, profile, filters and reader."""
+    return (db.url, scope["tenant_id"], scope["profile"], visible["filters"], visible["see_all"],
+            tuple(sorted(visible["principals"])))
 
 
 def ef_search_for(k: int) -> int:
@@ -176,6 +222,7 @@ def search(
         )[0]
     scope = {"tenant_id": tenant_id, "profile": profile["name"]}
     visible = (read or ReadScope()).params()
+    visible_key = scope_key(db, scope, visible) if visible["filters"] != NO_FILTERS else None
     analyze = profile_analyzer(profile) if mode != "dense" else None  # the analysis its lexical rows were made with
     with db.transaction() as tx:
         tx.execute("search_snapshot")
@@ -185,13 +232,13 @@ def search(
         tx.fetch_one("search_settings", {"ef_search": ef_search_for(depth), "max_scan_tuples": max(1, int(max_scan_tuples))})
         weights = query_weights(tx, analyze, query, **scope) if analyze is not None else None
         if mode == "dense":
-            rows = _dense_rows(tx, vector, scope, visible, fetch)
+            rows = _dense_rows(tx, vector, scope, visible, fetch, visible_key)
             scores = {r["chunk_id"]: 1.0 - float(r["distance"]) for r in rows}
         elif mode == "lexical":
             rows = lexical_search(tx, weights, params, k=fetch, read=visible, **scope) if weights else []
             scores = {r["chunk_id"]: float(r["bm25"]) for r in rows}
         else:
-            rows, scores = _hybrid_rows(tx, vector, weights, params, scope, visible, fetch)
+            rows, scores = _hybrid_rows(tx, vector, weights, params, scope, visible, fetch, visible_key)
     hits = [
         SearchHit(
             document_id=r["document_id"],
@@ -237,16 +284,19 @@ def _rerank(reranker: Any, query: str, candidates: list[SearchHit], rest: list[S
     return out
 
 
-def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[str, Any], k: int) -> list[dict[str, Any]]:
+def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[str, Any], k: int,
+                visible_key: tuple[Any, ...] | None = None) -> list[dict[str, Any]]:
     """The k nearest current chunks in scope: exhaustive over the scope when filters keep only a few documents,
     otherwise HNSW, iterative (exhaustive when the walk came back short). ``search_settings`` must have run in
-    ``tx``."""
+    ``tx``. ``visible_key``: the filtered scope's key in WIDE_SCOPES (None: probe whatever was remembered)."""
     params = {"query": vector, "k": k, **scope, **visible}
-    if visible["filters"] != NO_FILTERS:  # the JSON of an empty filter list
+    if visible["filters"] != NO_FILTERS and not (visible_key and WIDE_SCOPES.known(visible_key)):
         rows = tx.fetch_all("search_hits_scoped", {**params, "max_scope_pointers": EXACT_SCOPE_POINTERS,
                                                    "max_scope_chunks": EXACT_SCOPE_CHUNKS})
         if rows and rows[0]["exact"]:
             return [r for r in rows if r["chunk_id"] is not None]
+        if visible_key:
+            WIDE_SCOPES.remember(visible_key)
     rows = walk_rows(tx, params, walk=visible["filters"] == NO_FILTERS and walk_preferred(tx, scope))
     if len(rows) < k:
         rows = tx.fetch_all("search_hits_exact", params)
@@ -279,13 +329,13 @@ def hybrid_depth(k: int) -> int:
 
 def _hybrid_rows(
     tx: Session, vector: Any, weights: dict[str, Any] | None, params: LexicalParams, scope: dict[str, Any],
-    visible: dict[str, Any], k: int,
+    visible: dict[str, Any], k: int, visible_key: tuple[Any, ...] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Both sides' candidates fused by the profile's ``fusion``: the same scores the quality gate computes
     in memory. ``weighted``: each candidate scored by BOTH measures (the lexical rows carry their cosine,
     the dense ones get their BM25 by primary key). ``rrf``: each side's own ranking of its own candidates."""
     depth = hybrid_depth(k)
-    dense = _dense_rows(tx, vector, scope, visible, depth)
+    dense = _dense_rows(tx, vector, scope, visible, depth, visible_key)
     lexical = lexical_search(tx, weights, params, k=depth, read=visible, query_vector=vector, **scope) if weights else []
     rows = {r["chunk_id"]: r for r in dense}
     rows.update({r["chunk_id"]: r for r in lexical if r["chunk_id"] not in rows})

@@ -38,8 +38,10 @@ p50/p95 of the client-side latency and recall@10 against the exact answer (``sea
 the same filters, exhaustive distance, no index).
 
 Filtered and permissions, beside those and interleaved with them: the product's dense path under each of
-FILTERS (an operator's search with ``--filter``; ``search_hits_scoped`` first, as resources.search does, and
-"walk only": the graph walk and its fallback without it), recall@10 against ``search_hits_exact`` with the
+FILTERS (an operator's search with ``--filter``; "product": ``search_hits_scoped`` first, as resources.search does
+for a scope's first search; "product, again": a scope the probe found too wide is walked at once by the next
+queries, as resources.search does for WIDE_SCOPE_SECONDS; "walk only": the graph walk and its fallback without
+the probe), recall@10 against ``search_hits_exact`` with the
 same filter, and the share of the tenant each filter keeps; hybrid under HYBRID_FILTERS against the exact
 fusion over the chunks in scope; dense and hybrid as group:finance (permissions on: it may read every
 document, so the answers and exact references are the unfiltered ones) beside EVERYTHING (off).
@@ -79,8 +81,8 @@ from pipelines.domain.lexical import LexicalParams, idf, term_counts
 from resources.database import Database
 from resources.lexical import N_CHUNKS, TOTAL_LENGTH, lexical_search, query_weights
 from pipelines.domain.metadata import EVERYTHING, ReadScope
-from resources.search import (DEFAULT_MAX_SCAN_TUPLES, EXACT_SCOPE_CHUNKS, EXACT_SCOPE_POINTERS, _hybrid_rows,
-                              ef_search_for, hybrid_depth, walk_preferred, walk_rows)
+from resources.search import (DEFAULT_MAX_SCAN_TUPLES, EXACT_SCOPE_CHUNKS, EXACT_SCOPE_POINTERS, WideScopes,
+                              _hybrid_rows, ef_search_for, hybrid_depth, scope_key, walk_preferred, walk_rows)
 from sql import queries
 
 DIM = 384
@@ -139,6 +141,12 @@ class Setting:
     walk_rule: bool = True
     """Whether an unfiltered search may force the graph walk for a big enough tenant (resources.search.WALK_MIN_SHARE);
     False: the planner's own choice, as before that rule."""
+    remember_wide: bool = False
+    """Whether a filtered scope the probe found too wide is walked at once by the next queries (resources.search
+    WIDE_SCOPES, as the product does for WIDE_SCOPE_SECONDS); False: every query probes, as a scope's first does."""
+
+
+WIDE = WideScopes(seconds=24 * 3600.0)  # the bench's memory of wide scopes: the run's length, not the product's 60 s
 
 
 def settings_grid() -> list[Setting]:
@@ -442,11 +450,14 @@ def product_search(db: Database, vector: np.ndarray, tenant: str, setting: Setti
         tx.fetch_one("search_settings", {"ef_search": setting.ef_search, "max_scan_tuples": setting.max_scan_tuples})
         if setting.iterative_scan != "relaxed_order":
             tx.fetch_one("bench_search_iterative_scan", {"mode": setting.iterative_scan})
-        if read.filters and setting.scoped:
+        key = scope_key(db, {"tenant_id": tenant, "profile": PROFILES[0]}, read.params())
+        if read.filters and setting.scoped and not (setting.remember_wide and WIDE.known(key)):
             rows = tx.fetch_all("search_hits_scoped", {**params, "max_scope_pointers": EXACT_SCOPE_POINTERS,
                                                        "max_scope_chunks": EXACT_SCOPE_CHUNKS})
             if rows and rows[0]["exact"]:
                 return [r["chunk_id"] for r in rows if r["chunk_id"] is not None], "scoped"
+            if setting.remember_wide:
+                WIDE.remember(key)
         scope = {"tenant_id": tenant, "profile": PROFILES[0]}
         walk = setting.walk_rule and not read.filters and walk_preferred(tx, scope)
         rows = walk_rows(tx, params, walk=walk)
@@ -586,10 +597,11 @@ def tenant_runners(db: Database, tenant: str, questions: list[Query], modes: tup
                               dense_truth, None, dense_ms, plan))
     scopes = {label: ReadScope.of(see_all=True, filters=exprs) for label, exprs in FILTERS.items()}
     walk = replace(product, label="walk only", scoped=False)  # the graph walk + fallback, never the scoped path
+    repeated = replace(product, label="product, again", remember_wide=True)  # a scope searched before: its verdict
     for label, read in scopes.items():
         truth, ms = timed(lambda i, r=read: exact_search(db, questions[i].vector, tenant, r), n)
         plan = "hnsw" if plan_uses_hnsw(db, questions[0].vector, tenant, product, read=read) else "exact"
-        for setting in (product, walk):
+        for setting in (product, repeated, walk):
             runners.append(Runner("dense", setting.label,
                                   lambda i, r=read, s=setting: product_search(db, questions[i].vector, tenant, s, r),
                                   truth, None, ms, plan, label, read))

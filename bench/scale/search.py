@@ -450,7 +450,7 @@ def product_search(db: Database, vector: np.ndarray, tenant: str, setting: Setti
         tx.fetch_one("search_settings", {"ef_search": setting.ef_search, "max_scan_tuples": setting.max_scan_tuples})
         if setting.iterative_scan != "relaxed_order":
             tx.fetch_one("bench_search_iterative_scan", {"mode": setting.iterative_scan})
-        key = scope_key(db, {"tenant_id": tenant, "profile": PROFILES[0]}, read.params())
+        key = scope_key(db, {"tenant_id": tenant, "profile": PROFILES[0]}, read.params()) if read.filters else ()
         if read.filters and setting.scoped and not (setting.remember_wide and WIDE.known(key)):
             rows = tx.fetch_all("search_hits_scoped", {**params, "max_scope_pointers": EXACT_SCOPE_POINTERS,
                                                        "max_scope_chunks": EXACT_SCOPE_CHUNKS})

@@ -2,12 +2,12 @@
 
 A pass lists the location (one ``find``: names, sizes and stamps, no bytes), compares the listing with the
 ledger in PostgreSQL (pipelines/domain/source_sync.py), reads and hashes only the files whose size or stamp
-moved, publishes those whose bytes changed (``Publisher.publish``; document id = the source's id prefix, if
+moved, publishes those whose bytes changed (``Publisher.publish_many``, in batches; document id = the source's id prefix, if
 any, then the path relative to the source root, as ``kbindex publish DIR`` names them) and deletes the
 documents of vanished files (``Publisher.delete``), unless the safety rule holds the deletes back. A file that
 fails is recorded in the ledger with its stable code and left alone until its size or stamp moves.
 
-Crash safety: a published file's ledger row commits in the publish's own transaction, and a deleted file's
+Crash safety: a published file's ledger row commits in its batch's own transaction, and a deleted file's
 row goes after its delete committed. A pass that dies half way leaves the rows of the files it did not finish
 as they were; the next pass reads those again, and delete is idempotent by tombstone, so nothing is repeated
 and no published document goes unnamed by the ledger. One pass per source runs at a time (an advisory lock; a
@@ -48,7 +48,18 @@ from pipelines.domain.source_sync import (
 )
 from resources.blob_store import content_hash
 from resources.database import Database
-from resources.publisher import Publisher
+import resources.publisher as publisher_module
+from resources.publisher import Publisher, PublishRequest
+
+@dataclass(frozen=True)
+class _ToPublish:
+    """A file this pass read whose bytes changed: published with the next batch, its ledger row with it."""
+
+    item: Listed
+    document_id: str
+    data: bytes
+    row: dict[str, Any]
+
 
 Progress = Callable[[str, int, int], None]
 """on_progress(stage, done, total): stage is "listed", "read" or "deleted"."""
@@ -244,14 +255,22 @@ class SourceSync:
         progress("listed", plan.listed, plan.listed)
         known = {e.path: e for e in ledger}
         reads = [(item, False) for item in plan.to_read] + [(item, True) for item in plan.to_rehash]
+        batch: list[_ToPublish] = []
         for done, (item, rehashing) in enumerate(reads, 1):
             if budget_seconds is not None and time.monotonic() - started > budget_seconds:
                 counts.partial = True
                 break
             if held is not None and not held.alive(counts):
+                batch = []  # another pass may be running now: it reads these again
                 break
-            self._one_file(source, fs, root, item, known.get(item.path), pass_no, counts, rehashing)
+            if (read := self._one_file(source, fs, root, item, known.get(item.path), pass_no, counts, rehashing)):
+                batch.append(read)
+                if len(batch) >= publisher_module.BATCH_DOCUMENTS or (
+                        sum(len(r.data) for r in batch) >= publisher_module.BATCH_BYTES):
+                    self._publish(source, batch, pass_no, counts)
+                    batch = []
             progress("read", done, len(reads))
+        self._publish(source, batch, pass_no, counts)
         for entry in plan.forget:  # failures whose files are gone: they published nothing, so nothing is deleted
             self.db.execute("source_file_forget", {"name": source.name, "path": entry.path})
         for done, entry in enumerate(plan.to_delete, 1):
@@ -284,7 +303,8 @@ class SourceSync:
         return row["source_name"] if row else None
 
     def _one_file(self, source: Source, fs: Any, root: str, item: Listed, entry: LedgerEntry | None, pass_no: int,
-                  counts: PassCounts, rehashing: bool = False) -> None:
+                  counts: PassCounts, rehashing: bool = False) -> _ToPublish | None:
+        """Read one listed file: what to publish if its bytes changed (None: recorded, counted or refused here)."""
         document_id = entry.document_id if entry else source.id_prefix + item.path
         if item.size > self.publisher.max_bytes:  # refused without reading it
             self._failed(source, item, document_id, pass_no, counts, DocumentTooLarge.code)
@@ -309,24 +329,29 @@ class SourceSync:
         row = {"name": source.name, "path": item.path, "document_id": document_id, "byte_size": item.size,
                "stamp": item.stamp, "content_hash": digest, "pass": pass_no}
         if needs_publish(entry, digest):
-            try:
-                # The ledger row commits with the version or not at all: no crash leaves a published document
-                # that no row names (its file's removal would then delete nothing).
-                result = self.publisher.publish(source.tenant_id, document_id, data, item.path.rsplit("/", 1)[-1],
-                                                with_commit=lambda tx: self._record(tx, row))
-            except KbindexError as exc:
-                if exc.code == "INDEX_WRITE_FAILED":
-                    raise
-                self._failed(source, item, document_id, pass_no, counts, exc.code)
-                return
-            if result.created or result.requeued:
-                counts.published += 1
-            else:
-                counts.same_bytes += 1  # already the document's latest bytes (published by hand, say)
-            return
+            return _ToPublish(item, document_id, data, row)
         if not rehashing:
             counts.same_bytes += 1
         self._record(self.db, row)  # same bytes under a new stamp (or a rehash): only the ledger moves
+        return None
+
+    def _publish(self, source: Source, batch: list[_ToPublish], pass_no: int, counts: PassCounts) -> None:
+        """Publish files read by this pass in one transaction (``Publisher.publish_many``): a first pass over a
+        share makes its documents due together, as `kbindex publish DIR` does. Each file's ledger row commits with
+        its version or not at all: no crash leaves a published document that no row names (its file's removal
+        would then delete nothing). A refused file is recorded with its code; the others publish."""
+        if not batch:
+            return
+        outcomes = self.publisher.publish_many(source.tenant_id, [
+            PublishRequest(r.document_id, r.data, r.item.path.rsplit("/", 1)[-1],
+                           with_commit=lambda tx, row=r.row: self._record(tx, row)) for r in batch])
+        for read, result in zip(batch, outcomes, strict=True):
+            if isinstance(result, KbindexError):
+                self._failed(source, read.item, read.document_id, pass_no, counts, result.code)
+            elif result.created or result.requeued:
+                counts.published += 1
+            else:
+                counts.same_bytes += 1  # already the document's latest bytes (published by hand, say)
 
     @staticmethod
     def _record(db: Any, row: dict[str, Any]) -> None:

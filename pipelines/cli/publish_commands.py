@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.progress import Progress
 
 from pipelines.cli.app import EXIT_ERROR, EXIT_USAGE, app, console, err_console, errors_to_exit, open_database, print_json, JsonOption
 from pipelines.domain.errors import InvalidRequest, KbindexError
+
+if TYPE_CHECKING:
+    from resources.publisher import PublishResult
 
 
 def iter_files(paths: list[Path], document_id: str | None) -> list[tuple[Path, str]]:
@@ -48,7 +52,7 @@ def publish_command(
     from pipelines.domain.metadata import canonical_allow, metadata_from_args
     from resources.blob_store import BlobStore
     from resources.chunk_copy import fast_publish_for
-    from resources.publisher import Publisher
+    from resources.publisher import Publisher, PublishRequest, batched
     from resources.settings import Settings
 
     with errors_to_exit():
@@ -60,37 +64,63 @@ def publish_command(
         publisher = Publisher(db, BlobStore(Settings.from_env().blob_url), fast=fast_publish_for(db))
         with Progress(console=err_console, transient=True, disable=as_json or len(pairs) < 5) as progress:
             bar = progress.add_task("publishing", total=len(pairs))
-            for path, doc_id in pairs:
-                try:
-                    result = publisher.publish(tenant, doc_id, path.read_bytes(), path.name, metadata=metadata,
-                                               allow=allowed)
-                except KbindexError as exc:
-                    if exc.code == "INDEX_WRITE_FAILED":
-                        raise
-                    failures += 1
-                    row = {"tenant": tenant, "document_id": doc_id, "error_code": exc.code, "message": exc.message}
-                    print_json(row) if as_json else err_console.print(f"[red]{exc.code}[/] {doc_id}: {exc.message}")
-                    continue
-                finally:
-                    progress.advance(bar)
-                row = {
-                    "tenant": result.tenant_id,
-                    "document_id": result.document_id,
-                    "version": result.version,
-                    "task_id": result.task_id,
-                    "status": result.status,
-                    "created": result.created,
-                    "requeued": result.requeued,
-                    "metadata": result.metadata,
-                    "allow": result.allow,
-                }
-                if as_json:
-                    print_json(row)
-                else:
-                    verb = "published" if result.created else "re-queued" if result.requeued else "unchanged"
-                    console.print(f"{verb} {doc_id} v{result.version} task {result.task_id} {result.status}", highlight=False)
+            # Batches (publish_many): a directory's documents become due together, so the claiming sensor plans
+            # them as a few big runs at once instead of a first small run and the rest a daemon loop later.
+            for batch in batched(pairs, lambda pair: _size(pair[0])):
+                read = [_read(path) for path, _ in batch]
+                readable = [i for i, data in enumerate(read) if data is not None]
+                published = publisher.publish_many(tenant, [
+                    PublishRequest(batch[i][1], read[i], batch[i][0].name, metadata=metadata, allow=allowed)
+                    for i in readable])
+                outcomes = dict(zip(readable, published, strict=True))
+                for i, (path, doc_id) in enumerate(batch):
+                    result = outcomes.get(i) or InvalidRequest(f"cannot read {path.name}: it vanished or is not "
+                                                               "readable; check the file and publish it again")
+                    if isinstance(result, KbindexError):
+                        failures += 1
+                        row = {"tenant": tenant, "document_id": doc_id, "error_code": result.code,
+                               "message": result.message}
+                        print_json(row) if as_json else err_console.print(
+                            f"[red]{result.code}[/] {doc_id}: {result.message}")
+                        continue
+                    _print_published(result, as_json)
+                progress.advance(bar, len(batch))
     if failures:
         raise typer.Exit(EXIT_ERROR)
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # _read finds it unreadable
+
+
+def _print_published(result: PublishResult, as_json: bool) -> None:
+    row = {
+        "tenant": result.tenant_id,
+        "document_id": result.document_id,
+        "version": result.version,
+        "task_id": result.task_id,
+        "status": result.status,
+        "created": result.created,
+        "requeued": result.requeued,
+        "metadata": result.metadata,
+        "allow": result.allow,
+    }
+    if as_json:
+        print_json(row)
+    else:
+        verb = "published" if result.created else "re-queued" if result.requeued else "unchanged"
+        console.print(f"{verb} {result.document_id} v{result.version} task {result.task_id} {result.status}",
+                      highlight=False)
 
 
 @app.command("delete")

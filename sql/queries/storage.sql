@@ -11,6 +11,22 @@ ON CONFLICT (tenant_id) DO UPDATE SET stored_bytes = s.stored_bytes + EXCLUDED.s
                                       live_versions = s.live_versions + 1
 RETURNING s.stored_bytes, s.live_versions;
 
+-- name: tenant_storage_lock
+-- A publish_many batch locks its tenant's totals once, after its documents (the order every publish takes
+-- them in), and returns them: it admits each document against them itself, then adds its sum once
+-- (tenant_storage_add). A thousand updates of one row in one transaction would each walk the row's
+-- versions written before it (0.7 ms a document at 1,000, against 0.1 ms for one).
+INSERT INTO tenant_storage AS s (tenant_id, stored_bytes, live_versions)
+VALUES (%(tenant_id)s, 0, 0)
+ON CONFLICT (tenant_id) DO UPDATE SET stored_bytes = s.stored_bytes
+RETURNING s.stored_bytes, s.live_versions;
+
+-- name: tenant_storage_add
+-- A batch's new versions and their bytes, added to its tenant's totals (locked by tenant_storage_lock).
+UPDATE tenant_storage
+SET stored_bytes = stored_bytes + %(byte_size)s, live_versions = live_versions + %(versions)s
+WHERE tenant_id = %(tenant_id)s;
+
 -- name: tenant_storage_get
 SELECT coalesce(max(stored_bytes), 0)::bigint AS stored_bytes, coalesce(max(live_versions), 0)::bigint AS live_versions
 FROM tenant_storage

@@ -12,6 +12,7 @@ import pytest
 from bench.source_sync import count_opens
 from pipelines.domain.errors import SourceOverlap
 from resources.blob_store import BlobStore
+import resources.publisher as publisher_module
 from resources.publisher import Publisher
 from resources.source_sync import SourceSync
 
@@ -49,6 +50,47 @@ def test_first_pass_publishes_then_nothing_is_read(sources, folder, db_url):
     second = sources.sync("share")
     assert (second.listed, second.unchanged, second.read, second.published) == (10, 10, 0, 0), second
     assert sources.get("share").last_pass["unchanged"] == 10 and sources.get("share").passes == 2
+
+
+def test_a_first_pass_publishes_in_one_transaction_and_a_pass_killed_inside_it_publishes_nothing(
+        sources, folder, db_url, monkeypatch):
+    """The pass's files go in publish_many batches: all ten commit together (one writing transaction), so the
+    claiming sensor sees them due at once; killed before that commit, nothing of the batch is left, not even a
+    ledger row, and the next pass publishes each file once."""
+    sources.add("share", "acme", str(folder))
+    real_record, recorded = sources._record, []
+
+    def record(db, row):
+        real_record(db, row)
+        recorded.append(row["path"])
+        if len(recorded) == 7:
+            raise RuntimeError("killed before the commit")
+
+    monkeypatch.setattr(sources, "_record", record)
+    with pytest.raises(RuntimeError):
+        sources.sync("share")
+    monkeypatch.undo()
+    assert versions(db_url) == {}
+    again = sources.sync("share")
+    assert (again.read, again.published) == (10, 10), again
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(DISTINCT xmin::text) FROM document_version").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM source_file WHERE content_hash IS NOT NULL").fetchone()[0] == 10
+    assert all(kinds == ["content"] for kinds in versions(db_url).values()) and len(versions(db_url)) == 10
+
+
+def test_a_refused_file_in_a_batch_is_recorded_and_the_others_publish(db, tmp_path, folder, db_url):
+    """A versions quota of 7: the batch's first seven (in listing order) publish, the other three are recorded
+    with QUOTA_EXCEEDED and left alone by the next pass."""
+    sources = SourceSync(db, Publisher(db, BlobStore(str(tmp_path / "blobs")), quota_versions=7))
+    sources.add("share", "acme", str(folder))
+    first = sources.sync("share")
+    assert (first.read, first.published) == (10, 7), first
+    assert len(versions(db_url)) == 7
+    with psycopg.connect(db_url) as conn:
+        failed = conn.execute("SELECT count(*) FROM source_file WHERE error_code = 'QUOTA_EXCEEDED'").fetchone()[0]
+    assert failed == 3
+    assert sources.sync("share").read == 0
 
 
 def test_changed_bytes_publish_a_version_and_a_new_stamp_alone_does_not(sources, folder, db_url):
@@ -101,10 +143,11 @@ def test_an_empty_or_unlistable_source_deletes_nothing_until_allowed(sources, fo
 
 
 def killed_at_third_publish(sources, folder, monkeypatch, *, committed: bool) -> None:
-    """A first pass killed at its third publish: inside its transaction (``committed`` False: after the version
-    and the ledger row were written, before the commit) or just after it committed."""
+    """A first pass killed at its third publish, one file a transaction: inside its transaction (``committed``
+    False: after the version and the ledger row were written, before the commit) or just after it committed."""
     sources.add("share", "acme", str(folder))
-    real_publish, real_record = sources.publisher.publish, sources._record
+    monkeypatch.setattr(publisher_module, "BATCH_DOCUMENTS", 1)
+    real_publish, real_record = sources.publisher.publish_many, sources._record
     published = []
 
     def record(db, row):
@@ -112,15 +155,15 @@ def killed_at_third_publish(sources, folder, monkeypatch, *, committed: bool) ->
         if not committed and len(published) == 2:
             raise RuntimeError("killed before the commit")
 
-    def publish(*args, **kwargs):
-        result = real_publish(*args, **kwargs)
-        published.append(result.document_id)
+    def publish_many(*args, **kwargs):
+        results = real_publish(*args, **kwargs)
+        published.extend(r.document_id for r in results)
         if committed and len(published) == 3:
             raise RuntimeError("killed after the commit")
-        return result
+        return results
 
     monkeypatch.setattr(sources, "_record", record)
-    monkeypatch.setattr(sources.publisher, "publish", publish)
+    monkeypatch.setattr(sources.publisher, "publish_many", publish_many)
     with pytest.raises(RuntimeError):
         sources.sync("share")
     monkeypatch.undo()

@@ -163,6 +163,9 @@ class Bench:
     out: Out
     report: dict[str, Any] = field(default_factory=dict)
     service_pid: int | None = None  # the warm embedding service, when on: its CPU is counted apart
+    publish_batch: int | None = None
+    """Documents per publish_many transaction, as `kbindex publish DIR` sends them (None: its default,
+    KBINDEX_PUBLISH_BATCH); 0: one publish call per document, as before batches existed."""
 
     def __post_init__(self) -> None:
         from resources.blob_store import BlobStore
@@ -206,6 +209,21 @@ class Bench:
         self.wait_terminal(WARMUP_TENANT, 1, timeout)
         return time.perf_counter() - started
 
+    def publish_all(self, tenant: str, docs: list[tuple[str, bytes]]) -> None:
+        """Publish ``docs`` (name, body) as a user's bulk import would: batches, or one call each."""
+        from resources.publisher import BATCH_DOCUMENTS, PublishRequest, batched
+
+        size = BATCH_DOCUMENTS if self.publish_batch is None else self.publish_batch
+        if size <= 0:
+            for name, body in docs:
+                self.publisher.publish(tenant, name, body, name)
+            return
+        for batch in batched(docs, lambda doc: len(doc[1]), max_items=size):
+            refused = [o for o in self.publisher.publish_many(tenant, [PublishRequest(n, b, n) for n, b in batch])
+                       if isinstance(o, Exception)]
+            if refused:
+                raise refused[0]
+
     def throughput(self, docs: list[tuple[str, bytes]], timeout: float, tenant: str = TENANT) -> dict[str, Any]:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -213,8 +231,7 @@ class Bench:
                           "Dagster": self.dagster.proc.pid if self.dagster.proc else None}, parts_of="Dagster")
         meter.start()
         started = time.perf_counter()
-        for name, body in docs:
-            self.publisher.publish(tenant, name, body, name)
+        self.publish_all(tenant, docs)
         publish_seconds = time.perf_counter() - started
         self.out(f"published {len(docs)} documents in {publish_seconds:.1f} s; indexing…")
         with Progress(
@@ -474,6 +491,7 @@ def run(
     embed_service: bool = True,
     peers: bool = False,
     passes: int = 3,
+    publish_batch: int | None = None,
     out: Out = print,
 ) -> dict[str, Any]:
     """Run every phase; returns the report (also printed by ``main``). ``peers``: then bench.peers on the
@@ -491,6 +509,7 @@ def run(
     report: dict[str, Any] = {
         "settings": {k: os.environ[k] for k in SETTINGS if k in os.environ},
         "cpus": os.cpu_count(),
+        "publish_batch": publish_batch,
     }
     with server_url() as admin_url, scratch_databases(admin_url) as (kb_url, dg_url):
         if fake_model:
@@ -498,7 +517,7 @@ def run(
                 conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
         root = Path(tempfile.mkdtemp(prefix="kbindex-bench-pipeline-"))
         dagster = dagster_dev(kb_url, dg_url, root)
-        bench = Bench(kb_url, dg_url, dagster, out)
+        bench = Bench(kb_url, dg_url, dagster, out, publish_batch=publish_batch)
         services = ExitStack()
         try:
             service = services.enter_context(warm_embedding_service(  # as `kbindex dev` runs it: small runs
@@ -638,6 +657,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure bare model.encode in one process only (not also one process per core)")
     parser.add_argument("--passes", type=int, default=3,
                         help="interleaved passes of pipeline, bare encode and bare system (medians reported)")
+    parser.add_argument("--publish-batch", type=int, default=None, metavar="N",
+                        help="documents per publish transaction (default: `kbindex publish`'s, KBINDEX_PUBLISH_BATCH; "
+                        "0: one publish call per document, as before batches)")
     parser.add_argument("--peers", action="store_true",
                         help="afterwards run bench.peers (LlamaIndex) on the same documents; needs .[peers]")
     args = parser.parse_args(argv)
@@ -655,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run(corpus=args.corpus, docs=args.docs, latency_samples=args.latency_samples,
                      fake_model=args.fake_model, warmup=args.warmup, timeout=args.timeout,
                      bare_parallel=args.bare_parallel, embed_service=args.embed_service, peers=args.peers,
-                     passes=args.passes, out=out)
+                     passes=args.passes, publish_batch=args.publish_batch, out=out)
     except BenchSkipped as exc:
         out(f"bench.pipeline skipped: {exc}")
         return 0

@@ -60,16 +60,17 @@ def per_version_seconds(runs: dict[str, Any], versions: int) -> dict[str, float]
 
 
 def run(corpus: Path, docs: int, *, fake_model: bool = False, embed_service: bool = True,
-        timeout: float = 3600.0, passes: int = 3, out: Any = print) -> dict[str, Any]:
+        timeout: float = 3600.0, passes: int = 3, publish_batch: int | None = None, out: Any = print) -> dict[str, Any]:
     from bench import share_built_models
 
     share_built_models()
     return run_documents(paragraph_documents(corpus, docs), fake_model=fake_model, embed_service=embed_service,
-                         timeout=timeout, passes=passes, out=out)
+                         timeout=timeout, passes=passes, publish_batch=publish_batch, out=out)
 
 
 def run_documents(documents: list[tuple[str, bytes]], *, fake_model: bool = False, embed_service: bool = True,
-                  timeout: float = 3600.0, passes: int = 3, out: Any = print) -> dict[str, Any]:
+                  timeout: float = 3600.0, passes: int = 3, publish_batch: int | None = None,
+                  out: Any = print) -> dict[str, Any]:
     """The bench on these documents: ``passes`` interleaved rounds of pipeline, bare encode and bare system
     (bench/pipeline/passes.py); pass 1's figures are the detailed report."""
     from bench import server_url
@@ -77,14 +78,14 @@ def run_documents(documents: list[tuple[str, bytes]], *, fake_model: bool = Fals
     from bench.pipeline.passes import interleaved_passes, summary
 
     embed_batch = int(os.environ.get("KBINDEX_EMBED_BATCH", "64"))
-    report: dict[str, Any] = {"cpus": os.cpu_count(), "docs": len(documents)}
+    report: dict[str, Any] = {"cpus": os.cpu_count(), "docs": len(documents), "publish_batch": publish_batch}
     with server_url() as admin_url, scratch_databases(admin_url) as (kb_url, dg_url):
         if fake_model:
             with psycopg.connect(kb_url, autocommit=True) as conn:
                 conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
         root = Path(tempfile.mkdtemp(prefix="kbindex-bench-small-"))
         dagster = dagster_dev(kb_url, dg_url, root)
-        bench = Bench(kb_url, dg_url, dagster, out)
+        bench = Bench(kb_url, dg_url, dagster, out, publish_batch=publish_batch)
         services = ExitStack()
         try:
             service = services.enter_context(warm_embedding_service(  # as `kbindex dev` runs it
@@ -149,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--passes", type=int, default=3,
                         help="interleaved passes of pipeline, bare encode and bare system (medians reported)")
+    parser.add_argument("--publish-batch", type=int, default=None, metavar="N",
+                        help="documents per publish transaction (default: `kbindex publish`'s, KBINDEX_PUBLISH_BATCH; "
+                        "0: one publish call per document, as before batches)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     exit_on_sigterm()
@@ -158,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.scale.small_docs skipped: corpus {args.corpus} not found")
         return 0
     report = run(args.corpus, args.docs, fake_model=args.fake_model, embed_service=args.embed_service,
-                 timeout=args.timeout, passes=args.passes, out=lambda line: print(line, flush=True))
+                 timeout=args.timeout, passes=args.passes, publish_batch=args.publish_batch, out=lambda line: print(line, flush=True))
     print(render(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))

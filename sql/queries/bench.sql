@@ -116,3 +116,9 @@ ALTER SYSTEM RESET log_line_prefix;
 -- name: bench_reload_config
 -- Benchmark only (bench/idle.py census): apply ALTER SYSTEM to every session.
 SELECT pg_reload_conf();
+
+-- name: bench_publish_burst
+-- Benchmark only (bench/publish.py): a tenant's versions and the writing transactions that made them (xmin).
+SELECT count(*)::int AS versions, count(DISTINCT xmin::text)::int AS transactions
+FROM document_version
+WHERE tenant_id = %(tenant_id)s;

@@ -1,0 +1,111 @@
+"""Publishing a burst: ``Publisher.publish_many`` (one transaction, as `kbindex publish DIR` sends a folder) beside
+``Publisher.publish`` called once per document, on the same documents, interleaved.
+
+``python -m bench.publish [--corpus ../shared/corpus] [--docs 1000] [--rounds 3] [--json out.json]``
+
+Each round publishes the documents into a fresh tenant each way (so both sides create every version, task and
+event; the blobs are shared by content hash: the first side of the first round stores them, later sides find
+them), alternating which side goes first. Besides the wall time it prints how many writing transactions each
+side made (a burst in one is due at once). Without the corpus it publishes generated paragraphs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import exit_on_sigterm, server_url
+
+SIDES = ("publish_many", "publish each")
+
+
+def documents(corpus: Path | None, n: int) -> list[tuple[str, bytes]]:
+    """``n`` one-paragraph documents: cut from the corpus when given, else generated."""
+    if corpus is not None and (corpus / "en-sotu").is_dir():
+        from bench.scale.small_docs import paragraph_documents
+
+        return paragraph_documents(corpus, n)
+    return [(f"para-{i:06d}.txt", f"Paragraph {i}. Policy {i % 97} applies to team {i % 13}.".encode())
+            for i in range(n)]
+
+
+def _publish(publisher: Any, side: str, tenant: str, docs: list[tuple[str, bytes]]) -> None:
+    from resources.publisher import PublishRequest
+
+    if side == "publish_many":
+        refused = [o for o in publisher.publish_many(tenant, [PublishRequest(n, b, n) for n, b in docs])
+                   if isinstance(o, Exception)]
+        if refused:
+            raise refused[0]
+    else:
+        for name, body in docs:
+            publisher.publish(tenant, name, body, name)
+
+
+def run(corpus: Path | None, n: int, rounds: int, out: Any = print) -> dict[str, Any]:
+    from rich.progress import Progress
+
+    from bench.pipeline.__main__ import scratch_databases
+    from resources.blob_store import BlobStore
+    from resources.database import Database
+    from resources.publisher import Publisher
+
+    docs = documents(corpus, n)
+    samples: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
+    with server_url() as admin_url, scratch_databases(admin_url) as (kb_url, _), \
+            Database(kb_url, max_size=2) as db, tempfile.TemporaryDirectory() as blobs:
+        publisher = Publisher(db, BlobStore(blobs))
+        with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
+            job = bar.add_task("publishing", total=rounds * len(SIDES))
+            for r in range(rounds):
+                for side in SIDES if r % 2 == 0 else SIDES[::-1]:
+                    tenant = f"r{r}-{'many' if side == 'publish_many' else 'each'}"
+                    started = time.perf_counter()
+                    _publish(publisher, side, tenant, docs)
+                    seconds = time.perf_counter() - started
+                    row = db.fetch_one("bench_publish_burst", {"tenant_id": tenant})
+                    samples[side].append({"seconds": seconds, "versions": row["versions"],
+                                          "transactions": row["transactions"]})
+                    out(f"round {r + 1}/{rounds} {side:<13} {seconds:6.2f} s  {row['transactions']} transaction(s)")
+                    bar.advance(job)
+    report: dict[str, Any] = {"docs": len(docs), "rounds": rounds, "samples": samples}
+    report["median_seconds"] = {side: statistics.median(s["seconds"] for s in samples[side]) for side in SIDES}
+    report["ratio"] = report["median_seconds"]["publish each"] / report["median_seconds"]["publish_many"]
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"{report['docs']} one-paragraph documents, {report['rounds']} interleaved round(s)"]
+    for side in SIDES:
+        s = report["samples"][side]
+        secs = [x["seconds"] for x in s]
+        lines.append(f"{side:<13} median {statistics.median(secs):.2f} s ({min(secs):.2f}-{max(secs):.2f}), "
+                     f"{statistics.median(x['transactions'] for x in s):.0f} writing transaction(s), "
+                     f"{s[0]['versions']} versions")
+    lines.append(f"publish each / publish_many  {report['ratio']:.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.publish", description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, default=None, help="../shared/corpus (without it: generated text)")
+    parser.add_argument("--docs", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    exit_on_sigterm()
+    report = run(args.corpus, args.docs, args.rounds, out=lambda line: print(line, flush=True))
+    print(render(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -51,6 +51,7 @@ from resources.database import Database
 import resources.publisher as publisher_module
 from resources.publisher import Publisher, PublishRequest
 
+
 @dataclass(frozen=True)
 class _ToPublish:
     """A file this pass read whose bytes changed: published with the next batch, its ledger row with it."""
@@ -256,6 +257,7 @@ class SourceSync:
         known = {e.path: e for e in ledger}
         reads = [(item, False) for item in plan.to_read] + [(item, True) for item in plan.to_rehash]
         batch: list[_ToPublish] = []
+        batch_bytes = 0
         for done, (item, rehashing) in enumerate(reads, 1):
             if budget_seconds is not None and time.monotonic() - started > budget_seconds:
                 counts.partial = True
@@ -265,10 +267,10 @@ class SourceSync:
                 break
             if (read := self._one_file(source, fs, root, item, known.get(item.path), pass_no, counts, rehashing)):
                 batch.append(read)
-                if len(batch) >= publisher_module.BATCH_DOCUMENTS or (
-                        sum(len(r.data) for r in batch) >= publisher_module.BATCH_BYTES):
+                batch_bytes += len(read.data)
+                if len(batch) >= publisher_module.BATCH_DOCUMENTS or batch_bytes >= publisher_module.BATCH_BYTES:
                     self._publish(source, batch, pass_no, counts)
-                    batch = []
+                    batch, batch_bytes = [], 0
             progress("read", done, len(reads))
         self._publish(source, batch, pass_no, counts)
         for entry in plan.forget:  # failures whose files are gone: they published nothing, so nothing is deleted

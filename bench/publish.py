@@ -39,10 +39,7 @@ def _publish(publisher: Any, side: str, tenant: str, docs: list[tuple[str, bytes
     from resources.publisher import PublishRequest
 
     if side == "publish_many":
-        refused = [o for o in publisher.publish_many(tenant, [PublishRequest(n, b, n) for n, b in docs])
-                   if isinstance(o, Exception)]
-        if refused:
-            raise refused[0]
+        publisher.publish_all(tenant, [PublishRequest(n, b, n) for n, b in docs])  # publish_many, refusals raised
     else:
         for name, body in docs:
             publisher.publish(tenant, name, body, name)

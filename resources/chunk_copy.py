@@ -125,11 +125,16 @@ class FastPublish:
     def after_publish(self, tenant_id: str, document_id: str, version: int, tasks: Sequence[Mapping[str, Any]],
                       *, tombstone: bool) -> list[FastOutcome]:
         """Fast-publish what it can of one version's just-recorded ``tasks`` (task_id, profile, status)."""
-        pending = [t for t in tasks if t.get("status") == "PENDING"]
-        if not pending:
-            return []
+        return self.after_publish_many(tenant_id, [(document_id, version, tasks)], tombstone=tombstone)
+
+    def after_publish_many(self, tenant_id: str, versions: Sequence[tuple[str, int, Sequence[Mapping[str, Any]]]],
+                           *, tombstone: bool) -> list[FastOutcome]:
+        """``after_publish`` for a batch's versions (document id, version, tasks): one copy-source lookup for all."""
         keys = [{"task_id": t["task_id"], "tenant_id": tenant_id, "document_id": document_id,
-                 "profile": t["profile"], "version_number": version} for t in pending]
+                 "profile": t["profile"], "version_number": version}
+                for document_id, version, tasks in versions for t in tasks if t.get("status") == "PENDING"]
+        if not keys:
+            return []
         sources = {} if tombstone else copy_sources(self.db, keys)
         out = []
         for key in keys:

@@ -251,7 +251,8 @@ class Publisher:
         self.blobs.put(data)
         with self.db.transaction() as tx:
             version, tasks = self._record(tx, tenant_id, item)
-        return self._published(tenant_id, item, version, tasks)
+        return self._result(tenant_id, item, version,
+                            self._fast_publish(tenant_id, item.document_id, version, tasks, tombstone=False))
 
     def publish_many(self, tenant_id: str, requests: Sequence[PublishRequest]) -> list[PublishResult | KbindexError]:
         """Publish a batch of one tenant's documents in one transaction: what ``publish`` does for each, but every
@@ -295,19 +296,21 @@ class Publisher:
                 stored, versions = stored + len(item.data), versions + 1  # an upper bound: a repeat adds nothing
                 admitted.append((i, item))
             items = admitted
-        for data in {item.digest: item.data for _, item in items}.values():
+        if not items:
+            return outcomes  # type: ignore[return-value]  # every request refused: each has its error
+        blobs = {item.digest: item.data for _, item in items}
+        for data in blobs.values():
             self.blobs.put(data)
         items.sort(key=lambda pair: pair[1].document_id)  # stable: one document's requests keep their order
         recorded: list[tuple[int, _Item, int, list[dict[str, Any]]]] = []
         try:
             with self.db.transaction() as tx:
                 # Locks in the order every publish takes them: the bytes, the documents, then the tenant's totals.
-                held = {item.digest: item.data for _, item in items}
-                for digest in sorted(held):
-                    self._hold_blob(tx, digest, held[digest])
+                for digest in sorted(blobs):
+                    self._hold_blob(tx, digest, blobs[digest])
                 for document_id in dict.fromkeys(item.document_id for _, item in items):
                     tx.fetch_one("document_lock", {"tenant_id": tenant_id, "document_id": document_id})
-                totals = tx.fetch_one("tenant_storage_lock", {"tenant_id": tenant_id}) if items else None
+                totals = tx.fetch_one("tenant_storage_lock", {"tenant_id": tenant_id})
                 added = {"byte_size": 0, "versions": 0}
 
                 def charge(size: int) -> None:  # the row is locked: these totals are exact
@@ -329,9 +332,24 @@ class Publisher:
             raise
         except KbindexError as exc:  # no active profile, a with_commit hook's refusal: the batch is rolled back
             return [o if o is not None else exc for o in outcomes]
+        done = set()
+        if self.fast is not None:  # one copy-source lookup for the batch, not one per document
+            done = {o.task_id for o in self.fast.after_publish_many(
+                tenant_id, [(item.document_id, version, tasks) for _, item, version, tasks in recorded],
+                tombstone=False) if o.outcome in ("published", "superseded")}
         for i, item, version, tasks in recorded:
-            outcomes[i] = self._published(tenant_id, item, version, tasks)
+            outcomes[i] = self._result(tenant_id, item, version,
+                                       [{**t, "status": "SUCCEEDED"} if t["task_id"] in done else t for t in tasks])
         return [o for o in outcomes if o is not None]
+
+    def publish_all(self, tenant_id: str, requests: Sequence[PublishRequest]) -> list[PublishResult]:
+        """``publish_many`` for callers whose documents must all go in (`kbindex dev`'s samples, the benches):
+        the first refusal is raised (the documents not refused are published)."""
+        outcomes = self.publish_many(tenant_id, requests)
+        refused = next((o for o in outcomes if isinstance(o, KbindexError)), None)
+        if refused is not None:
+            raise refused
+        return outcomes  # type: ignore[return-value]  # none refused
 
     def _prepare(self, request: PublishRequest) -> _Item:
         """Validate one request and compute what its transaction needs (InvalidMetadata, InvalidRequest)."""
@@ -394,9 +412,9 @@ class Publisher:
             item.with_commit(tx)
         return tasks
 
-    def _published(self, tenant_id: str, item: _Item, version: int, tasks: list[dict[str, Any]]) -> PublishResult:
-        """After the commit: the fast path (if any) for the version's tasks, and what ``publish`` returns."""
-        tasks = self._fast_publish(tenant_id, item.document_id, version, tasks, tombstone=False)
+    @staticmethod
+    def _result(tenant_id: str, item: _Item, version: int, tasks: list[dict[str, Any]]) -> PublishResult:
+        """What ``publish`` returns for a committed version and its tasks (after the fast path)."""
         primary = next((t for t in tasks if t["is_active"]), tasks[0])
         return PublishResult(
             tenant_id=tenant_id,

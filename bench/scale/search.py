@@ -445,12 +445,14 @@ def product_search(db: Database, vector: np.ndarray, tenant: str, setting: Setti
     """The statements of resources.search._dense_rows, in its order, in one transaction: with filters,
     ``search_hits_scoped`` first (exhaustive over a narrow scope), then ``search_hits`` and the
     ``search_hits_exact`` fallback; (chunk ids, the path that answered: scoped, walk or fallback)."""
-    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": K, **read.params()}
+    visible = read.params()
+    params = {"query": vector, "tenant_id": tenant, "profile": PROFILES[0], "k": K, **visible}
     with db.transaction() as tx:
         tx.fetch_one("search_settings", {"ef_search": setting.ef_search, "max_scan_tuples": setting.max_scan_tuples})
         if setting.iterative_scan != "relaxed_order":
             tx.fetch_one("bench_search_iterative_scan", {"mode": setting.iterative_scan})
-        key = scope_key(db, {"tenant_id": tenant, "profile": PROFILES[0]}, read.params()) if read.filters else ()
+        scope = {"tenant_id": tenant, "profile": PROFILES[0]}
+        key = scope_key(db, scope, visible) if read.filters else ()
         if read.filters and setting.scoped and not (setting.remember_wide and WIDE.known(key)):
             rows = tx.fetch_all("search_hits_scoped", {**params, "max_scope_pointers": EXACT_SCOPE_POINTERS,
                                                        "max_scope_chunks": EXACT_SCOPE_CHUNKS})
@@ -458,7 +460,6 @@ def product_search(db: Database, vector: np.ndarray, tenant: str, setting: Setti
                 return [r["chunk_id"] for r in rows if r["chunk_id"] is not None], "scoped"
             if setting.remember_wide:
                 WIDE.remember(key)
-        scope = {"tenant_id": tenant, "profile": PROFILES[0]}
         walk = setting.walk_rule and not read.filters and walk_preferred(tx, scope)
         rows = walk_rows(tx, params, walk=walk)
         path = "walk"

@@ -74,10 +74,8 @@ def dev_command(
             with Database(local.kbindex_url, max_size=2) as db:
                 publisher = Publisher(db, BlobStore(settings.blob_url))
                 files = sorted(p for p in SAMPLE_CORPUS.iterdir() if p.is_file() and p.name != "ATTRIBUTION.md")
-                refused = [o for o in publisher.publish_many(SAMPLE_TENANT, [  # due together: one run
-                    PublishRequest(path.name, path.read_bytes(), path.name) for path in files]) if isinstance(o, Exception)]
-                if refused:
-                    raise refused[0]
+                publisher.publish_all(SAMPLE_TENANT, [  # due together: one run
+                    PublishRequest(path.name, path.read_bytes(), path.name) for path in files])
             console.print(f"published {len(files)} sample documents to tenant '{SAMPLE_TENANT}'")
         with Database(local.kbindex_url, max_size=1) as db:  # the service warms the model runs will ask for
             active = db.fetch_one("index_profile_active")

@@ -123,6 +123,28 @@ def test_the_fast_path_publishes_metadata_changes_and_deletes_without_a_run(db, 
     assert hits(db, kb) == []
 
 
+def test_a_batch_of_metadata_changes_is_fast_published_with_one_copy_source_lookup(db, db_url, kb, monkeypatch):
+    """publish_many hands its committed versions to the fast path together: one chunk_copy_sources statement for
+    the batch, each metadata-only change SUCCEEDED before it returns, new bytes left PENDING for a run."""
+    import resources.chunk_copy as chunk_copy
+    from resources.publisher import PublishRequest
+
+    for doc in ("a", "b"):
+        v1 = kb["publisher"].publish("acme", doc, f"{doc}: {POLICY}".encode(), "policy.md")
+        index(db, db_url, kb, v1.task_id, doc, 1)
+    lookups = []
+    real = chunk_copy.copy_sources
+    monkeypatch.setattr(chunk_copy, "copy_sources", lambda db, keys: lookups.append(len(keys)) or real(db, keys))
+    out = kb["fast"].publish_many("acme", [
+        PublishRequest("a", f"a: {POLICY}".encode(), "policy.md", metadata={"dept": "hr"}),
+        PublishRequest("b", f"b: {POLICY}".encode(), "policy.md", allow=["group:hr"]),
+        PublishRequest("c", b"new bytes", "c.md")])
+    assert [(o.document_id, o.version, o.status) for o in out] == [("a", 2, "SUCCEEDED"), ("b", 2, "SUCCEEDED"),
+                                                                   ("c", 1, "PENDING")]
+    assert lookups == [3]
+    assert {(h.document_id, h.version_number) for h in hits(db, kb, ReadScope.of(["group:hr"]))} == {("a", 2), ("b", 2)}
+
+
 def test_a_fast_path_that_loses_its_copy_source_fails_retryably_and_a_run_parses(db, db_url, kb, monkeypatch):
     v1 = kb["publisher"].publish("acme", "policy", POLICY.encode(), "policy.md")
     index(db, db_url, kb, v1.task_id, "policy", 1)

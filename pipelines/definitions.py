@@ -13,7 +13,7 @@ from pipelines.jobs import index_versions_job
 from pipelines.lineage_job import backfill_profile_job, prune_lineage_keys_job, prune_lineage_keys_when_due
 from pipelines.quality_gate import gate_assets, gate_jobs
 from pipelines.retention_job import apply_retention_hourly, apply_retention_job
-from pipelines.sensors import claim_index_tasks, record_crashed_runs
+from pipelines.sensors import CLAIMING_SENSORS, record_crashed_runs
 from pipelines.source_sensor import sync_sources
 from resources.dagster_resources import default_resources
 
@@ -22,7 +22,7 @@ defs = dg.Definitions(
     jobs=[index_versions_job, apply_retention_job, prune_lineage_keys_job, backfill_profile_job, *gate_jobs,
           sweep_artifacts_job],
     schedules=[apply_retention_hourly, sweep_artifacts_hourly],
-    sensors=[claim_index_tasks, record_crashed_runs, prune_lineage_keys_when_due],
+    sensors=[*CLAIMING_SENSORS, record_crashed_runs, prune_lineage_keys_when_due],
     resources=default_resources(),
     # Every job, the UI's implicit asset job included (backfills, "Materialize"), runs its steps in one
     # process: one IndexingRun holds the run's leases from parse to publish (issue #12, defect 10).

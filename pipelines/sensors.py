@@ -13,7 +13,9 @@ bisected (record_crashed_runs); a run that can do nothing useful any more (a que
 were all taken over, a launched run that lost every lease) is canceled before the tick plans
 its runs, so it pins no partition keys and gives its run slot back (release_runs).
 A tick that finds nothing due waits up to KBINDEX_CLAIM_WAIT_SECONDS for a publish's NOTIFY and claims it
-then, so a lone publish is not left for the daemon's next loop, 5 s later (resources/task_wakeup.py).
+then, so a lone publish is not left for the daemon's next loop, 5 s later (resources/task_wakeup.py). There are
+KBINDEX_CLAIM_SENSORS such sensors: a tick that claimed hands the rest of its wait to the next one, so a publish
+made right after a claim does not wait for the next loop either (pipelines/claim_window.py).
 """
 
 
@@ -30,6 +32,7 @@ import dagster as dg
 import psycopg
 from dagster import DagsterRunStatus, RunsFilter
 
+from pipelines.claim_window import ClaimWindow
 from pipelines.jobs import index_versions_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
 from pipelines.warm_launcher import WarmRunLauncher
@@ -87,6 +90,13 @@ CLAIM_WAIT_SECONDS = float(os.environ.get("KBINDEX_CLAIM_WAIT_SECONDS", "4.5"))
 # by its own publishing process right after the commit (resources/chunk_copy.py, milliseconds later), and a claim
 # that beat it would send it through a run instead (2 of 10 of each in bench.delete without this grace).
 CLAIM_WAKE_GRACE_SECONDS = float(os.environ.get("KBINDEX_CLAIM_WAKE_GRACE_SECONDS", "0.1"))
+# Claiming sensors that share a daemon loop's wait (pipelines/claim_window.py): the loop can claim this many times
+# on a wake-up. Published back to back, ~3 publishes fall in a 5-s loop; 1 is Dagster's way, one claim a loop.
+CLAIM_SENSORS = max(1, int(os.environ.get("KBINDEX_CLAIM_SENSORS", "3")))
+# A later tick of the loop claims on a wake-up only when this many versions or fewer are due: a lone publish,
+# not a stream of them (a stream waits for the next loop's first tick and goes in bigger runs, each run paying
+# its fixed cost once). The loop's first tick claims whatever is due, as before.
+WAKE_CLAIM_MAX = int(os.environ.get("KBINDEX_WAKE_CLAIM_MAX", "12"))
 MAX_WAITING_RUNS = int(os.environ.get("KBINDEX_MAX_WAITING_RUNS", "1"))
 # A run STARTING this long with no process, that the warm launcher never forked, lost its launch (fail_lost_launches).
 # A launch reaches the fork server milliseconds after the run is marked STARTING.
@@ -277,13 +287,30 @@ def _request(group: list[ClaimedTask], group_keys: list[str], owner: str, tenant
     return dg.RunRequest(run_key=run_key, tags=tags)
 
 
-@dg.sensor(
-    job=index_versions_job,
-    minimum_interval_seconds=1,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Claims due index tasks (SKIP LOCKED lease) and starts runs for them, many versions per run.",
-)
-def claim_index_tasks(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+CLAIM_WINDOW = ClaimWindow()
+
+
+def claiming_sensor(name: str) -> dg.SensorDefinition:
+    """One claiming sensor; all of them run the same tick (``claim_tick``) and share the loop's wait window."""
+
+    @dg.sensor(
+        name=name,
+        job=index_versions_job,
+        minimum_interval_seconds=1,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Claims due index tasks (SKIP LOCKED lease) and starts runs for them, many versions per run.",
+    )
+    def _claim(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        return claim_tick(context, name)
+
+    return _claim
+
+
+def claim_tick(context: dg.SensorEvaluationContext, name: str) -> dg.SensorResult | dg.SkipReason:
+    """One tick of the claiming sensor ``name``: take over, claim, wait for a publish, plan the runs."""
+    window = CLAIM_WINDOW.enter(name, time.monotonic(), CLAIM_WAIT_SECONDS)
+    if window.ended(time.monotonic()):
+        return dg.SkipReason("this daemon loop's claim window has ended: the loop's first claiming tick claimed")
     database = tick_database_resource(context)
     queue = task_queue(database)
     instance = tick_instance(context)
@@ -301,18 +328,20 @@ def claim_index_tasks(context: dg.SensorEvaluationContext) -> dg.SensorResult | 
     # With the run queue full, start no new work, but still take over expired leases (invariant 7:
     # nothing stays RUNNING past its lease plus one claim tick).
     queue_full = waiting >= MAX_WAITING_RUNS
-    deadline = time.monotonic() + CLAIM_WAIT_SECONDS
+    # The loop's first tick does not wait with the queue full (nothing it claims could start); a later one does:
+    # the queue is full of the run the loop just requested, which starts within a second or so.
+    wait = window.deadline > time.monotonic() and (not queue_full or not window.opened)
     with contextlib.ExitStack() as stack:
-        wakeup = None if queue_full else _listen(stack, database, context)  # LISTEN before the claim: none missed
+        wakeup = _listen(stack, database, context) if wait else None  # LISTEN before the claim: none missed
         claimed = claim_due(database, queue, owner, queue_full)
         # After the claim (a slow cancel never delays a takeover, invariant 7) and before planning: a released
         # run pins no keys, so the tasks taken over from it share big runs instead of getting one run each.
         released = release_runs(instance, queue, runs)
         for run_id in released:
             context.log.warning(f"run {run_id} holds none of its leases any more: canceled to free its run slot")
-        while not claimed and wakeup is not None and wakeup.wait(deadline):
+        while not claimed and wakeup is not None and wakeup.wait(window.deadline):
             time.sleep(CLAIM_WAKE_GRACE_SECONDS)  # a publisher's own fast path claims its task first
-            claimed = claim_due(database, queue, owner, queue_full)
+            claimed = claim_on_wake(database, queue, instance, owner, any_size=window.opened)
     if not claimed:
         if queue_full:
             return dg.SkipReason(f"{waiting} run(s) still waiting to start; no expired leases to take over")
@@ -351,6 +380,23 @@ def claim_index_tasks(context: dg.SensorEvaluationContext) -> dg.SensorResult | 
     return dg.SensorResult(run_requests=requests)
 
 
+claim_index_tasks = claiming_sensor("claim_index_tasks")
+CLAIMING_SENSORS = [claim_index_tasks, *(claiming_sensor(f"claim_index_tasks_{i}") for i in range(2, CLAIM_SENSORS + 1))]
+
+
+def claim_on_wake(database: DatabaseResource, queue: TaskQueue, instance: dg.DagsterInstance, owner: str,
+                  any_size: bool) -> list[ClaimedTask]:
+    """What a waiting tick claims when a task event wakes it: nothing while nothing is due (most events are other
+    runs' progress), nothing while the run queue is full (the run this loop requested may not have started yet),
+    and, unless ``any_size`` (the loop's first tick), nothing while more than WAKE_CLAIM_MAX versions are due."""
+    due = database.db.fetch_all("task_due_sizes", {"limit": WAKE_CLAIM_MAX + 1})
+    if not due or (not any_size and len(due) > WAKE_CLAIM_MAX):
+        return []
+    if sum(1 for r in leased_runs(instance) if r.leases.waiting) >= MAX_WAITING_RUNS:
+        return []
+    return claim_due(database, queue, owner, queue_full=False)
+
+
 def claim_due(database: DatabaseResource, queue: TaskQueue, owner: str, queue_full: bool) -> list[ClaimedTask]:
     """Claim what is due for ``owner``: live work sized by claim_limit (only expired leases with the run queue
     full), then requested profile backfills in the capacity it left. for_run: each lease is a reservation its
@@ -368,10 +414,8 @@ def claim_due(database: DatabaseResource, queue: TaskQueue, owner: str, queue_fu
 
 def _listen(stack: contextlib.ExitStack, database: DatabaseResource,
             context: dg.SensorEvaluationContext) -> TaskWakeup | None:
-    """The tick's wake-up on new task events, or None (waiting is off, or the LISTEN failed: the tick then
-    claims once, as without it, and says why)."""
-    if CLAIM_WAIT_SECONDS <= 0:
-        return None
+    """The tick's wake-up on new task events, or None (the LISTEN failed: the tick then claims once, as without
+    it, and says why)."""
     try:
         return stack.enter_context(TaskWakeup(database.db.url))
     except psycopg.Error as exc:

@@ -108,3 +108,6 @@ def _claim_once_per_tick(monkeypatch):
     for a publish (pipelines.sensors.CLAIM_WAIT_SECONDS) would make every idle tick last 4.5 s. Daemons the
     tests start keep the default; tests/integration/test_claim_wakeup.py turns it on in process."""
     monkeypatch.setattr("pipelines.sensors.CLAIM_WAIT_SECONDS", 0.0)
+    from pipelines.claim_window import ClaimWindow
+
+    monkeypatch.setattr("pipelines.sensors.CLAIM_WINDOW", ClaimWindow())  # no loop's window leaks between tests

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos import Chaos, ChaosConfig, _sql
-from pipelines.sensors import CLAIM_WAIT_SECONDS
+from pipelines.sensors import CLAIM_SENSORS, CLAIM_WAIT_SECONDS
 
 MODES = ("dense", "lexical", "hybrid")
 TENANT = "deletes"
@@ -247,6 +247,7 @@ class DeleteBench(Chaos):
                            if self._modes_with(phrase, doc, everything)]  # none comes back once later runs published
             report = {"ok": not still_found, "documents": self.dcfg.documents, "gap_s": self.dcfg.gap,
                       "claim_wait_s": CLAIM_WAIT_SECONDS,  # dagster dev reads the same environment
+                      "claim_sensors": CLAIM_SENSORS,
                       **{m: {**summary(self.seconds[m]), "texts_embedded": self.texts[m],
                              **({"run_embed_step": self.runs[m]} if m != "publish" else {}),
                              **({"phases": self.phases[m]} if m in self.phases else {})} for m in MEASURES},
@@ -299,7 +300,8 @@ def format_report(report: dict[str, Any]) -> str:
     load = report["load_average_1m"]
     lines = [f"idle, one at a time, all of dense, lexical and hybrid; {report['documents']} documents per path; "
              f"a random 0-{report['gap_s']:g} s pause before each; the sensor waits {report['claim_wait_s']:g} s "
-             f"per idle tick for a publish (KBINDEX_CLAIM_WAIT_SECONDS); machine load (1 min) {load['min']}-{load['max']} on {load['cpus']} CPUs",
+             f"per daemon loop for a publish (KBINDEX_CLAIM_WAIT_SECONDS), shared by {report.get('claim_sensors', 1)} claiming "
+             f"sensors (KBINDEX_CLAIM_SENSORS); machine load (1 min) {load['min']}-{load['max']} on {load['cpus']} CPUs",
              f"{'measure':<42} {'n':>3} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'texts embedded':>15}"]
     for m in MEASURES:
         s = report[m]

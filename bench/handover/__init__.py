@@ -28,7 +28,7 @@ event of kind ``run`` (a run took the attempt over from the claim owner and star
    run's own owner (a ``progress`` event with stage publish) and had no later ``transition`` of that
    attempt by that owner. Beside it, with the same target, tasks DEAD with LEASE_ATTEMPTS_EXHAUSTED.
    How many canceled runs carry the message of kbindex's hung-run killer is reported too.
-4. *the claiming sensor's ticks* (reported): from ``instance.get_ticks`` of the sensor, the ticks that
+4. *the claiming sensors' ticks* (reported): from ``instance.get_ticks`` of each claiming sensor, the ticks that
    started between the publish and the end of the burst: count, median and max of
    ``end_timestamp - timestamp``, run ids they recorded; beside them the index-job runs Dagster
    created from the publish on (run records) and those per version published.
@@ -62,7 +62,8 @@ from typing import Any
 
 from bench.chaos import PROJECT_ROOT, TERMINAL, Chaos, ChaosConfig, _sql
 
-SENSOR_NAME = "claim_index_tasks"
+SENSOR_NAMES = ("claim_index_tasks", *(f"claim_index_tasks_{i}" for i in range(2, 10)))
+"""Every claiming sensor the code location may have (KBINDEX_CLAIM_SENSORS; pipelines/claim_window.py)."""
 JOB_NAME = "index_versions"
 KILLER_MESSAGE = "kbindex: the run lost every lease"
 """The start of the message pipelines/sensors.py ``_terminate`` cancels a hung run with."""
@@ -91,7 +92,7 @@ class HandoverConfig:
     max_waiting_runs: int = 1
     """The product's defaults (dagster.yaml, KBINDEX_RUN_BATCH*, KBINDEX_MAX_WAITING_RUNS)."""
     seed: int = 1
-    sensor: str = SENSOR_NAME
+    sensors: tuple[str, ...] = SENSOR_NAMES
     keep: bool = False
     live: bool | None = None
     """A rich progress bar (None: when stdout is a terminal); otherwise a line every ``note_every`` s."""
@@ -481,9 +482,9 @@ class Handover(Chaos):
         from dagster._core.definitions.run_request import InstigatorType
 
         states = [s for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
-                  if s.instigator_name == self.hcfg.sensor]
+                  if s.instigator_name in self.hcfg.sensors]
         if not states:
-            return {"error": f"no instigator state for sensor {self.hcfg.sensor!r}"}
+            return {"error": f"no instigator state for the claiming sensors {self.hcfg.sensors!r}"}
         ticks = [t for s in states for t in instance.get_ticks(s.instigator_origin_id, s.selector_id,
                                                                 after=publish_at - 0.001)]
         ticks = [t for t in ticks if publish_at <= t.timestamp <= burst_end]

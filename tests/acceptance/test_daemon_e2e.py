@@ -36,8 +36,8 @@ def _with_database(url: str, database: str) -> str:
 
 
 class E2E:
-    def __init__(self, url: str, root: Path, dagster: DagsterDev, marker: Path) -> None:
-        self.url, self.root, self.dagster, self.marker = url, root, dagster, marker
+    def __init__(self, url: str, root: Path, dagster: DagsterDev, marker: Path, dg_url: str) -> None:
+        self.url, self.root, self.dagster, self.marker, self.dg_url = url, root, dagster, marker, dg_url
         self.db = Database(url, max_size=4)
         self.queue = TaskQueue(self.db)
         self.publisher = Publisher(self.db, BlobStore(str(root / "blobs")))
@@ -130,7 +130,7 @@ def e2e(pg_server_url, template_url, tmp_path_factory):
     )
     dagster = DagsterDev(root, env)
     dagster.start()
-    harness = E2E(url, root, dagster, marker)
+    harness = E2E(url, root, dagster, marker, _with_database(pg_server_url, names["dg"]))
     try:
         yield harness
     finally:
@@ -235,6 +235,27 @@ def test_sensor_dying_after_its_claim_loses_nothing(e2e):
     task = e2e.wait_terminal(r.task_id)
     assert task["status"] == "SUCCEEDED" and task["attempts"] >= 2, task  # >2 if a slow run start outlived a lease
     e2e.assert_searchable_once(r.task_id)
+
+
+def test_publishes_back_to_back_are_claimed_by_the_loops_later_claiming_sensors(e2e):
+    """Each published as soon as the one before is searchable: a claim ends its tick, and the next publish is
+    claimed by the claiming sensor the daemon evaluates next in the same loop (pipelines/claim_window.py), not
+    left for the loop after. Under one claiming sensor every run would name the same one (issue #34)."""
+    _use_fake_model(e2e)
+    tasks = []
+    for i in range(5):
+        r = e2e.publisher.publish("acme", f"back-to-back-{i}.txt", f"Back to back publish number {i}.".encode(),
+                                  f"back-to-back-{i}.txt")
+        assert e2e.wait_terminal(r.task_id)["status"] == "SUCCEEDED"
+        tasks.append(r.task_id)
+    with psycopg.connect(e2e.dg_url, autocommit=True) as conn:
+        names = [row[0] for row in conn.execute(
+            "SELECT t.value FROM runs r JOIN run_tags t ON t.run_id = r.run_id AND t.key = 'dagster/sensor_name'"
+            " WHERE r.pipeline_name = 'index_versions' ORDER BY r.create_timestamp DESC LIMIT 5")]
+    assert len(names) == 5 and set(names) <= {"claim_index_tasks", "claim_index_tasks_2", "claim_index_tasks_3"}
+    assert len(set(names)) >= 2, f"every back-to-back publish waited for a new loop's first tick: {names}"
+    for task_id in tasks:
+        e2e.assert_searchable_once(task_id)
 
 
 HANDBOOK = {

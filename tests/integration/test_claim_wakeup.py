@@ -147,3 +147,99 @@ def test_an_inserted_task_event_still_notifies_its_id(db_url, publish_task):
         newest = conn.execute("SELECT max(event_id) FROM task_event WHERE task_id = %s",
                               [published.task_id]).fetchone()[0]
     assert [n.payload for n in notes] == [str(newest)]
+
+
+def tick_as(name, instance, db_url) -> dg.SensorResult | dg.SkipReason:
+    with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as ctx:
+        return sensors.claim_tick(ctx, name)
+
+
+def claimed_ids(result) -> list[int]:
+    assert isinstance(result, dg.SensorResult), result
+    return [t for r in result.run_requests for t, _ in leases_of(r.tags)]
+
+
+def in_thread(fn):
+    results = []
+    thread = threading.Thread(target=lambda: results.append(fn()))
+    thread.start()
+    return thread, results
+
+
+def test_the_code_location_has_the_configured_claiming_sensors():
+    from pipelines.definitions import defs
+
+    names = {s.name for s in defs.get_repository_def().sensor_defs}
+    expected = {"claim_index_tasks", *(f"claim_index_tasks_{i}" for i in range(2, sensors.CLAIM_SENSORS + 1))}
+    assert expected <= names and sensors.CLAIM_SENSORS == 3, "the default: three claims a daemon loop"
+
+
+def test_a_claim_hands_the_rest_of_the_loops_wait_to_the_next_claiming_sensor(db_url, publish_task, instance,
+                                                                              monkeypatch):
+    """Back to back: the loop's first tick claimed one publish; the next claiming sensor, evaluated right after it,
+    claims the publish that follows instead of leaving it for the daemon's next loop (issue #34)."""
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 30.0)
+    first = publish_task()
+    assert claimed_ids(tick_as("claim_index_tasks", instance, db_url)) == [first.task_id]
+    thread, results = in_thread(lambda: tick_as("claim_index_tasks_2", instance, db_url))
+    time.sleep(1.0)
+    assert thread.is_alive(), "the second sensor is waiting in the window the first one opened"
+    second = publish_task()
+    thread.join(20)
+    assert not thread.is_alive()
+    assert claimed_ids(results[0]) == [second.task_id]
+
+
+def test_after_the_window_a_later_claiming_tick_returns_at_once(db_url, instance, monkeypatch):
+    """An idle loop: the first tick waited the whole window; the others must not add a wait each."""
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 1.0)
+    claims = []
+    real = sensors.claim_due
+    monkeypatch.setattr(sensors, "claim_due", lambda *a, **k: claims.append(1) or real(*a, **k))
+    assert isinstance(tick_as("claim_index_tasks", instance, db_url), dg.SkipReason)
+    started = time.monotonic()
+    late = tick_as("claim_index_tasks_2", instance, db_url)
+    assert isinstance(late, dg.SkipReason) and "claim window has ended" in late.skip_message
+    assert time.monotonic() - started < 0.5 and claims == [1], "the late tick claimed or waited"
+    started = time.monotonic()
+    assert isinstance(tick_as("claim_index_tasks", instance, db_url), dg.SkipReason)
+    assert time.monotonic() - started >= 1.0, "the next loop's first tick opens a new window and waits it out"
+
+
+def test_a_later_tick_leaves_a_burst_to_the_next_loops_first_tick(db_url, publisher, publish_task, instance,
+                                                                   monkeypatch):
+    """More than WAKE_CLAIM_MAX due on a wake-up is a burst: it goes in the next loop's bigger runs, not in a
+    later tick's run of whatever had arrived by then."""
+    from resources.publisher import PublishRequest
+
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 3.0)
+    monkeypatch.setattr(sensors, "WAKE_CLAIM_MAX", 2)
+    first = publish_task()
+    assert claimed_ids(tick_as("claim_index_tasks", instance, db_url)) == [first.task_id]
+    thread, results = in_thread(lambda: tick_as("claim_index_tasks_2", instance, db_url))
+    time.sleep(0.5)
+    burst = publisher.publish_all("acme", [PublishRequest(f"burst-{i}", f"burst {i}".encode(), f"b{i}.txt")
+                                           for i in range(3)])
+    thread.join(20)
+    assert isinstance(results[0], dg.SkipReason), "a later tick claimed a burst"
+    assert sorted(claimed_ids(tick_as("claim_index_tasks", instance, db_url))) == sorted(r.task_id for r in burst)
+
+
+def test_a_later_tick_waits_out_a_full_run_queue_and_claims_once_it_has_room(db_url, publish_task, instance,
+                                                                             monkeypatch):
+    """The queue is full of the run the loop's first tick just requested; the later tick waits, claims nothing
+    while it stays full, and claims what is due once the run has started."""
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 30.0)
+    monkeypatch.setattr(sensors, "MAX_WAITING_RUNS", 0)  # full
+    started = time.monotonic()
+    assert isinstance(tick_as("claim_index_tasks", instance, db_url), dg.SkipReason)  # opens the window
+    assert time.monotonic() - started < 10.0, "the loop's first tick waited with the run queue full"
+    thread, results = in_thread(lambda: tick_as("claim_index_tasks_2", instance, db_url))
+    time.sleep(0.5)
+    second = publish_task()
+    time.sleep(1.5)
+    assert thread.is_alive(), "a later tick claimed with the run queue full, or stopped waiting"
+    monkeypatch.setattr(sensors, "MAX_WAITING_RUNS", 1)  # the queued run started
+    third = publish_task()
+    thread.join(20)
+    assert sorted(claimed_ids(results[0])) == sorted([second.task_id, third.task_id])

@@ -26,7 +26,8 @@ def test_each_path_is_judged_against_its_issue_target():
     assert "target delete p50 <= 5 s (#29), pipeline: MISSED" in shown
     assert "target metadata-only p50 <= 2 s with 0 texts embedded (#30), fast: met" in shown
     assert "deletes 1/1, metadata-only 0/1" in shown
-    assert "a random 0-5 s pause before each; the sensor waits 3.5 s per idle tick" in shown
+    assert "a random 0-5 s pause before each; the sensor waits 3.5 s per daemon loop" in shown
+    assert "shared by 1 claiming sensors" in shown  # a report from before KBINDEX_CLAIM_SENSORS
     assert "copied 1/1, embedded 0 texts" in shown
 
 

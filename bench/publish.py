@@ -1,7 +1,10 @@
 """Publishing a burst: ``Publisher.publish_many`` (one transaction, as `kbindex publish DIR` sends a folder) beside
 ``Publisher.publish`` called once per document, on the same documents, interleaved.
 
-``python -m bench.publish [--corpus ../shared/corpus] [--docs 1000] [--rounds 3] [--json out.json]``
+``python -m bench.publish [--corpus ../shared/corpus] [--docs 1000] [--rounds 3] [--http] [--json out.json]``
+
+``--http`` publishes through the API instead, served by uvicorn on 127.0.0.1 in this process: ``POST /documents``
+(the batch endpoint, batches cut as the CLI cuts them) beside ``POST /documents/{id}/versions`` once per document.
 
 Each round publishes the documents into a fresh tenant each way (so both sides create every version, task and
 event; the blobs are shared by content hash: the first side of the first round stores them, later sides find
@@ -17,12 +20,15 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench import exit_on_sigterm, server_url
 
 SIDES = ("publish_many", "publish each")
+HTTP_SIDES = ("POST /documents", "POST each")
 
 
 def documents(corpus: Path | None, n: int) -> list[tuple[str, bytes]]:
@@ -45,7 +51,30 @@ def _publish(publisher: Any, side: str, tenant: str, docs: list[tuple[str, bytes
             publisher.publish(tenant, name, body, name)
 
 
-def run(corpus: Path | None, n: int, rounds: int, out: Any = print) -> dict[str, Any]:
+def _post(http: Any, side: str, tenant: str, docs: list[tuple[str, bytes]]) -> None:
+    from urllib.parse import quote
+
+    from resources.publisher import batched
+
+    headers = {"Authorization": f"Bearer tok-{tenant}"}
+    if side == "POST /documents":
+        for batch in batched(docs, size=lambda d: len(d[1])):
+            response = http.post("/documents", files=[("file", (n, b, "text/plain")) for n, b in batch], headers=headers)
+            if response.status_code != 202 or any(r["status"] != 202 for r in response.json()["results"]):
+                raise RuntimeError(f"batch publish answered {response.status_code}: {response.text[:300]}")
+    else:
+        for name, body in docs:
+            response = http.post(f"/documents/{quote(name, safe='/')}/versions",
+                                 files={"file": (name, body, "text/plain")}, headers=headers)
+            if response.status_code != 202:
+                raise RuntimeError(f"publish answered {response.status_code}: {response.text[:300]}")
+
+
+def _tenant(r: int, side: str) -> str:
+    return f"r{r}-{'many' if side in ('publish_many', 'POST /documents') else 'each'}"
+
+
+def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool = False) -> dict[str, Any]:
     from rich.progress import Progress
 
     from bench.pipeline.__main__ import scratch_databases
@@ -54,38 +83,54 @@ def run(corpus: Path | None, n: int, rounds: int, out: Any = print) -> dict[str,
     from resources.publisher import Publisher
 
     docs = documents(corpus, n)
-    samples: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
+    sides = HTTP_SIDES if http else SIDES
+    samples: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     with server_url() as admin_url, scratch_databases(admin_url) as (kb_url, _), \
-            Database(kb_url, max_size=2) as db, tempfile.TemporaryDirectory() as blobs:
-        publisher = Publisher(db, BlobStore(blobs))
+            Database(kb_url, max_size=2) as db, tempfile.TemporaryDirectory() as blobs, ExitStack() as stack:
+        if http:
+            import httpx
+
+            from bench.http_server import serve
+            from pipelines.api import create_app
+
+            tenants = [_tenant(r, side) for r in range(rounds) for side in sides]
+            app = create_app(kb_url, tokens={f"tok-{t}": t for t in tenants}, tokens_file="", blob_url=blobs,
+                             artifacts_dir=str(Path(blobs) / "artifacts"))
+            stack.callback(app.state.close)
+            url = stack.enter_context(contextmanager(serve)(app))
+            client = stack.enter_context(httpx.Client(base_url=url, timeout=300))
+            publish = partial(_post, client)
+        else:
+            publish = partial(_publish, Publisher(db, BlobStore(blobs)))
         with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
-            job = bar.add_task("publishing", total=rounds * len(SIDES))
+            job = bar.add_task("publishing", total=rounds * len(sides))
             for r in range(rounds):
-                for side in SIDES if r % 2 == 0 else SIDES[::-1]:
-                    tenant = f"r{r}-{'many' if side == 'publish_many' else 'each'}"
+                for side in sides if r % 2 == 0 else sides[::-1]:
+                    tenant = _tenant(r, side)
                     started = time.perf_counter()
-                    _publish(publisher, side, tenant, docs)
+                    publish(side, tenant, docs)
                     seconds = time.perf_counter() - started
                     row = db.fetch_one("bench_publish_burst", {"tenant_id": tenant})
                     samples[side].append({"seconds": seconds, "versions": row["versions"],
                                           "transactions": row["transactions"]})
                     out(f"round {r + 1}/{rounds} {side:<13} {seconds:6.2f} s  {row['transactions']} transaction(s)")
                     bar.advance(job)
-    report: dict[str, Any] = {"docs": len(docs), "rounds": rounds, "samples": samples}
-    report["median_seconds"] = {side: statistics.median(s["seconds"] for s in samples[side]) for side in SIDES}
-    report["ratio"] = report["median_seconds"]["publish each"] / report["median_seconds"]["publish_many"]
+    report: dict[str, Any] = {"docs": len(docs), "rounds": rounds, "samples": samples, "sides": list(sides)}
+    report["median_seconds"] = {side: statistics.median(s["seconds"] for s in samples[side]) for side in sides}
+    report["ratio"] = report["median_seconds"][sides[1]] / report["median_seconds"][sides[0]]
     return report
 
 
 def render(report: dict[str, Any]) -> str:
+    sides = report.get("sides", SIDES)
     lines = [f"{report['docs']} one-paragraph documents, {report['rounds']} interleaved round(s)"]
-    for side in SIDES:
+    for side in sides:
         s = report["samples"][side]
         secs = [x["seconds"] for x in s]
         lines.append(f"{side:<13} median {statistics.median(secs):.2f} s ({min(secs):.2f}-{max(secs):.2f}), "
                      f"{statistics.median(x['transactions'] for x in s):.0f} writing transaction(s), "
                      f"{s[0]['versions']} versions")
-    lines.append(f"publish each / publish_many  {report['ratio']:.2f}x")
+    lines.append(f"{sides[1]} / {sides[0]}  {report['ratio']:.2f}x")
     return "\n".join(lines)
 
 
@@ -94,10 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=None, help="../shared/corpus (without it: generated text)")
     parser.add_argument("--docs", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--http", action="store_true", help="through the API: POST /documents vs one POST each")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     exit_on_sigterm()
-    report = run(args.corpus, args.docs, args.rounds, out=lambda line: print(line, flush=True))
+    report = run(args.corpus, args.docs, args.rounds, out=lambda line: print(line, flush=True), http=args.http)
     print(render(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

@@ -89,7 +89,7 @@ from pipelines.api.limits import Admission
 from pipelines.api.metrics import ScrapeCache, build_registry
 from pipelines.api.sse import EventHub, TaskStream
 from pipelines.api.security import DOCS_CSP, SecurityHeaders, docs_enabled, page_csp
-from pipelines.api.uploads import read_upload
+from pipelines.api.uploads import read_upload, read_uploads
 from pipelines.api.views import (
     PAGE_SCAN_BUDGET,
     RATE_WINDOW_SECONDS,
@@ -109,7 +109,7 @@ from resources.artifact_store import ArtifactStore
 from resources.blob_store import BlobStore
 from resources.eraser import Eraser
 from resources.database import Database
-from resources.publisher import Publisher
+from resources.publisher import BATCH_BYTES, BATCH_DOCUMENTS, PublishRequest, Publisher, PublishResult
 from resources.task_queue import TaskQueue
 
 log = logging.getLogger("kbindex.api")
@@ -186,6 +186,15 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
+
+
+def _batch_result(document_id: str, outcome: "PublishResult | KbindexError") -> dict[str, Any]:
+    """One document's entry in a batch publish's answer: what its single publish would have answered."""
+    if isinstance(outcome, KbindexError):
+        return {"document_id": document_id, "status": status_for(outcome), **error_body(outcome.code, outcome.message)}
+    return {"document_id": outcome.document_id, "status": 202 if outcome.created or outcome.requeued else 200,
+            "task_id": outcome.task_id, "version_number": outcome.version, "task_status": outcome.status,
+            "location": f"/tasks/{outcome.task_id}"}
 
 
 def _metadata_fields(fields: Mapping[str, list[str]]) -> tuple[dict[str, Any] | None, list[str] | None]:
@@ -279,6 +288,8 @@ def create_app(
     max_searches_per_tenant: int = 8,
     upload_idle_timeout: float = 30.0,
     upload_total_timeout: float = 300.0,
+    max_batch_files: int = BATCH_DOCUMENTS,
+    max_batch_bytes: int | None = None,
 ) -> FastAPI:
     """The API on ``db`` or ``db_url`` (default: KBINDEX_DATABASE_URL or the embedded server)."""
     from resources.chunk_copy import FastPublish, fast_publish_for
@@ -290,6 +301,8 @@ def create_app(
         db = Database(db_url or resolve_database_url(settings), min_size=1, max_size=10, role="api")
     if max_upload_bytes is None:
         max_upload_bytes = int(os.environ.get("KBINDEX_API_MAX_UPLOAD_BYTES") or DEFAULT_MAX_UPLOAD_BYTES)
+    if max_batch_bytes is None:
+        max_batch_bytes = int(os.environ.get("KBINDEX_API_MAX_BATCH_BYTES") or BATCH_BYTES)
     if metrics_token is None:
         metrics_token = os.environ.get("KBINDEX_METRICS_TOKEN") or None
     auth = TokenAuth.from_sources(db, tokens, tokens_file)
@@ -520,6 +533,84 @@ def create_app(
             status_code=202 if result.created or result.requeued else 200,  # a re-queue is new work
             headers={"Location": f"/tasks/{result.task_id}"},
         )
+
+    @app.post(
+        "/documents",
+        tags=["documents"],
+        summary="Publish many documents at once, in one transaction",
+        description=(
+            f"Upload each document as a multipart part `file`, its filename the document id (at most {max_batch_files} "
+            "files; each within the single upload's size limit, the whole body within the batch limit: 413 "
+            "DOCUMENT_TOO_LARGE beyond). Optional `metadata` and `allow` parts, as for a single publish, apply to "
+            "every document of the batch, as `kbindex publish DIR --meta --allow` does. All new versions and their "
+            "tasks commit together, so they are indexed in a few big runs rather than one run per request. Each "
+            "document gets its own result, in the order sent: `status` is what the single publish would have "
+            "answered (**202** a new version or a re-queued task, **200** the same bytes, metadata and allow list "
+            "as the latest version: its existing task), or that of its refusal, with `error` (an invalid id or "
+            "metadata, over the tenant's quota): a refused document changes nothing and the others publish. The "
+            "answer is **202** if any document made new work, else **200**. Whole-tenant tokens only."
+        ),
+        responses={
+            200: {"description": "Nothing new: every document's result (existing tasks, refusals)"},
+            202: {"description": "At least one new version or re-queued task; every document's result"},
+            400: _err("Malformed form, too many files, or bad shared metadata or allow list"),
+            413: _err("A file over the upload limit, or the body over the batch limit (DOCUMENT_TOO_LARGE)"),
+            **WRITE_ERRORS,
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "multipart/form-data": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {
+                                "file": {"type": "array", "items": {"type": "string", "format": "binary"},
+                                         "description": "The documents; each part's filename is its document id"},
+                                "metadata": {"type": "string", "description": "A JSON object of metadata, for all"},
+                                "allow": {"type": "array", "items": {"type": "string"},
+                                          "description": "Principals that may read every version"},
+                            },
+                            "required": ["file"],
+                        }
+                    }
+                },
+            }
+        },
+    )
+    async def publish_documents(request: Request, tenant_id: Writer) -> JSONResponse:
+        with uploads.slot(tenant_id):  # one slot, like a single upload: the batch is one body
+            files, fields = await read_uploads(
+                request.headers.get("content-type"),
+                request.headers.get("content-length"),
+                request.stream(),
+                text_fields=("metadata", "allow"),
+                max_bytes=max_upload_bytes,
+                max_files=max_batch_files,
+                max_total_bytes=max_batch_bytes,
+                idle_timeout=upload_idle_timeout,
+                total_timeout=upload_total_timeout,
+            )
+            metadata, allow = _metadata_fields(fields)
+            requests: list[PublishRequest] = []
+            refused: dict[int, KbindexError] = {}
+            for i, upload in enumerate(files):
+                try:
+                    if not upload.named:
+                        raise InvalidRequest("each 'file' part needs a filename: it is the document id")
+                    document_id = validate_document_id(upload.filename)
+                except KbindexError as exc:
+                    refused[i] = exc
+                    document_id = upload.filename
+                media_type = upload.content_type if upload.content_type not in (None, "application/octet-stream") else None
+                requests.append(PublishRequest(document_id, upload.data, upload.filename, media_type, metadata, allow))
+            del files
+            valid = [r for i, r in enumerate(requests) if i not in refused]
+            outcomes = iter(await run_in_threadpool(publisher.publish_many, tenant_id, valid) if valid else [])
+            results = [_batch_result(r.document_id, refused[i] if i in refused else next(outcomes))
+                       for i, r in enumerate(requests)]
+        new_work = any(r["status"] == 202 for r in results)
+        return JSONResponse({"results": results}, status_code=202 if new_work else 200)
 
     def page_keys(
         read: Reading, task_status: TaskStatus | None, error_code: str | None, cursor: str | None, limit: int

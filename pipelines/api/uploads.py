@@ -8,7 +8,9 @@ disk), refused with 413 ``DOCUMENT_TOO_LARGE`` as soon as it passes the limit an
 many tiny parts costs CPU), the file part going to a second spool; more than ``max_parts`` parts is
 400. The caller gets the file part's bytes once: memory per upload is about one copy of the file.
 Small text parts named in ``text_fields`` (a publish's ``metadata`` and ``allow``) come back as strings,
-each at most ``MAX_FIELD_BYTES`` (INVALID_METADATA beyond); other parts are ignored.
+each at most ``MAX_FIELD_BYTES`` (INVALID_METADATA beyond); other parts are ignored. ``read_uploads`` reads a
+batch the same way: up to ``max_files`` file parts, each at most ``max_bytes``, the body at most
+``max_total_bytes``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class Upload:
     data: bytes
     fields: dict[str, list[str]] = field(default_factory=dict)
     """The ``text_fields`` parts present, by name, in the order sent (a name may repeat)."""
+    named: bool = True
+    """The part had a filename (``filename`` is "upload" otherwise)."""
 
 
 def _too_large(max_bytes: int) -> DocumentTooLarge:
@@ -64,21 +68,53 @@ async def read_upload(
     total_timeout: float = TOTAL_TIMEOUT,
 ) -> Upload:
     """The one file part named ``field`` of a multipart/form-data body, checked while it streams in."""
+    files, fields = await _read(content_type, content_length, stream, field=field, text_fields=text_fields,
+                                max_bytes=max_bytes, max_files=1, max_total_bytes=max_bytes, max_parts=max_parts,
+                                idle_timeout=idle_timeout, total_timeout=total_timeout)
+    files[0].fields = fields
+    return files[0]
+
+
+async def read_uploads(
+    content_type: str | None,
+    content_length: str | None,
+    stream: AsyncIterator[bytes],
+    *,
+    field: str = "file",
+    text_fields: tuple[str, ...] = (),
+    max_bytes: int,
+    max_files: int,
+    max_total_bytes: int,
+    idle_timeout: float = IDLE_TIMEOUT,
+    total_timeout: float = TOTAL_TIMEOUT,
+) -> tuple[list[Upload], dict[str, list[str]]]:
+    """Every file part named ``field`` of a batch (at most ``max_files``, each at most ``max_bytes``, the body at
+    most ``max_total_bytes``: 413 beyond), in the order sent, and the ``text_fields`` parts shared by them all."""
+    return await _read(content_type, content_length, stream, field=field, text_fields=text_fields,
+                       max_bytes=max_bytes, max_files=max_files, max_total_bytes=max_total_bytes,
+                       max_parts=max_files + MAX_PARTS, idle_timeout=idle_timeout, total_timeout=total_timeout)
+
+
+async def _read(content_type: str | None, content_length: str | None, stream: AsyncIterator[bytes], *, field: str,
+                text_fields: tuple[str, ...], max_bytes: int, max_files: int, max_total_bytes: int, max_parts: int,
+                idle_timeout: float, total_timeout: float) -> tuple[list[Upload], dict[str, list[str]]]:
     ctype, params = parse_options_header(content_type or "")
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise InvalidRequest(f"send the document as multipart/form-data with a '{field}' part")
-    max_body = max_bytes + ENVELOPE_BYTES
+    max_body = max_total_bytes + ENVELOPE_BYTES
     if content_length is not None:
         try:
             declared = int(content_length)
         except ValueError as exc:
             raise InvalidRequest("Content-Length is not a number") from exc
         if declared > max_body:
-            raise _too_large(max_bytes)
-    body = await _spool_body(stream, max_body, max_bytes, idle_timeout, total_timeout, b"--" + params[b"boundary"], max_parts)
+            raise _too_large(max_total_bytes)
+    body = await _spool_body(stream, max_body, max_total_bytes, idle_timeout, total_timeout,
+                             b"--" + params[b"boundary"], max_parts)
     try:
         return await to_thread.run_sync(
-            _parse, body, params[b"boundary"], field, max_bytes, max_parts, text_fields, limiter=_PARSE_LIMITER
+            _parse, body, params[b"boundary"], field, max_bytes, max_parts, text_fields, max_files, max_total_bytes,
+            limiter=_PARSE_LIMITER,
         )
     finally:
         body.close()
@@ -132,15 +168,18 @@ async def _spool_body(
 
 
 def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_parts: int,
-           text_fields: tuple[str, ...] = ()) -> Upload:
-    """Parse the spooled body (in a worker thread); the ``field`` part's data go to a second spool."""
+           text_fields: tuple[str, ...] = (), max_files: int = 1,
+           max_total_bytes: int | None = None) -> tuple[list[Upload], dict[str, list[str]]]:
+    """Parse the spooled body (in a worker thread); each ``field`` part's data go through one spool in turn.
+    With ``max_files`` 1 a second file part is ignored; with more, one past ``max_files`` is refused, and so
+    are files whose bytes add up to more than ``max_total_bytes``."""
     state: dict[str, object] = {"headers": {}, "field": b"", "value": b"", "parts": 0}
     found: list[Upload] = []
     texts: dict[str, list[str]] = {}
     text = bytearray()
     current: dict[str, object] = {}
     data = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115 - closed below
-    size = [0]
+    size = [0, 0]  # this file's bytes, all files' bytes
 
     def on_part_begin() -> None:
         state["parts"] = int(state["parts"]) + 1  # type: ignore[call-overload]
@@ -170,6 +209,12 @@ def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_par
         current["filename"] = disp.get(b"filename", b"").decode("utf-8", "replace") if b"filename" in disp else None
         part_type = headers.get(b"content-type")
         current["content_type"] = part_type.decode("latin-1") if part_type else None
+        current["take"] = current["name"] == field and len(found) < max_files
+        if current["name"] == field and not current["take"] and max_files > 1:
+            raise InvalidRequest(f"the form has more than {max_files} '{field}' parts")
+        size[0] = 0
+        data.seek(0)
+        data.truncate()
 
     def on_part_data(chunk: bytes, start: int, end: int) -> None:
         if current.get("name") in text_fields and current.get("name") != field:
@@ -177,11 +222,14 @@ def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_par
             if len(text) > MAX_FIELD_BYTES:
                 raise InvalidMetadata(f"the form field '{current.get('name')}' is larger than {MAX_FIELD_BYTES} bytes")
             return
-        if current.get("name") != field or found:
+        if not current.get("take"):
             return
         size[0] += end - start
+        size[1] += end - start
         if size[0] > max_bytes:
             raise _too_large(max_bytes)
+        if max_total_bytes is not None and size[1] > max_total_bytes:
+            raise _too_large(max_total_bytes)
         data.write(chunk[start:end])
 
     def on_part_end() -> None:
@@ -193,13 +241,14 @@ def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_par
                 raise InvalidMetadata(f"the form field '{name}' is not UTF-8 text") from exc
             text.clear()
             return
-        if current.get("name") == field and not found:
+        if current.get("take"):
             data.seek(0)
             found.append(
                 Upload(
                     filename=str(current.get("filename") or "upload"),
                     content_type=current.get("content_type"),  # type: ignore[arg-type]
                     data=data.read(),
+                    named=bool(current.get("filename")),
                 )
             )
 
@@ -226,5 +275,4 @@ def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_par
             raise InvalidRequest("the multipart body is malformed") from exc
     if not found:
         raise InvalidRequest(f"the form has no '{field}' file part")
-    found[0].fields = texts
-    return found[0]
+    return found, texts

@@ -7,9 +7,6 @@ needs a real socket (SSE streaming, dropped connections, the browser).
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +15,7 @@ import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
+from bench.http_server import serve
 from pipelines.domain.chunking import Chunk, VersionIdentity, chunk_id, content_digest
 from resources.embedder import DEFAULT_MODEL_NAME
 
@@ -80,31 +78,6 @@ def queue(db):
     from resources.task_queue import TaskQueue
 
     return TaskQueue(db)
-
-
-def serve(app: FastAPI) -> Iterator[str]:
-    """Run ``app`` under uvicorn in a thread on 127.0.0.1 (port chosen by the kernel); yields its base URL."""
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 @pytest.fixture

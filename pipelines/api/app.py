@@ -188,6 +188,17 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _multipart_body(file_schema: dict[str, Any], metadata_for: str, allow_for: str) -> dict[str, Any]:
+    """The OpenAPI request body of a publish form: the file part(s), optional metadata and allow parts."""
+    properties = {
+        "file": file_schema,
+        "metadata": {"type": "string", "description": f"A JSON object of metadata{metadata_for}"},
+        "allow": {"type": "array", "items": {"type": "string"}, "description": f"Principals that may read {allow_for}"},
+    }
+    schema = {"type": "object", "properties": properties, "required": ["file"]}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
+
+
 def _batch_result(document_id: str, outcome: "PublishResult | KbindexError") -> dict[str, Any]:
     """One document's entry in a batch publish's answer: what its single publish would have answered."""
     if isinstance(outcome, KbindexError):
@@ -488,25 +499,7 @@ def create_app(
             413: _err("Upload over the size limit (DOCUMENT_TOO_LARGE)"),
             **WRITE_ERRORS,
         },
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "multipart/form-data": {
-                        "schema": {
-                            "type": "object",
-                            "properties": {
-                                "file": {"type": "string", "format": "binary"},
-                                "metadata": {"type": "string", "description": "A JSON object of metadata"},
-                                "allow": {"type": "array", "items": {"type": "string"},
-                                          "description": "Principals that may read the version"},
-                            },
-                            "required": ["file"],
-                        }
-                    }
-                },
-            }
-        },
+        openapi_extra=_multipart_body({"type": "string", "format": "binary"}, "", "the version"),
     )
     async def publish_version(document_id: DocumentId, request: Request, tenant_id: Writer) -> JSONResponse:
         document_id = validate_document_id(document_id)
@@ -557,26 +550,9 @@ def create_app(
             413: _err("A file over the upload limit, or the body over the batch limit (DOCUMENT_TOO_LARGE)"),
             **WRITE_ERRORS,
         },
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "multipart/form-data": {
-                        "schema": {
-                            "type": "object",
-                            "properties": {
-                                "file": {"type": "array", "items": {"type": "string", "format": "binary"},
-                                         "description": "The documents; each part's filename is its document id"},
-                                "metadata": {"type": "string", "description": "A JSON object of metadata, for all"},
-                                "allow": {"type": "array", "items": {"type": "string"},
-                                          "description": "Principals that may read every version"},
-                            },
-                            "required": ["file"],
-                        }
-                    }
-                },
-            }
-        },
+        openapi_extra=_multipart_body({"type": "array", "items": {"type": "string", "format": "binary"},
+                                       "description": "The documents; each part's filename is its document id"},
+                                      ", for all", "every version"),
     )
     async def publish_documents(request: Request, tenant_id: Writer) -> JSONResponse:
         with uploads.slot(tenant_id):  # one slot, like a single upload: the batch is one body

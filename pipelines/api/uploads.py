@@ -68,9 +68,9 @@ async def read_upload(
     total_timeout: float = TOTAL_TIMEOUT,
 ) -> Upload:
     """The one file part named ``field`` of a multipart/form-data body, checked while it streams in."""
-    files, fields = await _read(content_type, content_length, stream, field=field, text_fields=text_fields,
-                                max_bytes=max_bytes, max_files=1, max_total_bytes=max_bytes, max_parts=max_parts,
-                                idle_timeout=idle_timeout, total_timeout=total_timeout)
+    files, fields = await read_uploads(content_type, content_length, stream, field=field, text_fields=text_fields,
+                                       max_bytes=max_bytes, max_files=1, max_total_bytes=max_bytes,
+                                       max_parts=max_parts, idle_timeout=idle_timeout, total_timeout=total_timeout)
     files[0].fields = fields
     return files[0]
 
@@ -85,19 +85,15 @@ async def read_uploads(
     max_bytes: int,
     max_files: int,
     max_total_bytes: int,
+    max_parts: int | None = None,
     idle_timeout: float = IDLE_TIMEOUT,
     total_timeout: float = TOTAL_TIMEOUT,
 ) -> tuple[list[Upload], dict[str, list[str]]]:
     """Every file part named ``field`` of a batch (at most ``max_files``, each at most ``max_bytes``, the body at
-    most ``max_total_bytes``: 413 beyond), in the order sent, and the ``text_fields`` parts shared by them all."""
-    return await _read(content_type, content_length, stream, field=field, text_fields=text_fields,
-                       max_bytes=max_bytes, max_files=max_files, max_total_bytes=max_total_bytes,
-                       max_parts=max_files + MAX_PARTS, idle_timeout=idle_timeout, total_timeout=total_timeout)
-
-
-async def _read(content_type: str | None, content_length: str | None, stream: AsyncIterator[bytes], *, field: str,
-                text_fields: tuple[str, ...], max_bytes: int, max_files: int, max_total_bytes: int, max_parts: int,
-                idle_timeout: float, total_timeout: float) -> tuple[list[Upload], dict[str, list[str]]]:
+    most ``max_total_bytes``: 413 beyond; parts at most ``max_parts``, by default the files and MAX_PARTS more), in
+    the order sent, and the ``text_fields`` parts shared by them all."""
+    if max_parts is None:
+        max_parts = max_files + MAX_PARTS
     ctype, params = parse_options_header(content_type or "")
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise InvalidRequest(f"send the document as multipart/form-data with a '{field}' part")

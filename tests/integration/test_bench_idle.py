@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_an_idle_deployment_sends_no_task_events_and_the_old_trigger_did():
     lines: list[str] = []
-    report = run(seconds=6.0, rounds=1, settle=3.0, out=lines.append, census_seconds=4.0)  # a window > a 5-s loop
+    # Windows longer than the daemon's 5-s loop: idle, kbindex hears from the claiming sensors only at a loop's start.
+    report = run(seconds=6.0, rounds=1, settle=3.0, out=lines.append, census_seconds=6.0)
     shown = "\n".join(lines) + "\n" + render(report)
     by_side = {w["side"]: w for w in report["windows"]}
     assert by_side["current"]["notifications"] == 0, shown

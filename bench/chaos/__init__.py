@@ -1026,10 +1026,11 @@ class Chaos:
 
     def _restarts_with_sensor_back(self) -> list[dict[str, Any]]:
         """Each PostgreSQL restart with ``sensor_ticking_again_seconds``: from the server accepting connections
-        to the start of the claiming sensor's first tick after it that did not fail (issue #32: <= 30 s), from
-        Dagster's tick records (each tick's body carries its start time and sensor name). None: none came."""
+        to the start of the first tick after it, of any claiming sensor (``claim_index_tasks``, ``_2``, ...), that
+        did not fail (issue #32: <= 30 s), from Dagster's tick records (each tick's body carries its start time
+        and sensor name). None: none came."""
         rows = _sql(self.dg_url, "SELECT status, tick_body FROM job_ticks WHERE tick_body LIKE %s",
-                    ['%"claim_index_tasks"%'])
+                    ['%"claim_index_tasks%'])
         ticks = sorted((json.loads(body)["timestamp"], status) for status, body in rows)
         out = []
         for restart in self.c.pg_restarts:

@@ -102,6 +102,7 @@ from pipelines.api.views import (
     task_json,
 )
 from pipelines.domain.errors import EmbeddingRateLimited, InvalidMetadata, InvalidRequest, KbindexError, TaskNotFound
+from pipelines.domain.manifest import read_manifest
 from pipelines.domain.metadata import ReadScope
 from pipelines.domain.identifiers import validate_document_id
 from pipelines.domain.task_states import TERMINAL, TaskStatus
@@ -115,6 +116,8 @@ from resources.task_queue import TaskQueue
 log = logging.getLogger("kbindex.api")
 
 DEFAULT_MAX_UPLOAD_BYTES = 50 * 1024 * 1024
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+"""A batch's manifest part: about 4 KiB a document at the default 1,000 (a version's metadata is at most 8 KiB)."""
 DEFAULT_METRICS_CACHE_SECONDS = 15.0
 HTTP_CODES = {400: "INVALID_REQUEST", 401: "UNAUTHORIZED", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED",
               413: "DOCUMENT_TOO_LARGE", 415: "INVALID_REQUEST"}
@@ -188,12 +191,14 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _multipart_body(file_schema: dict[str, Any], metadata_for: str, allow_for: str) -> dict[str, Any]:
-    """The OpenAPI request body of a publish form: the file part(s), optional metadata and allow parts."""
+def _multipart_body(file_schema: dict[str, Any], metadata_for: str, allow_for: str,
+                    **more_parts: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI request body of a publish form: the file part(s), optional metadata, allow and ``more_parts``."""
     properties = {
         "file": file_schema,
         "metadata": {"type": "string", "description": f"A JSON object of metadata{metadata_for}"},
         "allow": {"type": "array", "items": {"type": "string"}, "description": f"Principals that may read {allow_for}"},
+        **more_parts,
     }
     schema = {"type": "object", "properties": properties, "required": ["file"]}
     return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
@@ -535,10 +540,13 @@ def create_app(
             f"Upload each document as a multipart part `file`, its filename the document id (at most {max_batch_files} "
             "files; each within the single upload's size limit, the whole body within the batch limit: 413 "
             "DOCUMENT_TOO_LARGE beyond). Optional `metadata` and `allow` parts, as for a single publish, apply to "
-            "every document of the batch, as `kbindex publish DIR --meta --allow` does. All new versions and their "
-            "tasks commit together, so they are indexed in a few big runs rather than one run per request. Each "
-            "document gets its own result, in the order sent: `status` is what the single publish would have "
-            "answered (**202** a new version or a re-queued task, **200** the same bytes, metadata and allow list "
+            "every document of the batch, as `kbindex publish DIR --meta --allow` does. An optional `manifest` part "
+            "gives documents their own: a JSON object keyed by filename, each entry `{\"metadata\": {...} or null, "
+            "\"allow\": [...] or null}`; a key the entry sets replaces the shared value for that document (a "
+            "malformed entry refuses its document only; a manifest naming a file not sent refuses the batch). All "
+            "new versions and their tasks commit together, so they are indexed in a few big runs rather than one "
+            "run per request. Each document gets its own result, in the order sent: `status` is what the single "
+            "publish would have answered (**202** a new version or a re-queued task, **200** the same bytes, metadata and allow list "
             "as the latest version: its existing task), or that of its refusal, with `error` (an invalid id or "
             "metadata, over the tenant's quota): a refused document changes nothing and the others publish. The "
             "answer is **202** if any document made new work, else **200**. Whole-tenant tokens only."
@@ -546,13 +554,17 @@ def create_app(
         responses={
             200: {"description": "Nothing new: every document's result (existing tasks, refusals)"},
             202: {"description": "At least one new version or re-queued task; every document's result"},
-            400: _err("Malformed form, too many files, or bad shared metadata or allow list"),
+            400: _err("Malformed form, too many files, bad shared metadata or allow list, or a manifest that "
+                      "cannot be read or names a file not sent"),
             413: _err("A file over the upload limit, or the body over the batch limit (DOCUMENT_TOO_LARGE)"),
             **WRITE_ERRORS,
         },
         openapi_extra=_multipart_body({"type": "array", "items": {"type": "string", "format": "binary"},
                                        "description": "The documents; each part's filename is its document id"},
-                                      ", for all", "every version"),
+                                      ", for all", "every version",
+                                      manifest={"type": "string", "description": (
+                                          "A JSON object keyed by filename: each document's own metadata and/or "
+                                          "allow list, replacing the shared ones")}),
     )
     async def publish_documents(request: Request, tenant_id: Writer) -> JSONResponse:
         with uploads.slot(tenant_id):  # one slot, like a single upload: the batch is one body
@@ -560,7 +572,8 @@ def create_app(
                 request.headers.get("content-type"),
                 request.headers.get("content-length"),
                 request.stream(),
-                text_fields=("metadata", "allow"),
+                text_fields=("metadata", "allow", "manifest"),
+                text_limits={"manifest": MAX_MANIFEST_BYTES},
                 max_bytes=max_upload_bytes,
                 max_files=max_batch_files,
                 max_total_bytes=max_batch_bytes,
@@ -568,18 +581,29 @@ def create_app(
                 total_timeout=upload_total_timeout,
             )
             metadata, allow = _metadata_fields(fields)
+            manifest_parts = fields.get("manifest") or []
+            if len(manifest_parts) > 1:
+                raise InvalidMetadata("send the manifest as one JSON object, in one 'manifest' part")
+            manifest = read_manifest(manifest_parts[0] if manifest_parts else None,
+                                     {f.filename for f in files if f.named},
+                                     keyed_by="each file part's filename, as sent")
             requests: list[PublishRequest] = []
             refused: dict[int, KbindexError] = {}
             for i, upload in enumerate(files):
+                own = manifest.get(upload.filename) if upload.named else None
                 try:
                     if not upload.named:
                         raise InvalidRequest("each 'file' part needs a filename: it is the document id")
                     document_id = validate_document_id(upload.filename)
+                    if own is not None and own.error is not None:
+                        raise own.error
                 except KbindexError as exc:
                     refused[i] = exc
                     document_id = upload.filename
                 media_type = upload.content_type if upload.content_type not in (None, "application/octet-stream") else None
-                requests.append(PublishRequest(document_id, upload.data, upload.filename, media_type, metadata, allow))
+                file_metadata, file_allow = own.apply(metadata, allow) if own is not None else (metadata, allow)
+                requests.append(PublishRequest(document_id, upload.data, upload.filename, media_type,
+                                               file_metadata, file_allow))
             del files
             valid = [r for i, r in enumerate(requests) if i not in refused]
             outcomes = iter(await run_in_threadpool(publisher.publish_many, tenant_id, valid) if valid else [])

@@ -8,8 +8,8 @@ disk), refused with 413 ``DOCUMENT_TOO_LARGE`` as soon as it passes the limit an
 many tiny parts costs CPU), the file part going to a second spool; more than ``max_parts`` parts is
 400. The caller gets the file part's bytes once: memory per upload is about one copy of the file.
 Small text parts named in ``text_fields`` (a publish's ``metadata`` and ``allow``) come back as strings,
-each at most ``MAX_FIELD_BYTES`` (INVALID_METADATA beyond); other parts are ignored. ``read_uploads`` reads a
-batch the same way: up to ``max_files`` file parts, each at most ``max_bytes``, the body at most
+each at most ``MAX_FIELD_BYTES`` or its own limit in ``text_limits`` (INVALID_METADATA beyond); other parts
+are ignored. ``read_uploads`` reads a batch the same way: up to ``max_files`` file parts, each at most ``max_bytes``, the body at most
 ``max_total_bytes``.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -86,18 +86,21 @@ async def read_uploads(
     max_files: int,
     max_total_bytes: int,
     max_parts: int | None = None,
+    text_limits: Mapping[str, int] | None = None,
     idle_timeout: float = IDLE_TIMEOUT,
     total_timeout: float = TOTAL_TIMEOUT,
 ) -> tuple[list[Upload], dict[str, list[str]]]:
     """Every file part named ``field`` of a batch (at most ``max_files``, each at most ``max_bytes``, the body at
     most ``max_total_bytes``: 413 beyond; parts at most ``max_parts``, by default the files and MAX_PARTS more), in
-    the order sent, and the ``text_fields`` parts shared by them all."""
+    the order sent, and the ``text_fields`` parts shared by them all (a part named in ``text_limits`` may be that
+    long, and the body that much longer; MAX_FIELD_BYTES otherwise)."""
     if max_parts is None:
         max_parts = max_files + MAX_PARTS
     ctype, params = parse_options_header(content_type or "")
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise InvalidRequest(f"send the document as multipart/form-data with a '{field}' part")
-    max_body = max_total_bytes + ENVELOPE_BYTES
+    text_limits = dict(text_limits or {})
+    max_body = max_total_bytes + ENVELOPE_BYTES + sum(text_limits.values())
     if content_length is not None:
         try:
             declared = int(content_length)
@@ -110,7 +113,7 @@ async def read_uploads(
     try:
         return await to_thread.run_sync(
             _parse, body, params[b"boundary"], field, max_bytes, max_parts, text_fields, max_files, max_total_bytes,
-            limiter=_PARSE_LIMITER,
+            text_limits, limiter=_PARSE_LIMITER,
         )
     finally:
         body.close()
@@ -165,7 +168,8 @@ async def _spool_body(
 
 def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_parts: int,
            text_fields: tuple[str, ...] = (), max_files: int = 1,
-           max_total_bytes: int | None = None) -> tuple[list[Upload], dict[str, list[str]]]:
+           max_total_bytes: int | None = None,
+           text_limits: Mapping[str, int] | None = None) -> tuple[list[Upload], dict[str, list[str]]]:
     """Parse the spooled body (in a worker thread); each ``field`` part's data go through one spool in turn.
     With ``max_files`` 1 a second file part is ignored; with more, one past ``max_files`` is refused, and so
     are files whose bytes add up to more than ``max_total_bytes``."""
@@ -215,8 +219,9 @@ def _parse(body: IO[bytes], boundary: bytes, field: str, max_bytes: int, max_par
     def on_part_data(chunk: bytes, start: int, end: int) -> None:
         if current.get("name") in text_fields and current.get("name") != field:
             text.extend(chunk[start:end])
-            if len(text) > MAX_FIELD_BYTES:
-                raise InvalidMetadata(f"the form field '{current.get('name')}' is larger than {MAX_FIELD_BYTES} bytes")
+            limit = (text_limits or {}).get(str(current.get("name")), MAX_FIELD_BYTES)
+            if len(text) > limit:
+                raise InvalidMetadata(f"the form field '{current.get('name')}' is larger than {limit} bytes")
             return
         if not current.get("take"):
             return

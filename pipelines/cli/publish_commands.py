@@ -1,4 +1,4 @@
-"""`kbindex publish PATH... --tenant T [--document-id ID] [--meta K=V] [--allow PRINCIPAL]`,
+"""`kbindex publish PATH... --tenant T [--document-id ID] [--meta K=V] [--allow PRINCIPAL] [--manifest FILE]`,
 `kbindex delete DOCUMENT_ID --tenant T` and `kbindex erase DOCUMENT_ID --tenant T --yes`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import typer
 from rich.progress import Progress
 
 from pipelines.cli.app import EXIT_ERROR, EXIT_USAGE, app, console, err_console, errors_to_exit, open_database, print_json, JsonOption
-from pipelines.domain.errors import InvalidRequest, KbindexError
+from pipelines.domain.errors import InvalidMetadata, InvalidRequest, KbindexError
 
 if TYPE_CHECKING:
     from resources.publisher import PublishResult
@@ -46,9 +46,14 @@ def publish_command(
     allow: list[str] = typer.Option(
         [], "--allow", help="Principal that may read the version (group:NAME, user:NAME); repeat for several. "
         "Without --allow the whole tenant may read it."),
+    manifest: Path | None = typer.Option(
+        None, "--manifest", help="A JSON file giving documents their own metadata and/or allow list, keyed by "
+        'document id: {"a/b.md": {"metadata": {"title": "B"}, "allow": ["user:alice"]}}. A key an entry sets '
+        "(null: none) replaces --meta/--allow for that document."),
     as_json: bool = JsonOption,
 ) -> None:
     """Publish document versions: store bytes, create each version and its PENDING index task."""
+    from pipelines.domain.manifest import read_manifest
     from pipelines.domain.metadata import canonical_allow, metadata_from_args
     from resources.blob_store import BlobStore
     from resources.chunk_copy import fast_publish_for
@@ -59,6 +64,8 @@ def publish_command(
         pairs = iter_files(paths, document_id)
         metadata = metadata_from_args(meta)
         allowed = canonical_allow(allow) if allow else None
+        overrides = read_manifest(_read_manifest(manifest) if manifest else None, {doc_id for _, doc_id in pairs},
+                                  keyed_by="each document id (a file's path relative to the directory argument)")
     failures = 0
     with open_database(writes=True) as db, errors_to_exit():
         publisher = Publisher(db, BlobStore(Settings.from_env().blob_url), fast=fast_publish_for(db))
@@ -67,12 +74,19 @@ def publish_command(
             # Batches (publish_many): a directory's documents become due together, so the claiming sensor plans
             # them as a few big runs at once instead of a first small run and the rest a daemon loop later.
             for batch in batched(pairs, lambda pair: _size(pair[0])):
-                read = [_read(path) for path, _ in batch]
+                refused: dict[int, KbindexError] = {
+                    i: own.error for i, (_, doc_id) in enumerate(batch)
+                    if (own := overrides.get(doc_id)) is not None and own.error is not None}
+                read = [None if i in refused else _read(path) for i, (path, _) in enumerate(batch)]
                 readable = [i for i, data in enumerate(read) if data is not None]
-                published = publisher.publish_many(tenant, [
-                    PublishRequest(batch[i][1], read[i], batch[i][0].name, metadata=metadata, allow=allowed)
-                    for i in readable])
-                outcomes = dict(zip(readable, published, strict=True))
+                requests = []
+                for i in readable:
+                    own = overrides.get(batch[i][1])
+                    file_metadata, file_allow = own.apply(metadata, allowed) if own else (metadata, allowed)
+                    requests.append(PublishRequest(batch[i][1], read[i], batch[i][0].name, metadata=file_metadata,
+                                                   allow=file_allow))
+                outcomes: dict[int, PublishResult | KbindexError] = {
+                    **refused, **dict(zip(readable, publisher.publish_many(tenant, requests), strict=True))}
                 for i, (path, doc_id) in enumerate(batch):
                     result = outcomes.get(i) or InvalidRequest(f"cannot read {path.name}: it vanished or is not "
                                                                "readable; check the file and publish it again")
@@ -87,6 +101,15 @@ def publish_command(
                 progress.advance(bar, len(batch))
     if failures:
         raise typer.Exit(EXIT_ERROR)
+
+
+def _read_manifest(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidMetadata(f"the manifest {path.name} is not UTF-8 text") from exc
+    except OSError as exc:
+        raise InvalidRequest(f"cannot read the manifest {path.name}: {exc.strerror or exc}; check the path") from exc
 
 
 def _read(path: Path) -> bytes | None:

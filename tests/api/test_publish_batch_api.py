@@ -82,3 +82,57 @@ def test_a_batch_is_the_callers_tenant_only(client):
     post_batch(client, [("t.md", b"acme's")])
     assert client.get("/tasks", headers=GLOBEX).json() == []
     assert post_batch(client, [("t.md", b"x")], headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_a_manifest_gives_each_document_its_own_metadata_and_allow(client):
+    manifest = {"own.md": {"metadata": {"title": "Own"}, "allow": ["user:alice"]},
+                "public.md": {"allow": None}}
+    response = post_batch(client, [("own.md", b"one"), ("public.md", b"two"), ("shared.md", b"three")],
+                          metadata=json.dumps({"dept": "finance"}), allow="group:finance",
+                          manifest=json.dumps(manifest))
+    assert response.status_code == 202, response.text
+    tasks = {r["document_id"]: client.get(r["location"], headers=ACME).json() for r in response.json()["results"]}
+    assert tasks["own.md"]["metadata"] == {"title": "Own"} and tasks["own.md"]["allow"] == ["user:alice"]
+    assert tasks["public.md"]["metadata"] == {"dept": "finance"} and tasks["public.md"]["allow"] is None
+    assert tasks["shared.md"]["metadata"] == {"dept": "finance"} and tasks["shared.md"]["allow"] == ["group:finance"]
+
+
+def test_a_malformed_manifest_entry_refuses_its_document_only(client):
+    manifest = {"bad.md": {"metadata": "not an object"}, "big.md": {"metadata": {"k": "v" * 9000}}}
+    response = post_batch(client, [("bad.md", b"one"), ("big.md", b"two"), ("fine.md", b"three")],
+                          manifest=json.dumps(manifest))
+    assert response.status_code == 202, response.text
+    bad, big, fine = response.json()["results"]
+    assert bad["status"] == 400 and bad["error"]["code"] == "INVALID_METADATA" and "'bad.md'" in bad["error"]["message"]
+    assert big["status"] == 400 and big["error"]["code"] == "INVALID_METADATA", "the publisher's own check, per file"
+    assert fine["status"] == 202
+    assert {t["document_id"] for t in client.get("/tasks", headers=ACME).json()} == {"fine.md"}
+
+
+def test_a_manifest_naming_a_file_not_sent_refuses_the_batch_and_stores_nothing(client):
+    response = post_batch(client, [("a.md", b"one")], manifest=json.dumps({"a.md": {}, "typo.md": {"allow": []}}))
+    assert response.status_code == 400 and response.json()["error"]["code"] == "INVALID_METADATA"
+    assert "'typo.md'" in response.json()["error"]["message"]
+    assert post_batch(client, [("a.md", b"one")], manifest="[]").status_code == 400
+    two_parts = client.post("/documents", files=[("file", ("a.md", b"one")), ("manifest", (None, "{}")),
+                                                 ("manifest", (None, "{}"))], headers=ACME)
+    assert two_parts.status_code == 400 and "one 'manifest' part" in two_parts.json()["error"]["message"]
+    assert client.get("/tasks", headers=ACME).json() == []
+
+
+def test_a_manifest_may_be_longer_than_a_metadata_part_but_has_its_own_limit(client, monkeypatch):
+    from pipelines.api import app as app_module
+
+    files = [(f"doc-{i:03}.md", f"body {i}".encode()) for i in range(200)]
+    manifest = {name: {"metadata": {"title": f"Title of {name}", "owner": "x" * 60}} for name, _ in files}
+    assert len(json.dumps(manifest)) > 16 * 1024, "past a metadata part's 16 KiB limit"
+    response = post_batch(client, files, manifest=json.dumps(manifest))
+    assert response.status_code == 202, response.text
+    assert all(r["status"] == 202 for r in response.json()["results"])
+    first = client.get(response.json()["results"][0]["location"], headers=ACME).json()
+    assert first["metadata"]["title"] == "Title of doc-000.md"
+    monkeypatch.setattr(app_module, "MAX_MANIFEST_BYTES", 4096)  # read at request time
+    too_long = post_batch(client, [("late.md", b"x")],
+                          manifest=json.dumps({"late.md": {"metadata": {"k": "v" * 5000}}}))
+    assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "INVALID_METADATA"
+    assert "larger than 4096 bytes" in too_long.json()["error"]["message"]

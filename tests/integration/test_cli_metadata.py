@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import psycopg
+
 from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder
 from resources.task_queue import TaskQueue
 from tests.integration.test_delete import CountingBlobs, index
@@ -56,3 +58,42 @@ def test_publish_with_metadata_then_filter_and_search_as_principals(cli, db, db_
     assert '"dept": "hr"' in shown.stdout and "group:finance, group:hr" in shown.stdout, shown.stdout
     bad_meta = cli("publish", str(doc), "--tenant", "acme", "--meta", "9lives=x")
     assert bad_meta.exit_code != 0 and "INVALID_METADATA" in bad_meta.output
+
+
+def test_publish_a_directory_with_a_manifest_gives_each_document_its_own_metadata(cli, tmp_path):
+    folder = tmp_path / "docs"
+    (folder / "hr").mkdir(parents=True)
+    (folder / "hr" / "bands.md").write_text("# Bands\n\nGrade 4.\n")
+    (folder / "open.md").write_text("# Open\n\nEveryone.\n")
+    (folder / "plain.md").write_text("# Plain\n\nShared.\n")
+    (folder / "broken.md").write_text("# Broken\n\nBad entry.\n")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({
+        "hr/bands.md": {"metadata": {"dept": "hr", "title": "Salary bands"}, "allow": ["group:hr"]},
+        "open.md": {"allow": None},
+        "broken.md": {"metadata": "not an object"},
+    }))
+    result = cli("publish", str(folder), "--tenant", "acme", "--meta", "dept=all", "--allow", "group:staff",
+                 "--manifest", str(manifest), "--json")
+    assert result.exit_code != 0, "a refused document fails the command"
+    rows = {row["document_id"]: row for row in map(json.loads, result.stdout.splitlines())}
+    assert rows["hr/bands.md"]["metadata"] == {"dept": "hr", "title": "Salary bands"}
+    assert rows["hr/bands.md"]["allow"] == ["group:hr"]
+    assert rows["open.md"]["metadata"] == {"dept": "all"} and rows["open.md"]["allow"] is None
+    assert rows["plain.md"]["metadata"] == {"dept": "all"} and rows["plain.md"]["allow"] == ["group:staff"]
+    assert rows["broken.md"]["error_code"] == "INVALID_METADATA" and "'broken.md'" in rows["broken.md"]["message"]
+    assert "version" not in rows["broken.md"], "a refused document is not published"
+
+
+def test_a_manifest_naming_a_document_not_published_refuses_the_command_before_anything_is_stored(
+        cli, db_url, tmp_path):
+    doc = tmp_path / "one.md"
+    doc.write_text("one")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"one.md": {}, "tow.md": {"allow": []}}))
+    result = cli("publish", str(doc), "--tenant", "acme", "--manifest", str(manifest))
+    assert result.exit_code != 0 and "INVALID_METADATA" in result.output and "'tow.md'" in result.output
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM document_version").fetchone() == (0,)
+    missing = cli("publish", str(doc), "--tenant", "acme", "--manifest", str(tmp_path / "absent.json"))
+    assert missing.exit_code != 0 and "cannot read the manifest absent.json" in missing.output

@@ -145,6 +145,15 @@ class Session:
                 cur.executemany(queries[name], rows)
 
 
+def _retry_while_waited_for(pool: ConnectionPool) -> None:
+    """psycopg_pool's ``reconnect_failed``: it gave up a series of reconnection attempts. It tries again only
+    when the next request arrives, so a request already waiting (a claiming tick's, for up to 30 s) waited out its
+    whole timeout after the server came back (tests/network/test_claim_partition.py: no claim 15 s after a
+    12-s partition healed). While a request waits, start the next series now: ``check`` grows an empty pool."""
+    if pool.get_stats().get("requests_waiting", 0):
+        pool.check()
+
+
 class Database:
     """A connection pool plus named-query helpers. Autocommit unless inside ``transaction()``.
 
@@ -152,8 +161,9 @@ class Database:
     connection (each new one's connect is bounded by ``connect_timeout``); by default 30 s, for ``api``
     KBINDEX_PG_API_POOL_TIMEOUT_S (4 s). Every connection is checked as it leaves the pool, so one that died
     with its server is replaced, not handed out; a lost one is retried for KBINDEX_PG_RECONNECT_S (10 s) at
-    most, after which the next request connects afresh: after PostgreSQL restarts, the pool works again
-    within about that long, however long it was away."""
+    most, after which the next request connects afresh, and a request already waiting starts the next series
+    (``_retry_while_waited_for``): after PostgreSQL restarts or a partition heals, the pool works again within
+    about that long, however long it was away."""
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, timeout: float | None = None,
                  role: str = "tool") -> None:
@@ -173,6 +183,7 @@ class Database:
                 open=True,
                 check=ConnectionPool.check_connection,
                 reconnect_timeout=bounds.reconnect_s or 300.0,
+                reconnect_failed=_retry_while_waited_for,
             )
 
     def close(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import psycopg
@@ -91,3 +92,35 @@ def test_an_abandoned_transaction_is_ended_by_the_server(db_url, monkeypatch):
         time.sleep(0.6)
         with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
             conn.execute("SELECT 1")
+
+
+def test_a_waiting_request_is_served_once_the_server_is_back_after_the_pool_gave_up_reconnecting(db_url, tmp_path,
+                                                                                                  monkeypatch):
+    """psycopg_pool gives up a reconnection series after KBINDEX_PG_RECONNECT_S and retries only on the next
+    request; a request already waiting must not wait out its whole timeout once the server is reachable again
+    (the same over a real partition: tests/network/test_claim_partition.py)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    monkeypatch.setenv("KBINDEX_PG_RECONNECT_S", "1")
+    info = conninfo_to_dict(db_url)
+    real_socket = f"{info['host']}/.s.PGSQL.{info.get('port') or 5432}"
+    away = tmp_path / "sock"  # the server's socket is not here yet: every connection attempt fails at once
+    away.mkdir()
+    db = Database(make_conninfo(db_url, host=str(away)), min_size=1, max_size=2, timeout=20.0, role="run")
+    try:
+        answered: list[float] = []
+        started = time.monotonic()
+        waiting = threading.Thread(target=lambda: (db.fetch_one("lexical_backfill_position"),
+                                                   answered.append(time.monotonic())))
+        waiting.start()
+        time.sleep(3.5)  # past a whole 1-s series: the pool has given up at least once
+        assert waiting.is_alive() and not answered
+        (away / f".s.PGSQL.{info.get('port') or 5432}").symlink_to(real_socket)
+        back = time.monotonic()
+        waiting.join(20)
+        assert answered, "the waiting request never got a connection"
+        assert answered[0] - back < 5.0, (
+            f"served {answered[0] - back:.1f} s after the server was reachable ({answered[0] - started:.1f} s in): "
+            "the pool waited for a new request before it reconnected")
+    finally:
+        db.close()

@@ -12,6 +12,11 @@ It talks to the test over stdout (one line per event) and stdin (one line per go
 ``ticks <url>``
     as the claiming sensor does, every 0.5 s: claim due work (limit 1) through one long-lived pool (role
     ``run``, min 1, max 4) and print ``TICK OK <claimed>`` or ``TICK ERR <code>``, forever.
+``sensors <url>``
+    the claiming sensors' ticks (pipelines/sensors.py ``claim_tick``, on a throwaway Dagster instance: only
+    kbindex's statements cross the link), one after another as Dagster's sensor daemon evaluates them, a loop at
+    most every 5 s; prints ``LOOP <n>`` as a loop starts and ``TICK <sensor> <seconds> <OK runs|SKIP|ERR code>``
+    as each tick ends, forever.
 ``keeper <url> <lease_seconds> <join_seconds>``
     claim one task and keep its lease with a LeaseKeeper (interval 0.5 s); every 0.25 s prints
     ``STATE <failed_beats> <heartbeats> <lost code or ->``; on a line from stdin stops the keeper, waits up to
@@ -100,6 +105,33 @@ def publish(url: str, point: str, lease_seconds: float) -> None:
     db.close()
 
 
+def sensors(url: str) -> None:
+    import dagster as dg
+
+    from pipelines.sensors import CLAIMING_SENSORS, claim_tick
+    from resources.dagster_resources import DatabaseResource
+
+    with dg.instance_for_test() as instance:
+        loop = 0
+        while True:
+            loop += 1
+            started_loop = time.monotonic()
+            say("LOOP", loop)
+            for sensor in CLAIMING_SENSORS:
+                started = time.monotonic()
+                try:
+                    with dg.build_sensor_context(instance=instance,
+                                                 resources={"database": DatabaseResource(url=url)}) as context:
+                        result = claim_tick(context, sensor.name)
+                    outcome = f"OK {len(result.run_requests or [])}" if isinstance(result, dg.SensorResult) else "SKIP"
+                except KbindexError as exc:
+                    outcome = f"ERR {exc.code}"
+                except Exception as exc:  # noqa: BLE001 - the daemon logs a failed tick and goes on; so do we
+                    outcome = f"ERR {type(exc).__name__}"
+                say("TICK", sensor.name, f"{time.monotonic() - started:.2f}", outcome)
+            time.sleep(max(0.0, started_loop + 5.0 - time.monotonic()))  # MIN_INTERVAL_LOOP_TIME
+
+
 def keeper(url: str, lease_seconds: float, rest_join: str) -> None:
     db = Database(url, max_size=2, timeout=5.0, role="run")
     queue = TaskQueue(db, lease_seconds=lease_seconds)
@@ -143,5 +175,7 @@ if __name__ == "__main__":
         publish(url, rest[0], float(rest[1]))
     elif mode == "ticks":
         ticks(url)
+    elif mode == "sensors":
+        sensors(url)
     else:
         keeper(url, float(rest[0]), rest[1])

@@ -172,7 +172,7 @@ ORDER BY h.bm25 DESC, h.chunk_id;
 -- in scope are read once (MATERIALIZED) and hash-joined to the postings before they are summed. The planner
 -- cannot know how many postings the query's terms have (~100 estimated, 10,000s at 100k chunks) and
 -- otherwise probed the pointer index once per posting (measured: 67k probes, most of a 137 ms query;
--- bench.scale.search).
+-- bench.scale.search). A filter's equality conditions reach the metadata index as in search_hits_scoped.
 WITH q AS (
     SELECT * FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[]) AS q (term, idf)
 ),
@@ -181,6 +181,7 @@ pointed AS MATERIALIZED (
     FROM search_pointer p
     WHERE p.tenant_id = %(tenant_id)s AND p.profile = %(profile)s
       AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+      AND (%(metadata_path)s::jsonpath IS NULL OR p.metadata @? %(metadata_path)s::jsonpath)
       AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
 ),
 scored AS (

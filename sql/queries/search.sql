@@ -63,13 +63,15 @@ SELECT set_config('enable_sort', %(enable_sort)s, true) AS enable_sort;
 -- The same answer by exhaustive distance over the tenant's current chunks in scope (no index order: "+ 0"):
 -- used when the graph walk ran out of max_scan_tuples before finding k rows (a small tenant among big ones,
 -- or a selective filter). The pointers in scope are found first, then only their chunks are measured, so
--- a filter that keeps a hundredth of the tenant measures a hundredth of its chunks.
+-- a filter that keeps a hundredth of the tenant measures a hundredth of its chunks (its equality conditions
+-- found through the metadata index, as in search_hits_scoped).
 WITH visible AS MATERIALIZED (
     SELECT p.document_id, p.version_number, p.metadata
     FROM search_pointer p
     WHERE p.tenant_id = %(tenant_id)s
       AND p.profile = %(profile)s
       AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+      AND (%(metadata_path)s::jsonpath IS NULL OR p.metadata @? %(metadata_path)s::jsonpath)
       AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
 )
 SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text, v.metadata,

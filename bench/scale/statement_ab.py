@@ -31,8 +31,8 @@ import sql
 from bench import exit_on_sigterm, server_url
 from bench.scale.search import (LEXICAL_SEED, MEASURED_TENANTS, MODES, QUERY_SEED, SCRATCH, bench_database,
                                 percentile, tenant_queries, tenant_runners)
-from pipelines.domain.errors import KbindexError
 from resources.database import Database
+from resources.local_postgres import with_database
 
 SIDES = ("now", "then")
 
@@ -127,12 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{'p95':>8} | {'ratio':>5} {'diff':>4}")
     with server_url() as admin_url:
         try:
-            seeded = bench_database(admin_url, True, True)
-            url = seeded.__enter__()
-        except (psycopg.OperationalError, KbindexError) as exc:
+            psycopg.connect(with_database(admin_url, SCRATCH), connect_timeout=10).close()
+        except psycopg.OperationalError as exc:
             raise SystemExit(f"no {SCRATCH} database to measure ({type(exc).__name__}): seed one first with "
                              "KBINDEX_DATABASE_URL set, python -m bench.scale.search --chunks 200000 --keep") from exc
-        with Database(url, max_size=2) as db:
+        with bench_database(admin_url, True, True) as url, Database(url, max_size=2) as db:
             for tenant in args.tenants.split(","):
                 measure_tenant(db, tenant, args.queries, sides, out)
     return 0

@@ -68,3 +68,12 @@ def test_the_bench_compares_both_sides_and_counts_differing_answers(seeded, monk
     assert any(r[1] == "dense" and "dept=" in " ".join(r) and int(r[-1]) > 0 for r in rows), rows
     unfiltered = [r for r in rows if "all" in r or "as" in r]  # scope "all" or "as group:finance"
     assert unfiltered and all(r[-1] == "0" for r in unfiltered), "paths without a filter never run it"
+
+
+def test_without_a_seeded_database_it_says_how_to_seed_one(pg_server_url, monkeypatch):
+    monkeypatch.setenv("KBINDEX_DATABASE_URL", pg_server_url)
+    monkeypatch.setattr(statement_ab, "statements_at", lambda revision, wanted: {n: "SELECT 1" for n in wanted})
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {scale_search.SCRATCH} WITH (FORCE)")
+    with pytest.raises(SystemExit, match="seed one first .* python -m bench.scale.search --chunks 200000 --keep"):
+        statement_ab.main(["--against", "REV"])

@@ -455,6 +455,9 @@ class Chaos:
         self.search_tenants = list(self.tenants)
         self.fault_lock = threading.Lock()
         """One fault that touches PostgreSQL's reachability at a time (a restart, a network cut)."""
+        self.extra_backlog = 0
+        """A fault that needs work in flight (the API host's cut: streams must see events during it) asks the
+        publisher to keep at least this many tasks unfinished, past the target too."""
         self.network: Any = None
         if config.network:
             from bench.chaos.network import NetworkFaults
@@ -788,7 +791,7 @@ class Chaos:
                     time.sleep(0.3)
                     continue
                 # Top-up after the target: only when the queue runs dry while faults are still to come.
-                limit = self.cfg.backlog if not target_reached else 4
+                limit = max(self.cfg.backlog if not target_reached else 4, self.extra_backlog)
                 if unfinished >= limit:
                     time.sleep(0.3)
                     continue

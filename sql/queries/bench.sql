@@ -58,11 +58,12 @@ SELECT (SELECT count(*) FROM chunk WHERE tenant_id = %(tenant_id)s)::integer AS 
 
 -- name: bench_chaos_open_tasks
 -- Benchmark only (bench/chaos/network.py): unfinished tasks to open event streams on before the API host is cut
--- off, the RUNNING ones first, then the oldest due (the next to be claimed): they write events during the cut.
+-- off, the newest first: the last to be claimed, so still open when the cut begins and indexed during it (the
+-- RUNNING and oldest due ones, taken first before, were often done before the cut with three claiming sensors).
 SELECT task_id, tenant_id, status
 FROM index_task
 WHERE status IN ('PENDING', 'RUNNING', 'RETRY_WAIT') AND task_type = 'INDEX'
-ORDER BY (status = 'RUNNING') DESC, task_id
+ORDER BY task_id DESC
 LIMIT %(n)s;
 
 -- name: bench_chaos_event_watermark

@@ -10,8 +10,8 @@ Usage (from a git checkout; KBINDEX_DATABASE_URL names a server that outlives th
 For a change to the SQL of a search path: both sides run the same code (bench.scale.search's runners: the dense
 settings, filtered dense, permissions, hybrid and lexical) on the same database and questions; only the named
 statements' texts differ, swapped in before each call (``sql.queries``), and the side that goes first alternates
-per query. Each row prints both sides' p50 / p95 ms, the p95 ratio (this checkout / REV) and how many answers
-differ; a statement that is the same at REV, or missing there, is refused by name.
+per query. Each row prints both sides' p50 / p95 ms and recall@10 against the runner's exact answers, the p95
+ratio (this checkout / REV) and how many answers differ; a statement that is the same at REV, or missing there, is refused by name.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import psycopg
 import sql
 from bench import exit_on_sigterm, server_url
 from bench.scale.search import (LEXICAL_SEED, MEASURED_TENANTS, MODES, QUERY_SEED, SCRATCH, bench_database,
-                                percentile, tenant_queries, tenant_runners)
+                                percentile, recall, tenant_queries, tenant_runners)
 from resources.database import Database
 from resources.local_postgres import with_database
 
@@ -100,9 +100,11 @@ def measure_tenant(db: Database, tenant: str, queries: int, sides: dict[str, dic
                 answers[side].append(got)
         now, then = samples["now"], samples["then"]
         differ = sum(a != b for a, b in zip(answers["now"], answers["then"]))
+        recalls = {side: sum(recall(got, runner.truth[i]) for i, got in enumerate(answers[side])) / len(questions)
+                   for side in SIDES}
         out(f"{tenant:<8} {runner.mode:<7} {runner.setting:<18} {runner.scope:<29} "
-            f"{statistics.median(then):>8.2f} {percentile(then, 95):>8.2f} | "
-            f"{statistics.median(now):>8.2f} {percentile(now, 95):>8.2f} | "
+            f"{statistics.median(then):>8.2f} {percentile(then, 95):>8.2f} {recalls['then']:>6.3f} | "
+            f"{statistics.median(now):>8.2f} {percentile(now, 95):>8.2f} {recalls['now']:>6.3f} | "
             f"{percentile(now, 95) / max(1e-9, percentile(then, 95)):>5.2f} {differ:>4}")
 
 
@@ -123,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     sides = {"now": {n: sql.queries[n] for n in names}, "then": statements_at(args.against, names)}
     out(f"{', '.join(names)}: this checkout ('now') against {args.against} ('then'), on {SCRATCH}; "
         f"{args.queries} queries per tenant, interleaved")
-    out(f"{'tenant':<8} {'mode':<7} {'setting':<18} {'scope':<29} {'then p50':>8} {'p95':>8} | {'now p50':>8} "
-        f"{'p95':>8} | {'ratio':>5} {'diff':>4}")
+    out(f"{'tenant':<8} {'mode':<7} {'setting':<18} {'scope':<29} {'then p50':>8} {'p95':>8} {'recall':>6} | "
+        f"{'now p50':>8} {'p95':>8} {'recall':>6} | {'ratio':>5} {'diff':>4}")
     with server_url() as admin_url:
         try:
             psycopg.connect(with_database(admin_url, SCRATCH), connect_timeout=10).close()

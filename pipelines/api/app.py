@@ -546,8 +546,8 @@ def create_app(
             "malformed entry refuses its document only; a manifest naming a file not sent refuses the batch). All "
             "new versions and their tasks commit together, so they are indexed in a few big runs rather than one "
             "run per request. Each document gets its own result, in the order sent: `status` is what the single "
-            "publish would have answered (**202** a new version or a re-queued task, **200** the same bytes, metadata and allow list "
-            "as the latest version: its existing task), or that of its refusal, with `error` (an invalid id or "
+            "publish would have answered (**202** a new version or a re-queued task, **200** the same bytes, "
+            "metadata and allow list as the latest version: its existing task), or that of its refusal, with `error` (an invalid id or "
             "metadata, over the tenant's quota): a refused document changes nothing and the others publish. The "
             "answer is **202** if any document made new work, else **200**. Whole-tenant tokens only."
         ),

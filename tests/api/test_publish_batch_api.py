@@ -136,3 +136,16 @@ def test_a_manifest_may_be_longer_than_a_metadata_part_but_has_its_own_limit(cli
                           manifest=json.dumps({"late.md": {"metadata": {"k": "v" * 5000}}}))
     assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "INVALID_METADATA"
     assert "larger than 4096 bytes" in too_long.json()["error"]["message"]
+
+
+def test_a_manifest_is_room_on_top_of_the_batch_body_limit(make_app):
+    """Files that fill the batch limit still fit with a manifest longer than the multipart envelope's 64 KiB."""
+    from starlette.testclient import TestClient
+
+    client = TestClient(make_app(max_batch_bytes=12 * 1000), raise_server_exceptions=False)
+    files = [(f"full-{i:02}.md", bytes([65 + i]) * 1000) for i in range(12)]
+    manifest = json.dumps({name: {"metadata": {f"note{k}": "n" * 900 for k in range(7)}} for name, _ in files})
+    assert len(manifest) > 64 * 1024
+    response = post_batch(client, files, manifest=manifest)
+    assert response.status_code == 202, response.text
+    assert all(r["status"] == 202 for r in response.json()["results"])

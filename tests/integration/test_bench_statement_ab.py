@@ -56,6 +56,7 @@ def test_the_bench_compares_both_sides_and_counts_differing_answers(seeded, monk
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("t-huge")]
     assert {(r[1], r[-1]) for r in rows} >= {("dense", "0"), ("hybrid", "0"), ("lexical", "0")}
     assert all(r[-1] == "0" for r in rows), "the same statements must give the same answers"
+    assert all(r[-4] == r[-8] for r in rows), "and the same recall@10 on both sides"
 
     # A 'then' that answers differently is counted: a narrow scope's exact answer, farthest first.
     name = "search_hits_scoped"

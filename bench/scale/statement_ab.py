@@ -6,6 +6,7 @@ Usage (from a git checkout; KBINDEX_DATABASE_URL names a server that outlives th
     python -m bench.scale.search --chunks 200000 --keep          # once: seeds kbindex_bench_search
     python -m bench.scale.statement_ab --against REV \\
         [--statements lexical_hits_all_pointers,search_hits_exact] [--queries 60] [--tenants t-huge,t-mid]
+    python -m bench.scale.statement_ab --against REV --statements lexical_hits_pruned=lexical_hits
 
 For a change to the SQL of a search path: both sides run the same code (bench.scale.search's runners: the dense
 settings, filtered dense, permissions, hybrid and lexical) on the same database and questions; only the named
@@ -55,14 +56,17 @@ def all_statements_at(revision: str) -> dict[str, str]:
 
 
 def pick(then: Mapping[str, str], names: list[str], now: Mapping[str, str], revision: str) -> dict[str, str]:
-    """``names`` out of ``then``; refused by name when one is missing there, or has the same text ``now``."""
-    missing = [n for n in names if n not in then or n not in now]
+    """``names`` out of ``then``; refused by name when one is missing there, or has the same text ``now``.
+    ``new=old`` takes REV's ``old`` as the baseline of ``new``, a statement added since that stands in
+    for it (the same parameters and rows)."""
+    pairs = {here: there or here for here, _, there in (n.partition("=") for n in names)}
+    missing = [n for n, there in pairs.items() if there not in then or n not in now]
     if missing:
         raise SystemExit(f"not at {revision} or not here: {', '.join(missing)}")
-    same = [n for n in names if then[n] == now[n]]
+    same = [n for n, there in pairs.items() if then[there] == now[n]]
     if same:
         raise SystemExit(f"the same at {revision} as here: {', '.join(same)}; name statements that changed")
-    return {n: then[n] for n in names}
+    return {n: then[there] for n, there in pairs.items()}
 
 
 @contextmanager
@@ -112,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale.statement_ab", description=__doc__.split("\n")[0])
     parser.add_argument("--against", required=True, help="the git revision whose statements are the baseline")
     parser.add_argument("--statements", default="lexical_hits_all_pointers,search_hits_exact",
-                        help="comma-separated statement names to swap")
+                        help="comma-separated statement names to swap; NEW=OLD measures a statement added "
+                             "since REV against REV's OLD, which it stands in for")
     parser.add_argument("--queries", type=int, default=60, help="query vectors per tenant")
     parser.add_argument("--tenants", default=",".join(MEASURED_TENANTS), help="comma-separated tenants")
     args = parser.parse_args(argv)
@@ -121,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
 
     exit_on_sigterm()
-    names = args.statements.split(",")
-    sides = {"now": {n: sql.queries[n] for n in names}, "then": statements_at(args.against, names)}
+    wanted = args.statements.split(",")
+    names = [n.partition("=")[0] for n in wanted]
+    sides = {"now": {n: sql.queries[n] for n in names}, "then": statements_at(args.against, wanted)}
     out(f"{', '.join(names)}: this checkout ('now') against {args.against} ('then'), on {SCRATCH}; "
         f"{args.queries} queries per tenant, interleaved")
     out(f"{'tenant':<8} {'mode':<7} {'setting':<18} {'scope':<29} {'then p50':>8} {'p95':>8} {'recall':>6} | "

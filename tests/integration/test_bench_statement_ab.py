@@ -30,6 +30,13 @@ def test_statements_missing_or_unchanged_at_the_revision_are_refused_by_name():
         statement_ab.pick({"a": "SELECT 0", "b": "SELECT 2"}, ["a", "b"], now, "REV")
     with pytest.raises(SystemExit, match="not at REV or not here: c"):
         statement_ab.pick({"a": "SELECT 0", "c": "SELECT 3"}, ["a", "c"], now, "REV")
+    # A statement added since REV, against the one it stands in for there.
+    now["a_new"] = "SELECT 4"
+    assert statement_ab.pick({"a": "SELECT 0"}, ["a_new=a"], now, "REV") == {"a_new": "SELECT 0"}
+    with pytest.raises(SystemExit, match="not at REV or not here: a_new"):
+        statement_ab.pick({"b": "SELECT 0"}, ["a_new=a"], now, "REV")
+    with pytest.raises(SystemExit, match="the same at REV as here: a_new"):
+        statement_ab.pick({"a": "SELECT 4"}, ["a_new=a"], now, "REV")
 
 
 def test_a_revisions_statements_are_read_from_git():

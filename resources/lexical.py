@@ -10,7 +10,9 @@
 - ``lexical_search``: BM25 over the tenant's current chunks. Statistics come from ``lexical_term_stats``
   (one index probe per query term), scores from ``lexical_posting`` (the inverted index: a covering-index
   walk per term) for the query's rarest terms up to a postings budget (``scoring_terms``: 2 x the tenant's chunks, at
-  most 50,000), so the cost follows the query's terms, not the tenant's size.
+  most 50,000), so the cost follows the query's terms, not the tenant's size. A query whose commonest terms
+  hold most of those postings (``lazy_terms``) runs ``lexical_hits_pruned``: MaxScore pruning, the same answer
+  with those terms read only for the chunks that can still rank.
 - ``backfill_lexical_index``: lexical rows for chunks written before migration 0022 (run by ``migrate``).
 - ``analyzer_for``: a profile's term analysis (its ``lexical_analyzer``: ``wordpiece`` over its model's tokenizer,
   or ``english``), the one thing every caller above uses: publish rows, query terms, backfill, quality gate.
@@ -29,10 +31,12 @@ from functools import lru_cache, partial
 from typing import Any
 
 from pipelines.domain.lexical import (
+    PROBE_COST,
     LexicalParams,
     check_analyzer,
     english_term_counts,
     idf,
+    lazy_terms,
     scoring_terms,
     term_counts,
 )
@@ -150,6 +154,7 @@ def query_weights(
     return {
         "candidates": chosen,
         "candidate_idfs": [idf(n, dfs[t]) for t in chosen],
+        "candidate_dfs": [dfs[t] for t in chosen],
         "avg_length": total / n if total > 0 else 1.0,
     }
 
@@ -168,28 +173,33 @@ def lexical_search(
     """The ``k`` best current chunks in the reader's scope by BM25 (rows with chunk fields, ``metadata``, ``bm25``
     and, given a query vector, the cosine ``distance``); ``read``: ``ReadScope.params()``.
 
-    ``lexical_hits`` probes the pointers of the best-scoring chunks only. Under metadata filters, or when an
-    allow list leaves its probes short, ``lexical_hits_all_pointers`` reads the tenant's pointers in scope
-    instead (same answer): under a filter keeping 10% of a 10k-pointer tenant (bench.scale.search's 300k-chunk
-    database), probing first cost p95 93 ms against 35 ms."""
-    query = {
-        **read,
-        **weights,
-        "k1": params.bm25_k1,
-        "b": params.bm25_b,
-        "tenant_id": tenant_id,
-        "profile": profile,
-        "k": k,
-        "query": query_vector,
-        "max_probes": max_pointer_probes(k),
-    }
+    ``lexical_hits`` probes the pointers of the best-scoring chunks only; a query with common terms
+    (``lazy_terms``) runs ``lexical_hits_pruned``, the same answer with MaxScore pruning. Under metadata
+    filters, or when an allow list leaves its probes short, ``lexical_hits_all_pointers`` reads the tenant's
+    pointers in scope instead (same answer): under a filter keeping 10% of a 10k-pointer tenant
+    (bench.scale.search's 300k-chunk database), probing first cost p95 93 ms against 35 ms."""
+    query = hits_query(weights, params, tenant_id=tenant_id, profile=profile, k=k, read=read,
+                       query_vector=query_vector, max_probes=max_pointer_probes(k))
     if read["filters"] != NO_FILTERS:  # a filter keeps a share of the tenant: its pointers are few
         return tx.fetch_all("lexical_hits_all_pointers", query)
-    rows = tx.fetch_all("lexical_hits", query)
+    rows = tx.fetch_all("lexical_hits_pruned" if query["lazy_terms"] else "lexical_hits", query)
     hits = [r for r in rows if r["chunk_id"] is not None]
     if len(hits) < k and rows[0]["walked"] >= query["max_probes"]:
         return tx.fetch_all("lexical_hits_all_pointers", query)
     return hits
+
+
+def hits_query(
+    weights: Mapping[str, Any], params: LexicalParams, *, tenant_id: str, profile: str, k: int,
+    read: Mapping[str, Any], query_vector: Any | None, max_probes: int,
+) -> dict[str, Any]:
+    """The parameters of lexical_search's statements, with the walk's cut ``max_probes`` and the terms
+    lexical_hits_pruned may probe (``lazy_terms``; weights without ``candidate_dfs``: none)."""
+    dfs = dict(zip(weights["candidates"], weights.get("candidate_dfs", ())))
+    idfs = dict(zip(weights["candidates"], weights["candidate_idfs"]))
+    return {**read, **weights, "k1": params.bm25_k1, "b": params.bm25_b, "tenant_id": tenant_id,
+            "profile": profile, "k": k, "query": query_vector, "max_probes": max_probes,
+            "lazy_terms": lazy_terms(dfs, idfs, max_probes, params.bm25_k1), "probe_cost": PROBE_COST}
 
 
 def max_pointer_probes(k: int) -> int:
@@ -271,5 +281,5 @@ class _Row:
         self.context_title = row.get("context_title")  # NULL unless the profile embeds context
 
 
-__all__ = ["analyzer_for", "backfill_lexical_index", "lexical_scores", "lexical_search", "profile_analyzer", "query_weights",
-           "write_lexical"]
+__all__ = ["analyzer_for", "backfill_lexical_index", "hits_query", "lexical_scores", "lexical_search", "profile_analyzer",
+           "query_weights", "write_lexical"]

@@ -235,6 +235,51 @@ def candidate_terms(dfs: Mapping[int, int], budget: int) -> list[int]:
     return chosen
 
 
+LAZY_RATIO = 4
+"""How many times the walked terms' postings the lazy ones' must be (lazy_terms)."""
+
+PROBE_COST = 3
+"""lexical_hits_pruned reads the probed terms by chunk id only for fewer than 1/PROBE_COST of the chunks
+they are in, and walks them otherwise. On bench.scale.search's 1M-chunk database (EXPLAIN ANALYZE of a few
+queries, one-off): a posting read by id ~3.3 us, one walked and summed ~0.7 us; the chunks to read count
+every version, the terms' dfs current chunks only (~1.5 postings a current chunk there): 4.5 / 1.5. With 4
+two queries of sixty ran slower than the full walk; with 3 none did (the same database)."""
+
+
+def lazy_terms(dfs: Mapping[int, int], idfs: Mapping[int, float], walk_at_least: int, k1: float) -> list[int]:
+    """The common query terms that lexical_hits_pruned may probe instead of walk (MaxScore pruning); none:
+    lexical_hits walks them all. ``dfs`` / ``idfs``: term -> current chunks holding it / its idf.
+
+    The others are walked first; their sums must rank ``walk_at_least`` chunks (the walk's cut) at a score
+    ``theta``, and the lazy terms' most (idf x (k1 + 1) each) must stay below it, or the statement walks
+    them after all. A probed term costs a probe per chunk the walk found that can still rank. So the lazy
+    terms are the longest run of commonest terms that holds at least LAZY_RATIO x the others' postings and
+    whose most stays below ``theta_estimate`` of the others. The answer does not depend on it, only the work."""
+    ranked = sorted(dfs, key=lambda t: (-dfs[t], t))
+    best: list[int] = []
+    for i in range(1, len(ranked)):
+        lazy, rest = ranked[:i], ranked[i:]
+        rest_postings = sum(dfs[t] for t in rest)
+        if rest_postings < max(walk_at_least, 1):
+            break
+        if (sum(dfs[t] for t in lazy) >= LAZY_RATIO * rest_postings
+                and sum(idfs[t] for t in lazy) * (k1 + 1) < theta_estimate(dfs, idfs, rest, walk_at_least)):
+            best = lazy
+    return sorted(best)
+
+
+def theta_estimate(dfs: Mapping[int, int], idfs: Mapping[int, float], walked: Sequence[int], cut: int) -> float:
+    """A guess at the score of the walk's ``cut``-th best chunk over the ``walked`` terms: the idf of the term
+    at which their chunks, rarest term first, reach ``cut`` (one occurrence in a chunk of average length
+    scores its idf); 0 when they hold fewer."""
+    held = 0
+    for term in sorted(walked, key=lambda t: (dfs[t], t)):
+        held += dfs[term]
+        if held >= cut:
+            return idfs[term]
+    return 0.0
+
+
 POSTINGS_CAP = 50_000
 
 

@@ -167,6 +167,102 @@ FROM (SELECT count(*) AS walked FROM scored) w
 LEFT JOIN hits h ON true
 ORDER BY h.bm25 DESC, h.chunk_id;
 
+-- name: lexical_hits_pruned
+-- lexical_hits with MaxScore pruning, the same answer with less work when a query has common terms: the
+-- caller (resources/lexical.py) runs it when pipelines/domain/lexical.py's lazy_terms names some, a run of
+-- the commonest query terms with several times the postings of the rest. The rest are walked first, and
+-- their sums rank max_probes chunks at ``theta`` or more (theta NULL: fewer, nothing is pruned). Lazy
+-- terms then go commonest first into ``probed`` while their summed most (idf x (k1 + 1) each: ``reach``)
+-- stays below theta; the others are walked like the rest. A chunk only probed terms could score stays
+-- below theta, so none is looked at for them alone: the probed terms are read for the chunks whose sum so
+-- far plus reach still makes theta (``kept``), in one index scan over their sorted ids, or, when kept
+-- holds more than 1/%(probe_cost)s of the chunks the probed terms are in, walked after all (then chunks
+-- outside kept sum only their probed terms: below theta, they never rank). From ``hits`` on, as lexical_hits.
+WITH q AS (
+    SELECT q.term, q.idf, q.df, q.term = ANY (%(lazy_terms)s::integer[]) AS lazy
+    FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[], %(candidate_dfs)s::bigint[])
+         AS q (term, idf, df)
+),
+eager AS MATERIALIZED (
+    SELECT x.chunk_id,
+           sum(q.idf * x.tf * (%(k1)s::float8 + 1)
+               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8)))
+           AS partial
+    FROM q
+    JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
+    WHERE NOT q.lazy
+    GROUP BY x.chunk_id
+),
+theta AS MATERIALIZED (
+    SELECT (SELECT e.partial FROM eager e ORDER BY e.partial DESC OFFSET %(max_probes)s - 1 LIMIT 1) AS theta
+),
+lazy AS MATERIALIZED (
+    SELECT l.term, l.idf, l.df, coalesce(l.reach < t.theta - 1e-6, false) AS probed
+    FROM (SELECT q.term, q.idf, q.df, sum(q.idf * (%(k1)s::float8 + 1)) OVER (ORDER BY q.idf, q.term) AS reach
+          FROM q WHERE q.lazy) l, theta t
+),
+reach AS MATERIALIZED (
+    SELECT coalesce(sum(l.idf * (%(k1)s::float8 + 1)), 0) AS reach, coalesce(sum(l.df), 0) AS postings
+    FROM lazy l WHERE l.probed
+),
+walked AS MATERIALIZED (
+    SELECT w.chunk_id, sum(w.part) AS partial
+    FROM (SELECT e.chunk_id, e.partial AS part FROM eager e
+          UNION ALL
+          SELECT x.chunk_id, q.idf * x.tf * (%(k1)s::float8 + 1)
+               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8))
+          FROM lazy q
+          JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
+          WHERE NOT q.probed) w
+    GROUP BY w.chunk_id
+),
+kept AS MATERIALIZED (
+    SELECT w.chunk_id, w.partial FROM walked w
+    WHERE w.partial + (SELECT reach FROM reach) >= coalesce((SELECT theta FROM theta), 0) - 1e-6
+),
+by_id AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM kept) * %(probe_cost)s <= (SELECT postings FROM reach) AS by_id
+),
+scored AS MATERIALIZED (
+    SELECT p.chunk_id, round(1e9::float8 * sum(p.part)) / 1e9::float8 AS bm25
+    FROM (SELECT k.chunk_id, k.partial AS part FROM kept k
+          UNION ALL  -- the probed terms of the kept chunks, by id
+          SELECT x.chunk_id, q.idf * x.tf * (%(k1)s::float8 + 1)
+               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8))
+          FROM lazy q
+          JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
+           AND x.chunk_id = ANY ((SELECT array_agg(k.chunk_id) FROM kept k)::text[])
+          WHERE q.probed AND (SELECT by_id FROM by_id)
+          UNION ALL  -- or walked, when kept is too many for that
+          SELECT x.chunk_id, q.idf * x.tf * (%(k1)s::float8 + 1)
+               / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8))
+          FROM lazy q
+          JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
+          WHERE q.probed AND NOT (SELECT by_id FROM by_id)) p
+    GROUP BY p.chunk_id
+    ORDER BY bm25 DESC, chunk_id
+    LIMIT %(max_probes)s
+),
+hits AS (
+    SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text, p.metadata, s.bm25,
+           c.embedding <=> %(query)s::vector AS distance
+    FROM scored s
+    JOIN chunk c ON c.chunk_id = s.chunk_id
+    CROSS JOIN LATERAL (
+        SELECT p.metadata FROM search_pointer p
+        WHERE p.tenant_id = %(tenant_id)s AND p.document_id = c.document_id AND p.profile = %(profile)s
+          AND p.version_number = c.version_number
+          AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+          AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
+    ) p
+    ORDER BY s.bm25 DESC, s.chunk_id
+    LIMIT %(k)s
+)
+SELECT h.*, w.walked
+FROM (SELECT count(*) AS walked FROM scored) w
+LEFT JOIN hits h ON true
+ORDER BY h.bm25 DESC, h.chunk_id;
+
 -- name: lexical_hits_all_pointers
 -- lexical_hits for a scope its probes could not fill (a narrow filter or allow list): the tenant's pointers
 -- in scope are read once (MATERIALIZED) and hash-joined to the postings before they are summed. The planner

@@ -16,7 +16,9 @@ from pipelines.domain.lexical import (
     fuse,
     fuse_matrix,
     idf,
+    lazy_terms,
     term_counts,
+    theta_estimate,
 )
 from resources.tokenizer import ModelTokenizer
 
@@ -58,6 +60,32 @@ def test_candidate_terms_take_the_rarest_within_budget_and_always_one():
     assert candidate_terms({1: 5, 2: 1, 3: 100}, budget=10) == [2, 1]
     assert candidate_terms({1: 500, 2: 400}, budget=10) == [2]
     assert candidate_terms({1: 0}, budget=10) == []
+
+
+def test_lazy_terms_are_the_longest_run_of_commonest_that_can_be_pruned():
+    idfs = {1: 1.0, 2: 2.0, 3: 6.0, 4: 7.0}
+    # 12,000 >= 4 x 2,430 and 14,000 >= 4 x 430, but (1 + 2) x 2.2 = 6.6 is not below the idf where the
+    # others reach the walk's cut of 100 (term 3's, 6.0): only term 1 (2.2) can be probed.
+    assert lazy_terms({1: 12_000, 2: 2_000, 3: 400, 4: 30}, idfs, walk_at_least=100, k1=1.2) == [1]
+    # With rarer terms that rank higher, both.
+    assert lazy_terms({1: 9_000, 2: 2_000, 3: 30}, {1: 1.0, 2: 1.5, 3: 6.0}, walk_at_least=10, k1=1.2) == [1, 2]
+    # Two equally common terms: neither alone outnumbers the rest 4 to 1, together they do.
+    assert lazy_terms({1: 2_400, 2: 2_200, 3: 600}, {1: 1.0, 2: 1.0, 3: 6.0}, walk_at_least=10, k1=1.2) == [1, 2]
+    assert lazy_terms({1: 2_000, 2: 1_800, 3: 1_500}, {1: 1.0, 2: 1.0, 3: 1.2}, walk_at_least=10, k1=1.2) == []
+    # A common term whose most reaches the walk's cut cannot be pruned.
+    assert lazy_terms({1: 9_000, 2: 30}, {1: 3.0, 2: 6.0}, walk_at_least=10, k1=1.2) == []
+    # The walked terms must hold the walk's cut.
+    assert lazy_terms({1: 9_000, 2: 2_000, 3: 30}, {1: 0.5, 2: 1.5, 3: 6.0}, walk_at_least=2_000, k1=1.2) == [1]
+    assert lazy_terms({1: 9_000, 2: 2_000, 3: 30}, {1: 0.5, 2: 1.5, 3: 6.0}, walk_at_least=4_000, k1=1.2) == []
+    assert lazy_terms({1: 500}, {1: 1.0}, walk_at_least=0, k1=1.2) == [], "a lone term is always walked"
+    assert lazy_terms({}, {}, walk_at_least=0, k1=1.2) == []
+
+
+def test_theta_estimate_is_the_idf_where_the_walked_terms_reach_the_cut():
+    dfs, idfs = {1: 9_000, 2: 300, 3: 200}, {1: 1.0, 2: 5.0, 3: 6.0}
+    assert theta_estimate(dfs, idfs, [2, 3], 100) == 6.0
+    assert theta_estimate(dfs, idfs, [2, 3], 400) == 5.0
+    assert theta_estimate(dfs, idfs, [2, 3], 600) == 0.0
 
 
 def test_bm25_matrix_is_the_sum_of_term_contributions():

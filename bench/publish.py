@@ -1,10 +1,13 @@
 """Publishing a burst: ``Publisher.publish_many`` (one transaction, as `kbindex publish DIR` sends a folder) beside
 ``Publisher.publish`` called once per document, on the same documents, interleaved.
 
-``python -m bench.publish [--corpus ../shared/corpus] [--docs 1000] [--rounds 3] [--http] [--json out.json]``
+``python -m bench.publish [--corpus ../shared/corpus] [--docs 1000] [--rounds 3] [--http | --manifest] [--json out.json]``
 
 ``--http`` publishes through the API instead, served by uvicorn on 127.0.0.1 in this process: ``POST /documents``
 (the batch endpoint, batches cut as the CLI cuts them) beside ``POST /documents/{id}/versions`` once per document.
+``--manifest``: ``POST /documents`` both ways, each document with metadata and an allow list of the same sizes,
+given once per batch (the shared ``metadata`` and ``allow`` parts) or per document (a ``manifest`` part): what
+reading a manifest costs.
 
 Each round publishes the documents into a fresh tenant each way (so both sides create every version, task and
 event; the blobs are shared by content hash: the first side of the first round stores them, later sides find
@@ -29,6 +32,7 @@ from bench import exit_on_sigterm, server_url
 
 SIDES = ("publish_many", "publish each")
 HTTP_SIDES = ("POST /documents", "POST each")
+MANIFEST_SIDES = ("shared metadata", "manifest")
 
 
 def documents(corpus: Path | None, n: int) -> list[tuple[str, bytes]]:
@@ -62,6 +66,17 @@ def _post(http: Any, side: str, tenant: str, docs: list[tuple[str, bytes]]) -> N
             response = http.post("/documents", files=[("file", (n, b, "text/plain")) for n, b in batch], headers=headers)
             if response.status_code != 202 or any(r["status"] != 202 for r in response.json()["results"]):
                 raise RuntimeError(f"batch publish answered {response.status_code}: {response.text[:300]}")
+    elif side in MANIFEST_SIDES:
+        for batch in batched(docs, size=lambda d: len(d[1])):
+            files = [("file", (n, b, "text/plain")) for n, b in batch]
+            if side == "manifest":  # each document its own values, as long as the shared ones
+                entries = {n: {"metadata": _metadata(i), "allow": _allow(i)} for i, (n, _) in enumerate(batch)}
+                parts = {"manifest": json.dumps(entries)}
+            else:
+                parts = {"metadata": json.dumps(_metadata(0)), "allow": json.dumps(_allow(0))}
+            response = http.post("/documents", files=files, data=parts, headers=headers)
+            if response.status_code != 202 or any(r["status"] != 202 for r in response.json()["results"]):
+                raise RuntimeError(f"batch publish answered {response.status_code}: {response.text[:300]}")
     else:
         for name, body in docs:
             response = http.post(f"/documents/{quote(name, safe='/')}/versions",
@@ -70,11 +85,20 @@ def _post(http: Any, side: str, tenant: str, docs: list[tuple[str, bytes]]) -> N
                 raise RuntimeError(f"publish answered {response.status_code}: {response.text[:300]}")
 
 
+def _metadata(i: int) -> dict[str, str]:
+    return {"dept": f"dept-{i % 7:02d}", "owner": f"owner-{i % 13:03d}"}
+
+
+def _allow(i: int) -> list[str]:
+    return [f"group:g{i % 5}", "user:auditor"]
+
+
 def _tenant(r: int, side: str) -> str:
-    return f"r{r}-{'many' if side in ('publish_many', 'POST /documents') else 'each'}"
+    return f"r{r}-{'many' if side in ('publish_many', 'POST /documents', 'shared metadata') else 'each'}"
 
 
-def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool = False) -> dict[str, Any]:
+def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool = False,
+        manifest: bool = False) -> dict[str, Any]:
     from rich.progress import Progress
 
     from bench.pipeline.__main__ import scratch_databases
@@ -83,7 +107,8 @@ def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool =
     from resources.publisher import Publisher
 
     docs = documents(corpus, n)
-    sides = HTTP_SIDES if http else SIDES
+    http = http or manifest
+    sides = MANIFEST_SIDES if manifest else HTTP_SIDES if http else SIDES
     samples: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     with server_url() as admin_url, scratch_databases(admin_url) as (kb_url, _), \
             Database(kb_url, max_size=2) as db, tempfile.TemporaryDirectory() as blobs, ExitStack() as stack:
@@ -112,12 +137,15 @@ def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool =
                     seconds = time.perf_counter() - started
                     row = db.fetch_one("bench_publish_burst", {"tenant_id": tenant})
                     samples[side].append({"seconds": seconds, "versions": row["versions"],
-                                          "transactions": row["transactions"]})
+                                          "transactions": row["transactions"], "with_metadata": row["with_metadata"],
+                                          "distinct_allow": row["distinct_allow"]})
                     out(f"round {r + 1}/{rounds} {side:<13} {seconds:6.2f} s  {row['transactions']} transaction(s)")
                     bar.advance(job)
     report: dict[str, Any] = {"docs": len(docs), "rounds": rounds, "samples": samples, "sides": list(sides)}
     report["median_seconds"] = {side: statistics.median(s["seconds"] for s in samples[side]) for side in sides}
     report["ratio"] = report["median_seconds"][sides[1]] / report["median_seconds"][sides[0]]
+    report["metadata"] = {side: [s["with_metadata"] for s in samples[side]] for side in sides}
+    report["distinct_allow"] = {side: [s["distinct_allow"] for s in samples[side]] for side in sides}
     return report
 
 
@@ -139,11 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=None, help="../shared/corpus (without it: generated text)")
     parser.add_argument("--docs", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--http", action="store_true", help="through the API: POST /documents vs one POST each")
+    way = parser.add_mutually_exclusive_group()
+    way.add_argument("--http", action="store_true", help="through the API: POST /documents vs one POST each")
+    way.add_argument("--manifest", action="store_true",
+                     help="through the API, POST /documents both ways: per-document manifest vs shared metadata")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     exit_on_sigterm()
-    report = run(args.corpus, args.docs, args.rounds, out=lambda line: print(line, flush=True), http=args.http)
+    report = run(args.corpus, args.docs, args.rounds, out=lambda line: print(line, flush=True), http=args.http,
+                 manifest=args.manifest)
     print(render(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

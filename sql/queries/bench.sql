@@ -119,7 +119,10 @@ ALTER SYSTEM RESET log_line_prefix;
 SELECT pg_reload_conf();
 
 -- name: bench_publish_burst
--- Benchmark only (bench/publish.py): a tenant's versions and the writing transactions that made them (xmin).
-SELECT count(*)::int AS versions, count(DISTINCT xmin::text)::int AS transactions
+-- Benchmark only (bench/publish.py): a tenant's versions and the writing transactions that made them (xmin);
+-- how many carry metadata, and how many distinct allow lists they hold (NULL: none).
+SELECT count(*)::int AS versions, count(DISTINCT xmin::text)::int AS transactions,
+       count(*) FILTER (WHERE metadata <> '{}'::jsonb)::int AS with_metadata,
+       count(DISTINCT allow_principals)::int AS distinct_allow
 FROM document_version
 WHERE tenant_id = %(tenant_id)s;

@@ -25,3 +25,17 @@ def test_through_the_api_the_batch_endpoint_commits_once_and_one_post_each_once_
     assert [s["transactions"] for s in batch] == [1, 1], shown
     assert [s["transactions"] for s in each] == [30, 30], shown
     assert "POST each / POST /documents" in shown, shown
+
+
+def test_a_manifest_and_shared_metadata_publish_the_same_batches_with_metadata_on_every_version(db_url):
+    """--manifest: both sides POST /documents in one transaction; every version carries metadata and an allow
+    list, per document on the manifest side (equal work but for reading the manifest)."""
+    lines: list[str] = []
+    report = run(None, 30, 2, out=lines.append, manifest=True)
+    shown = "\n".join(lines) + "\n" + render(report)
+    shared, manifest = report["samples"]["shared metadata"], report["samples"]["manifest"]
+    assert [s["versions"] for s in shared + manifest] == [30] * 4, shown
+    assert [s["transactions"] for s in shared + manifest] == [1] * 4, shown
+    assert report["metadata"] == {"shared metadata": [30, 30], "manifest": [30, 30]}, shown
+    assert report["distinct_allow"] == {"shared metadata": [1, 1], "manifest": [5, 5]}, shown
+    assert "manifest / shared metadata" in shown, shown

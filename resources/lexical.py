@@ -193,9 +193,9 @@ def hits_query(
     weights: Mapping[str, Any], params: LexicalParams, *, tenant_id: str, profile: str, k: int,
     read: Mapping[str, Any], query_vector: Any | None, max_probes: int,
 ) -> dict[str, Any]:
-    """The parameters of lexical_search's statements, with the walk's cut ``max_probes`` and the terms
-    lexical_hits_pruned may probe (``lazy_terms``; weights without ``candidate_dfs``: none)."""
-    dfs = dict(zip(weights["candidates"], weights.get("candidate_dfs", ())))
+    """The parameters of lexical_search's statements (``weights``: query_weights'), with the walk's cut
+    ``max_probes`` and the terms lexical_hits_pruned may probe (``lazy_terms``)."""
+    dfs = dict(zip(weights["candidates"], weights["candidate_dfs"]))
     idfs = dict(zip(weights["candidates"], weights["candidate_idfs"]))
     return {**read, **weights, "k1": params.bm25_k1, "b": params.bm25_b, "tenant_id": tenant_id,
             "profile": profile, "k": k, "query": query_vector, "max_probes": max_probes,

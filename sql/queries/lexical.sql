@@ -202,7 +202,7 @@ lazy AS MATERIALIZED (
           FROM q WHERE q.lazy) l, theta t
 ),
 reach AS MATERIALIZED (
-    SELECT coalesce(sum(l.idf * (%(k1)s::float8 + 1)), 0) AS reach, coalesce(sum(l.df), 0) AS postings
+    SELECT coalesce(sum(l.idf * (%(k1)s::float8 + 1)), 0) AS reach, coalesce(sum(l.df), 0) AS chunks
     FROM lazy l WHERE l.probed
 ),
 walked AS MATERIALIZED (
@@ -221,7 +221,7 @@ kept AS MATERIALIZED (
     WHERE w.partial + (SELECT reach FROM reach) >= coalesce((SELECT theta FROM theta), 0) - 1e-6
 ),
 by_id AS MATERIALIZED (
-    SELECT (SELECT count(*) FROM kept) * %(probe_cost)s <= (SELECT postings FROM reach) AS by_id
+    SELECT (SELECT count(*) FROM kept) * %(probe_cost)s <= (SELECT chunks FROM reach) AS by_id
 ),
 scored AS MATERIALIZED (
     SELECT p.chunk_id, round(1e9::float8 * sum(p.part)) / 1e9::float8 AS bm25

@@ -8,12 +8,14 @@ points at an existing server. A template database is migrated once; each test ge
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import psycopg
@@ -68,20 +70,33 @@ def template_url(pg_server_url: str) -> str:
     return url
 
 
-@pytest.fixture
-def db_url(pg_server_url: str, template_url: str) -> Iterator[str]:
-    """URL of a fresh, migrated database for this test only."""
-    template = template_url.partition("?")[0].rpartition("/")[2]
-    name = f"t_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(pg_server_url, autocommit=True) as conn:
-        conn.execute(
-            pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(pgsql.Identifier(name), pgsql.Identifier(template))
-        )
-    try:
-        yield _with_database(pg_server_url, name)
-    finally:
+@pytest.fixture(scope="session")
+def database_from(pg_server_url: str) -> Callable[[str], AbstractContextManager[str]]:
+    """``with database_from(url) as copy:`` a new database copied from the one ``url`` names (which must have no
+    open connection), dropped on exit. A module that only reads what it seeds copies it once, not per test."""
+
+    @contextlib.contextmanager
+    def copy(source_url: str) -> Iterator[str]:
+        source = source_url.partition("?")[0].rpartition("/")[2]
+        name = f"t_{os.getpid()}_{next(_counter)}"
         with psycopg.connect(pg_server_url, autocommit=True) as conn:
-            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+            conn.execute(
+                pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(pgsql.Identifier(name), pgsql.Identifier(source))
+            )
+        try:
+            yield _with_database(pg_server_url, name)
+        finally:
+            with psycopg.connect(pg_server_url, autocommit=True) as conn:
+                conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+
+    return copy
+
+
+@pytest.fixture
+def db_url(template_url: str, database_from) -> Iterator[str]:
+    """URL of a fresh, migrated database for this test only."""
+    with database_from(template_url) as url:
+        yield url
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ about holds 5k of them, as one of many tenants would)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -17,10 +18,17 @@ DOCUMENTS = {"acme": 5_000, "globex": 35_000}
 BIG_TABLES = {"index_task", "document", "document_version"}
 
 
-@pytest.fixture
-def busy_tenants(db_url) -> str:
+@pytest.fixture(scope="module")
+def busy_tenants(template_url, database_from) -> Iterator[str]:
     """Two tenants' documents, one version and one INDEX task each, shaped like a big backfill half done:
-    mostly SUCCEEDED over the last day, some DEAD and RETRY_WAIT with codes, the rest PENDING or RUNNING."""
+    mostly SUCCEEDED over the last day, some DEAD and RETRY_WAIT with codes, the rest PENDING or RUNNING.
+    Seeded once for the module (the tests only read it; EXPLAIN ANALYZE of a SELECT writes nothing)."""
+    with database_from(template_url) as url:
+        seed_busy_tenants(url)
+        yield url
+
+
+def seed_busy_tenants(db_url: str) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         for tenant, n in DOCUMENTS.items():
             params = {"tenant": tenant, "n": n}
@@ -44,7 +52,6 @@ def busy_tenants(db_url) -> str:
                 "  now() - interval '1 day'"
                 " FROM generate_series(1, %(n)s) g", params)
         conn.execute("VACUUM ANALYZE document, document_version, index_task")
-    return db_url
 
 
 def plan(url: str, name: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -131,14 +138,16 @@ SCOPED = [
 ]
 
 
-@pytest.fixture
-def restricted_tenant(busy_tenants) -> str:
-    """acme's versions all restricted to group:finance, but for a handful bob may read."""
-    with psycopg.connect(busy_tenants, autocommit=True) as conn:
-        conn.execute("UPDATE document_version SET allow_principals = ARRAY['group:finance']"
-                     " WHERE tenant_id = 'acme' AND document_id NOT IN ('doc-4000', 'doc-4500')")
-        conn.execute("VACUUM ANALYZE document_version")
-    return busy_tenants
+@pytest.fixture(scope="module")
+def restricted_tenant(busy_tenants, database_from) -> Iterator[str]:
+    """A copy of busy_tenants where acme's versions are all restricted to group:finance, but for a handful bob
+    may read."""
+    with database_from(busy_tenants) as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE document_version SET allow_principals = ARRAY['group:finance']"
+                         " WHERE tenant_id = 'acme' AND document_id NOT IN ('doc-4000', 'doc-4500')")
+            conn.execute("VACUUM ANALYZE document_version")
+        yield url
 
 
 @pytest.mark.parametrize(("name", "params"), SCOPED, ids=[f"{n}-{i}" for i, (n, _) in enumerate(SCOPED)])

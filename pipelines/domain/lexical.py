@@ -246,7 +246,8 @@ every version, the terms' dfs current chunks only (~1.5 postings a current chunk
 two queries of sixty ran slower than the full walk; with 3 none did (the same database)."""
 
 
-def lazy_terms(dfs: Mapping[int, int], idfs: Mapping[int, float], walk_at_least: int, k1: float) -> list[int]:
+def lazy_terms(dfs: Mapping[int, int], idfs: Mapping[int, float], walk_at_least: int, k1: float,
+               ratio: float = LAZY_RATIO) -> list[int]:
     """The common query terms that lexical_hits_pruned may probe instead of walk (MaxScore pruning); none:
     lexical_hits walks them all. ``dfs`` / ``idfs``: term -> current chunks holding it / its idf.
 
@@ -254,7 +255,8 @@ def lazy_terms(dfs: Mapping[int, int], idfs: Mapping[int, float], walk_at_least:
     ``theta``, and the lazy terms' most (idf x (k1 + 1) each) must stay below it, or the statement walks
     them after all. A probed term costs a probe per chunk the walk found that can still rank. So the lazy
     terms are the longest run of commonest terms that holds at least LAZY_RATIO x the others' postings and
-    whose most stays below ``theta_estimate`` of the others. The answer does not depend on it, only the work."""
+    whose most stays below ``theta_estimate`` of the others (``ratio``: another LAZY_RATIO, for
+    bench.scale.lexical_bounds). The answer does not depend on it, only the work."""
     ranked = sorted(dfs, key=lambda t: (-dfs[t], t))
     best: list[int] = []
     for i in range(1, len(ranked)):
@@ -262,7 +264,7 @@ def lazy_terms(dfs: Mapping[int, int], idfs: Mapping[int, float], walk_at_least:
         rest_postings = sum(dfs[t] for t in rest)
         if rest_postings < max(walk_at_least, 1):
             break
-        if (sum(dfs[t] for t in lazy) >= LAZY_RATIO * rest_postings
+        if (sum(dfs[t] for t in lazy) >= ratio * rest_postings
                 and sum(idfs[t] for t in lazy) * (k1 + 1) < theta_estimate(dfs, idfs, rest, walk_at_least)):
             best = lazy
     return sorted(best)

@@ -324,3 +324,10 @@ CROSS JOIN top
 GROUP BY s.chunk_id, top.bm25
 ORDER BY score DESC, s.chunk_id
 LIMIT %(k)s;
+
+-- name: bench_search_term_postings
+-- Benchmark only (bench.scale.lexical_bounds): every posting of the given terms in one tenant and profile, every
+-- version, as lexical_hits walks them.
+SELECT term, chunk_id, tf, length
+FROM lexical_posting
+WHERE tenant_id = %(tenant_id)s AND profile = %(profile)s AND term = ANY(%(terms)s);

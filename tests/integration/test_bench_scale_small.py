@@ -7,6 +7,7 @@ import json
 import numpy as np
 import psycopg
 
+from bench.scale import lexical_bounds
 from bench.scale.search import FILTERS, HYBRID_FILTERS, MEASURED_TENANTS, PROFILES, TENANTS, main, seed
 from resources.database import Database
 
@@ -126,3 +127,19 @@ def test_permission_rounds_compare_equal_work_round_by_round(tmp_path, capsys):
         for x in r["rounds"]:
             assert x["ratio"] == x["on_p95_ms"] / x["off_p95_ms"]
         assert r["min_ratio"] <= r["median_ratio"] <= r["max_ratio"]
+
+
+def test_the_bound_model_and_the_ratio_timing_run_on_a_seeded_index(db_url):
+    """bench.scale.lexical_bounds on a small seeded index: each tighter bound lets the model read no more (a
+    tighter bound keeps fewer chunks in reach for the same lazy terms), nothing reads more than the walk, and
+    timing under two LAZY_RATIOs finds the same answers for every question (it raises otherwise)."""
+    seed(db_url, 3000, 16, 40, 0, lambda line: None, np.random.default_rng(5))
+    lines: list[str] = []
+    with Database(db_url, max_size=1) as db:
+        totals = lexical_bounds.measure(db, "t-huge", 12, min_postings=0, out=lines.append)
+        assert totals["queries"] == len(lines) > 0
+        assert totals["exact"] <= totals["stored"] <= totals["idf"] <= totals["walk"], totals
+        assert totals["product"] <= totals["walk"], totals
+        times = lexical_bounds.time_ratios(db, "t-huge", 6, [4.0, 1.0], out=lines.append)
+    assert [len(v) for v in times.values()] == [6, 6]
+    assert lines[-1] == "answers equal under every ratio"

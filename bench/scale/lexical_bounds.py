@@ -1,0 +1,199 @@
+"""``python -m bench.scale.lexical_bounds``: how much would a tighter per-term bound let MaxScore pruning skip?
+
+Usage (on the database a ``python -m bench.scale.search --chunks N --keep`` run seeded; KBINDEX_DATABASE_URL
+names its server)::
+
+    python -m bench.scale.lexical_bounds [--tenant t-huge] [--queries 30] [--min-postings 5000]
+
+For each of bench.scale.search's lexical queries (the same generator, so the same questions) that reads at least
+``--min-postings`` postings, it reads every posting of the query's terms, scores them with BM25 as the product
+does, and models what ``lexical_hits_pruned`` would read (postings walked, plus PROBE_COST per chunk probed by id
+when that is cheaper than walking the lazy terms) under four choices of lazy terms and bounds:
+
+- ``product``: the terms ``lazy_terms`` picks today, bounded by idf x (k1 + 1);
+- ``idf``: the cheapest run of commonest terms under that same bound;
+- ``stored``: the cheapest run under a bound publish could keep per term (its largest tf and smallest
+  length / tf, both only ever moving outward, so the bound stays a bound as chunks come and go);
+- ``exact``: the cheapest run under each term's exact largest contribution (no index can keep this one).
+
+It reads postings and times nothing: the figures are postings, the statement's unit of work. A model is not a
+clock, so ``--time-ratios 4,1.5,1`` also times the statement the product would run for each of the tenant's
+questions with ``lazy_terms`` under each LAZY_RATIO (more terms left lazy, as a looser ratio or a tighter bound
+would), interleaved per question, the first pass discarded as warm-up, and checks that the answers agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench import exit_on_sigterm, server_url
+from bench.scale.search import (K, LEXICAL_SEED, PROFILES, QUERY_SEED, SCRATCH, TERM_IDS, bench_database, percentile,
+                                query_text, tenant_queries)
+from pipelines.domain.lexical import PROBE_COST, LexicalParams, lazy_terms
+from pipelines.domain.metadata import EVERYTHING
+from resources.database import Database
+from resources.lexical import hits_query, max_pointer_probes, query_weights
+from resources.search import DEFAULT_MAX_SCAN_TUPLES, ef_search_for, hybrid_depth
+
+KINDS = ("product", "idf", "stored", "exact")
+
+
+@dataclass(frozen=True)
+class Cost:
+    postings: int  # what the statement reads: walked postings + PROBE_COST x chunks probed
+    lazy: int  # how many terms were left to probe
+    kept: int  # chunks the walk left within reach of the cut
+
+
+def modelled_cost(contributions: Mapping[int, Mapping[str, float]], lazy: Sequence[int], bounds: Mapping[int, float],
+                  cut: int, probe_cost: int = PROBE_COST) -> Cost | None:
+    """What lexical_hits_pruned reads with ``lazy`` probed: the other terms walked, their sums' ``cut``-th best
+    (theta), the chunks whose sum plus the lazy terms' bounds still reach theta probed by id when that costs
+    less than walking them. None when the bounds reach theta (the statement would walk everything)."""
+    walked = [t for t in contributions if t not in lazy]
+    partial: dict[str, float] = defaultdict(float)
+    for term in walked:
+        for chunk, score in contributions[term].items():
+            partial[chunk] += score
+    ranked = sorted(partial.values(), reverse=True)
+    theta = ranked[cut - 1] if len(ranked) >= cut else 0.0
+    reach = sum(bounds[t] for t in lazy)
+    if lazy and reach >= theta:
+        return None
+    kept = sum(1 for s in ranked if s + reach >= theta - 1e-6)
+    walked_postings = sum(len(contributions[t]) for t in walked)
+    lazy_postings = sum(len(contributions[t]) for t in lazy)
+    return Cost(walked_postings + min(lazy_postings, probe_cost * kept), len(lazy), kept)
+
+
+def cheapest(contributions: Mapping[int, Mapping[str, float]], bounds: Mapping[int, float], cut: int) -> Cost:
+    """The cheapest run of commonest terms to leave lazy (none at all included)."""
+    commonest = sorted(contributions, key=lambda t: (-len(contributions[t]), t))
+    costs = [modelled_cost(contributions, commonest[:n], bounds, cut) for n in range(len(commonest))]
+    return min((c for c in costs if c is not None), key=lambda c: c.postings)
+
+
+def bm25_bounds(idfs: Mapping[int, float], postings: Sequence[tuple[int, str, int, int]], avg_length: float,
+                params: LexicalParams) -> tuple[dict[int, dict[str, float]], dict[str, dict[int, float]]]:
+    """Each term's BM25 contribution per chunk, and each term's bound of each kind but ``product``."""
+    k1, b = params.bm25_k1, params.bm25_b
+    contributions: dict[int, dict[str, float]] = {t: {} for t in idfs}
+    max_tf: dict[int, int] = defaultdict(int)
+    min_length_per_tf: dict[int, float] = {}
+    for term, chunk, tf, length in postings:
+        contributions[term][chunk] = idfs[term] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / avg_length))
+        max_tf[term] = max(max_tf[term], tf)
+        min_length_per_tf[term] = min(min_length_per_tf.get(term, float("inf")), length / tf)
+    stored = {t: idfs[t] * (k1 + 1) / (1 + k1 * (1 - b) / max_tf[t] + k1 * b * min_length_per_tf[t] / avg_length)
+              if max_tf[t] else 0.0 for t in idfs}
+    bounds = {"idf": {t: idfs[t] * (k1 + 1) for t in idfs}, "stored": stored,
+              "exact": {t: max(contributions[t].values(), default=0.0) for t in idfs}}
+    return contributions, bounds
+
+
+def measure(db: Database, tenant: str, queries: int, min_postings: int, out=print) -> dict[str, int]:
+    params = LexicalParams.of(db.fetch_one("index_profile_active") or {})
+    cut = max_pointer_probes(10)
+    rng, term_rng = np.random.default_rng(QUERY_SEED), np.random.default_rng(LEXICAL_SEED + 2)
+    totals: dict[str, int] = defaultdict(int)
+    for query in tenant_queries(db, tenant, queries, rng, term_rng):
+        weights = query_weights(db, TERM_IDS, query_text(query), tenant_id=tenant, profile=PROFILES[0])
+        if not weights:
+            continue
+        terms = weights["candidates"]
+        idfs = dict(zip(terms, weights["candidate_idfs"]))
+        rows = db.fetch_all("bench_search_term_postings", {"tenant_id": tenant, "profile": PROFILES[0], "terms": terms})
+        if len(rows) < min_postings:
+            continue
+        postings = [(r["term"], r["chunk_id"], r["tf"], r["length"]) for r in rows]
+        contributions, bounds = bm25_bounds(idfs, postings, weights["avg_length"], params)
+        dfs = dict(zip(terms, weights["candidate_dfs"]))
+        picked = lazy_terms(dfs, idfs, cut, params.bm25_k1)
+        costs = {"product": modelled_cost(contributions, picked, bounds["idf"], cut)
+                 or modelled_cost(contributions, [], bounds["idf"], cut)}
+        costs.update({kind: cheapest(contributions, bounds[kind], cut) for kind in ("idf", "stored", "exact")})
+        totals["queries"] += 1
+        totals["walk"] += len(postings)
+        for kind, cost in costs.items():
+            totals[kind] += cost.postings
+        out(f"postings {len(postings):7,} | " + " | ".join(
+            f"{kind} lazy {costs[kind].lazy} kept {costs[kind].kept:6,} reads {costs[kind].postings:7,}" for kind in KINDS))
+    return dict(totals)
+
+
+def time_ratios(db: Database, tenant: str, queries: int, ratios: Sequence[float], out=print) -> dict[float, list[float]]:
+    """ms of the statement lexical_search runs unfiltered (hybrid's depth) for each question under each ratio,
+    the order rotating per question; two passes over the questions, the first discarded. Raises if any two
+    ratios' answers differ (they may only change the work)."""
+    params = LexicalParams.of(db.fetch_one("index_profile_active") or {})
+    k = hybrid_depth(K)
+    rng, term_rng = np.random.default_rng(QUERY_SEED), np.random.default_rng(LEXICAL_SEED + 2)
+    asked = tenant_queries(db, tenant, queries, rng, term_rng)
+    times: dict[float, list[float]] = {r: [] for r in ratios}
+    changed: dict[float, list[float]] = {r: [] for r in ratios}  # ms of the questions whose lazy terms differ
+    for i, query in enumerate(asked * 2):
+        weights = query_weights(db, TERM_IDS, query_text(query), tenant_id=tenant, profile=PROFILES[0])
+        if not weights:
+            continue
+        base = hits_query(weights, params, tenant_id=tenant, profile=PROFILES[0], k=k, read=EVERYTHING.params(),
+                          query_vector=query.vector, max_probes=max_pointer_probes(k))
+        dfs = dict(zip(weights["candidates"], weights["candidate_dfs"]))
+        idfs = dict(zip(weights["candidates"], weights["candidate_idfs"]))
+        lazy = {r: lazy_terms(dfs, idfs, base["max_probes"], params.bm25_k1, ratio=r) for r in ratios}
+        answers = {}
+        for r in ratios[i % len(ratios):] + ratios[:i % len(ratios)]:
+            with db.transaction() as tx:
+                tx.fetch_one("search_settings", {"ef_search": ef_search_for(k), "max_scan_tuples": DEFAULT_MAX_SCAN_TUPLES})
+                started = time.perf_counter()
+                rows = tx.fetch_all("lexical_hits_pruned" if lazy[r] else "lexical_hits", {**base, "lazy_terms": lazy[r]})
+                elapsed = time.perf_counter() - started
+            answers[r] = [(row["chunk_id"], round(row["bm25"], 9)) for row in rows]
+            if i >= len(asked):
+                times[r].append(elapsed * 1000)
+        if len({tuple(a) for a in answers.values()}) > 1:
+            raise AssertionError(f"the ratios' answers differ for question {i % len(asked)}: {answers}")
+        if i >= len(asked) and len({tuple(v) for v in lazy.values()}) > 1:
+            for r in ratios:
+                changed[r].append(times[r][-1])
+    for r in ratios:
+        v = times[r]
+        out(f"LAZY_RATIO {r:g}: p50 {statistics.median(v):.1f} ms, p95 {percentile(v, 95):.1f}, mean {statistics.mean(v):.2f}"
+            f" ({len(v)} questions); the {len(changed[r])} whose lazy terms differ: {sum(changed[r]):.1f} ms in all")
+    out("answers equal under every ratio")
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale.lexical_bounds", description=__doc__.split("\n")[0])
+    parser.add_argument("--tenant", default="t-huge")
+    parser.add_argument("--queries", type=int, default=30, help="bench.scale.search's first N questions of the tenant")
+    parser.add_argument("--min-postings", type=int, default=5_000, help="model only queries reading at least this many")
+    parser.add_argument("--time-ratios", default="", help="also time the statement under these LAZY_RATIOs (e.g. 4,1.5,1)")
+    args = parser.parse_args(argv)
+    exit_on_sigterm()
+    with server_url() as admin_url, bench_database(admin_url, keep=True, seeded=True) as url, \
+            Database(url, max_size=1) as db:
+        print(f"modelling {args.tenant}'s lexical queries on the {SCRATCH} database (postings read, nothing timed)")
+        totals = measure(db, args.tenant, args.queries, args.min_postings)
+        if "walk" not in totals:
+            print(f"no query of {args.tenant} reads {args.min_postings:,} postings or more")
+            return 0
+        walk = totals["walk"]
+        print(f"postings read over those {totals['queries']} queries: walk {walk:,}; "
+              + "; ".join(f"{kind} {totals[kind]:,} ({totals[kind] / walk:.2f})" for kind in KINDS))
+        if args.time_ratios:
+            print(f"timing all {args.queries} questions of {args.tenant} under LAZY_RATIO {args.time_ratios}")
+            time_ratios(db, args.tenant, args.queries, [float(r) for r in args.time_ratios.split(",")])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,13 +1,15 @@
 """Publishing a burst: ``Publisher.publish_many`` (one transaction, as `kbindex publish DIR` sends a folder) beside
 ``Publisher.publish`` called once per document, on the same documents, interleaved.
 
-``python -m bench.publish [--corpus ../shared/corpus] [--docs 1000] [--rounds 3] [--http | --manifest] [--json out.json]``
+``python -m bench.publish [--corpus ../shared/corpus] [--docs 1000] [--rounds 3] [--http | --manifest [--metadata-bytes B]]
+[--json out.json]``
 
 ``--http`` publishes through the API instead, served by uvicorn on 127.0.0.1 in this process: ``POST /documents``
 (the batch endpoint, batches cut as the CLI cuts them) beside ``POST /documents/{id}/versions`` once per document.
 ``--manifest``: ``POST /documents`` both ways, each document with metadata and an allow list of the same sizes,
 given once per batch (the shared ``metadata`` and ``allow`` parts) or per document (a ``manifest`` part): what
-reading a manifest costs.
+reading a manifest costs. ``--metadata-bytes B`` pads each version's metadata to about B bytes on both sides (the
+limit is 8 KiB a version), so a batch of 1,000 sends a manifest near the API's 4-MiB limit at B = 4000.
 
 Each round publishes the documents into a fresh tenant each way (so both sides create every version, task and
 event; the blobs are shared by content hash: the first side of the first round stores them, later sides find
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import exit_on_sigterm, server_url
+from pipelines.domain.metadata import MAX_STRING_CHARS
 
 SIDES = ("publish_many", "publish each")
 HTTP_SIDES = ("POST /documents", "POST each")
@@ -55,12 +58,14 @@ def _publish(publisher: Any, side: str, tenant: str, docs: list[tuple[str, bytes
             publisher.publish(tenant, name, body, name)
 
 
-def _post(http: Any, side: str, tenant: str, docs: list[tuple[str, bytes]]) -> None:
+def _post(http: Any, side: str, tenant: str, docs: list[tuple[str, bytes]], metadata_bytes: int = 0) -> int:
+    """Publishes ``docs``; returns the largest metadata-carrying part sent (manifest or shared metadata), bytes."""
     from urllib.parse import quote
 
     from resources.publisher import batched
 
     headers = {"Authorization": f"Bearer tok-{tenant}"}
+    largest = 0
     if side == "POST /documents":
         for batch in batched(docs, size=lambda d: len(d[1])):
             response = http.post("/documents", files=[("file", (n, b, "text/plain")) for n, b in batch], headers=headers)
@@ -70,10 +75,12 @@ def _post(http: Any, side: str, tenant: str, docs: list[tuple[str, bytes]]) -> N
         for batch in batched(docs, size=lambda d: len(d[1])):
             files = [("file", (n, b, "text/plain")) for n, b in batch]
             if side == "manifest":  # each document its own values, as long as the shared ones
-                entries = {n: {"metadata": _metadata(i), "allow": _allow(i)} for i, (n, _) in enumerate(batch)}
+                entries = {n: {"metadata": _metadata(i, metadata_bytes), "allow": _allow(i)}
+                           for i, (n, _) in enumerate(batch)}
                 parts = {"manifest": json.dumps(entries)}
             else:
-                parts = {"metadata": json.dumps(_metadata(0)), "allow": json.dumps(_allow(0))}
+                parts = {"metadata": json.dumps(_metadata(0, metadata_bytes)), "allow": json.dumps(_allow(0))}
+            largest = max(largest, len(next(iter(parts.values())).encode()))
             response = http.post("/documents", files=files, data=parts, headers=headers)
             if response.status_code != 202 or any(r["status"] != 202 for r in response.json()["results"]):
                 raise RuntimeError(f"batch publish answered {response.status_code}: {response.text[:300]}")
@@ -83,10 +90,17 @@ def _post(http: Any, side: str, tenant: str, docs: list[tuple[str, bytes]]) -> N
                                  files={"file": (name, body, "text/plain")}, headers=headers)
             if response.status_code != 202:
                 raise RuntimeError(f"publish answered {response.status_code}: {response.text[:300]}")
+    return largest
 
 
-def _metadata(i: int) -> dict[str, str]:
-    return {"dept": f"dept-{i % 7:02d}", "owner": f"owner-{i % 13:03d}"}
+def _metadata(i: int, size: int = 0) -> dict[str, str]:
+    """A version's metadata; ``size``: padded to about that many bytes of JSON with ``notes_N`` strings (a string
+    holds at most 1,000 characters)."""
+    values = {"dept": f"dept-{i % 7:02d}", "owner": f"owner-{i % 13:03d}"}
+    while (short := size - len(json.dumps(values))) > 0:
+        key = f"notes_{len(values) - 2}"
+        values[key] = "n" * max(0, min(MAX_STRING_CHARS, short - len(json.dumps({key: ""}))))
+    return values
 
 
 def _allow(i: int) -> list[str]:
@@ -98,7 +112,7 @@ def _tenant(r: int, side: str) -> str:
 
 
 def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool = False,
-        manifest: bool = False) -> dict[str, Any]:
+        manifest: bool = False, metadata_bytes: int = 0) -> dict[str, Any]:
     from rich.progress import Progress
 
     from bench.pipeline.__main__ import scratch_databases
@@ -124,7 +138,7 @@ def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool =
             stack.callback(app.state.close)
             url = stack.enter_context(contextmanager(serve)(app))
             client = stack.enter_context(httpx.Client(base_url=url, timeout=300))
-            publish = partial(_post, client)
+            publish = partial(_post, client, metadata_bytes=metadata_bytes)
         else:
             publish = partial(_publish, Publisher(db, BlobStore(blobs)))
         with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
@@ -133,13 +147,14 @@ def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool =
                 for side in sides if r % 2 == 0 else sides[::-1]:
                     tenant = _tenant(r, side)
                     started = time.perf_counter()
-                    publish(side, tenant, docs)
+                    sent = publish(side, tenant, docs) or 0
                     seconds = time.perf_counter() - started
                     row = db.fetch_one("bench_publish_burst", {"tenant_id": tenant})
                     samples[side].append({"seconds": seconds, "versions": row["versions"],
                                           "transactions": row["transactions"], "with_metadata": row["with_metadata"],
-                                          "distinct_allow": row["distinct_allow"]})
-                    out(f"round {r + 1}/{rounds} {side:<13} {seconds:6.2f} s  {row['transactions']} transaction(s)")
+                                          "distinct_allow": row["distinct_allow"], "largest_part_bytes": sent})
+                    out(f"round {r + 1}/{rounds} {side:<13} {seconds:6.2f} s  {row['transactions']} transaction(s)"
+                        + (f", largest metadata part {sent:,} bytes" if manifest else ""))
                     bar.advance(job)
     report: dict[str, Any] = {"docs": len(docs), "rounds": rounds, "samples": samples, "sides": list(sides)}
     report["median_seconds"] = {side: statistics.median(s["seconds"] for s in samples[side]) for side in sides}
@@ -171,11 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     way.add_argument("--http", action="store_true", help="through the API: POST /documents vs one POST each")
     way.add_argument("--manifest", action="store_true",
                      help="through the API, POST /documents both ways: per-document manifest vs shared metadata")
+    parser.add_argument("--metadata-bytes", type=int, default=0,
+                        help="with --manifest: each version's metadata padded to about this many bytes (both sides)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.metadata_bytes and not args.manifest:
+        parser.error("--metadata-bytes goes with --manifest")
     exit_on_sigterm()
     report = run(args.corpus, args.docs, args.rounds, out=lambda line: print(line, flush=True), http=args.http,
-                 manifest=args.manifest)
+                 manifest=args.manifest, metadata_bytes=args.metadata_bytes)
     print(render(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

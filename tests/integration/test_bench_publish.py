@@ -39,3 +39,18 @@ def test_a_manifest_and_shared_metadata_publish_the_same_batches_with_metadata_o
     assert report["metadata"] == {"shared metadata": [30, 30], "manifest": [30, 30]}, shown
     assert report["distinct_allow"] == {"shared metadata": [1, 1], "manifest": [5, 5]}, shown
     assert "manifest / shared metadata" in shown, shown
+
+
+def test_padded_metadata_makes_a_manifest_of_the_size_asked_on_both_sides_alike(db_url):
+    """--metadata-bytes: each version's metadata is padded to about that size on both sides, so the manifest part
+    grows with the batch while the shared part stays one version's worth; every version still gets it."""
+    import json
+
+    from bench.publish import _metadata
+
+    assert len(json.dumps(_metadata(3, 4000))) == 4000 and _metadata(3) == _metadata(3, 0)
+    report = run(None, 10, 1, out=lambda _: None, manifest=True, metadata_bytes=4000)
+    shared, manifest = report["samples"]["shared metadata"][0], report["samples"]["manifest"][0]
+    assert 4000 <= shared["largest_part_bytes"] < 4100, shared
+    assert 10 * 4000 <= manifest["largest_part_bytes"] < 10 * 4200, manifest
+    assert report["metadata"] == {"shared metadata": [10], "manifest": [10]}

@@ -107,6 +107,7 @@ from typing import Any
 
 import psycopg
 
+from bench.chaos.progress import ProgressWatch
 from bench.dagster_dev import DagsterDev, dagster_yaml
 from resources.local_postgres import stop_pgdata, with_database
 
@@ -448,6 +449,10 @@ class Chaos:
         self.pg_stops = 0
         """PostgreSQL stops begun so far: a connection opened before the latest one reports it on its next use."""
         self.abort = threading.Event()
+        self.progress = ProgressWatch()
+        self.stalls: list[dict[str, Any]] = []
+        """Snapshots taken while no task finished for STALL_SECONDS (bench/chaos/progress.py)."""
+        self.stall_stacks: list[str] = []
         self._events_seen = 0
         self._pid_runs: dict[int, str] = {}
         self._run_kinds: dict[str, str] = {}
@@ -1165,6 +1170,8 @@ class Chaos:
                     report["dagster_log_tail"] = log_tail
                 if getattr(self, "stacks_at_timeout", ""):
                     report["dagster_stacks_at_timeout"] = self.stacks_at_timeout
+                if self.stall_stacks:
+                    report["dagster_stacks_in_stalls"] = "\n".join(self.stall_stacks)
             host.close()
             if hasattr(self, "pg"):
                 if self.cfg.keep and self.network is None:  # --network: the namespaces go whatever --keep says
@@ -1192,6 +1199,10 @@ class Chaos:
                 time.sleep(1)
                 continue
             unfinished = sum(v for k, v in counts.items() if k not in TERMINAL)
+            finished = sum(v for k, v in counts.items() if k in TERMINAL)
+            gap = self.progress.see(time.monotonic(), finished, unfinished)
+            if gap is not None:
+                self._snapshot_stall(elapsed, gap, counts)
             migrated = self.migration is None or self.migration.done.is_set()
             synced = self.sources is None or self.sources.done.is_set()
             if self.publishing_done.is_set() and self.faults_done.is_set() and migrated and synced and unfinished == 0:
@@ -1209,6 +1220,19 @@ class Chaos:
                        if self.migration is not None and self.migration.started.is_set() else "")
                 )
             time.sleep(1)
+
+    def _snapshot_stall(self, elapsed: float, gap: float, counts: Counter) -> None:
+        """While no task has finished for ``gap`` s: what a timed-out round reports, taken during the stall."""
+        self._note(f"no task finished for {gap:.0f} s with {dict(sorted(counts.items()))}: taking a snapshot")
+        stall: dict[str, Any] = {"at_seconds": round(elapsed, 1), "without_progress_seconds": round(gap, 1),
+                                 "counts": dict(sorted(counts.items()))}
+        for key, take in (("live_runs", lambda: live_runs(self.dg_url)), ("busy_sessions", lambda: busy_sessions(self.url))):
+            try:
+                stall[key] = take()
+            except Exception as exc:  # noqa: BLE001 - PostgreSQL may be what stalled
+                stall[key] = f"unavailable: {type(exc).__name__}: {exc}"
+        self.stalls.append(stall)
+        self.stall_stacks.append(f"at {elapsed:.0f} s:\n{self.dagster.stacks()}\n--- log tail ---\n{self.dagster.log_tail()}")
 
     # -- figures ----------------------------------------------------------------------------------
 
@@ -1399,6 +1423,8 @@ class Chaos:
             "end_state": {"pointers": pointer_state, "ledger": ledger_state, "search_sweep": sweep},
             "must_be_zero": must_be_zero,
             "time_to_quiescence_seconds": quiet,
+            "longest_without_progress_seconds": round(self.progress.longest, 1),
+            "stalls": self.stalls,
             "timed_out": timed_out,
             **({"live_runs_at_timeout": live_runs(self.dg_url), "busy_sessions_at_timeout": busy_sessions(self.url)}
                if timed_out else {}),
@@ -1429,11 +1455,14 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"{pad}{key}: {json.dumps(value, default=str) if not isinstance(value, str) else value}")
 
     for key, value in report.items():
-        if key in ("dagster_log_tail", "dagster_stacks_at_timeout"):
+        if key in ("dagster_log_tail", "dagster_stacks_at_timeout", "dagster_stacks_in_stalls"):
             continue
         emit(key, value)
     if "dagster_log_tail" in report:
         lines.append("--- dagster log tail ---\n" + report["dagster_log_tail"])
+    if "dagster_stacks_in_stalls" in report:
+        lines.append("--- dagster dev's stacks and log while no task finished (py-spy dump) ---\n"
+                     + report["dagster_stacks_in_stalls"])
     if "dagster_stacks_at_timeout" in report:
         lines.append("--- dagster dev's stacks when the round timed out (py-spy dump) ---\n"
                      + report["dagster_stacks_at_timeout"])

@@ -101,7 +101,7 @@ def bm25_bounds(idfs: Mapping[int, float], postings: Sequence[tuple[int, str, in
 
 def measure(db: Database, tenant: str, queries: int, min_postings: int, out=print) -> dict[str, int]:
     params = LexicalParams.of(db.fetch_one("index_profile_active") or {})
-    cut = max_pointer_probes(10)
+    cut = max_pointer_probes(hybrid_depth(K))  # the walk's cut of the statement time_ratios times (400)
     rng, term_rng = np.random.default_rng(QUERY_SEED), np.random.default_rng(LEXICAL_SEED + 2)
     totals: dict[str, int] = defaultdict(int)
     for query in tenant_queries(db, tenant, queries, rng, term_rng):

@@ -20,6 +20,13 @@ It reads postings and times nothing: the figures are postings, the statement's u
 clock, so ``--time-ratios 4,1.5,1`` also times the statement the product would run for each of the tenant's
 questions with ``lazy_terms`` under each LAZY_RATIO (more terms left lazy, as a looser ratio or a tighter bound
 would), interleaved per question, the first pass discarded as warm-up, and checks that the answers agree.
+
+A tighter bound also keeps fewer chunks within reach of the cut for the same lazy terms, which no ratio shows.
+``--time-bounds`` times that: today's statement against the same statement given each lazy term's kept bound
+(computed here from the postings, as publish could keep it), the lazy terms chosen by ``lazy_terms`` with those
+bounds. The product statement computes idf x (k1 + 1) itself, so the bench derives the bounded variant from its
+text (``bounded_statement``: three anchored edits that fail loudly if the statement changes), a measurement
+before deciding whether publish should keep the bound, not a second copy of the statement.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import sql
 from bench import exit_on_sigterm, server_url
 from bench.scale.search import (K, LEXICAL_SEED, PROFILES, QUERY_SEED, SCRATCH, TERM_IDS, bench_database, percentile,
                                 query_text, tenant_queries)
@@ -42,6 +50,22 @@ from pipelines.domain.metadata import EVERYTHING
 from resources.database import Database
 from resources.lexical import hits_query, max_pointer_probes, query_weights
 from resources.search import DEFAULT_MAX_SCAN_TUPLES, ef_search_for, hybrid_depth
+
+BOUNDED_EDITS = (
+    ("SELECT q.term, q.idf, q.df, q.term = ANY (%(lazy_terms)s::integer[]) AS lazy\n"
+     "    FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[], %(candidate_dfs)s::bigint[])\n"
+     "         AS q (term, idf, df)",
+     "SELECT q.term, q.idf, q.df, q.term = ANY (%(lazy_terms)s::integer[]) AS lazy, q.bound\n"
+     "    FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[], %(candidate_dfs)s::bigint[],\n"
+     "                %(term_bounds)s::float8[]) AS q (term, idf, df, bound)"),
+    ("SELECT l.term, l.idf, l.df, coalesce(l.reach < t.theta - 1e-6, false) AS probed\n"
+     "    FROM (SELECT q.term, q.idf, q.df, sum(q.idf * (%(k1)s::float8 + 1)) OVER (ORDER BY q.idf, q.term) AS reach",
+     "SELECT l.term, l.idf, l.df, l.bound, coalesce(l.reach < t.theta - 1e-6, false) AS probed\n"
+     "    FROM (SELECT q.term, q.idf, q.df, q.bound, sum(q.bound) OVER (ORDER BY q.idf, q.term) AS reach"),
+    ("SELECT coalesce(sum(l.idf * (%(k1)s::float8 + 1)), 0) AS reach", "SELECT coalesce(sum(l.bound), 0) AS reach"),
+)
+"""lexical_hits_pruned with each term's bound from %(term_bounds)s (aligned with candidates) in place of
+idf x (k1 + 1): where the lazy terms' reach is summed, and nowhere else."""
 
 KINDS = ("product", "idf", "stored", "exact")
 
@@ -171,12 +195,76 @@ def time_ratios(db: Database, tenant: str, queries: int, ratios: Sequence[float]
     return times
 
 
+def bounded_statement() -> str:
+    """lexical_hits_pruned taking %(term_bounds)s (BOUNDED_EDITS); raises if an edit's anchor is gone."""
+    text = sql.queries["lexical_hits_pruned"]
+    for anchor, replacement in BOUNDED_EDITS:
+        if text.count(anchor) != 1:
+            raise RuntimeError(f"lexical_hits_pruned changed: cannot find {anchor[:60]!r}; update BOUNDED_EDITS")
+        text = text.replace(anchor, replacement)
+    return text
+
+
+def time_bounds(db: Database, tenant: str, queries: int, out=print) -> dict[str, list[float]]:
+    """ms of the unfiltered lexical statement (hybrid's depth) per question with today's bound and with the kept
+    bound, the order alternating; two passes, the first discarded. Raises if the answers differ."""
+    from bench.scale.statement_ab import statements
+
+    params = LexicalParams.of(db.fetch_one("index_profile_active") or {})
+    k = hybrid_depth(K)
+    bounded = bounded_statement()
+    rng, term_rng = np.random.default_rng(QUERY_SEED), np.random.default_rng(LEXICAL_SEED + 2)
+    asked = tenant_queries(db, tenant, queries, rng, term_rng)
+    sides = ("today", "kept bound")
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    changed: dict[str, list[float]] = {side: [] for side in sides}
+    for i, query in enumerate(asked * 2):
+        weights = query_weights(db, TERM_IDS, query_text(query), tenant_id=tenant, profile=PROFILES[0])
+        if not weights:
+            continue
+        base = hits_query(weights, params, tenant_id=tenant, profile=PROFILES[0], k=k, read=EVERYTHING.params(),
+                          query_vector=query.vector, max_probes=max_pointer_probes(k))
+        terms = weights["candidates"]
+        idfs, dfs = dict(zip(terms, weights["candidate_idfs"])), dict(zip(terms, weights["candidate_dfs"]))
+        rows = db.fetch_all("bench_search_term_postings", {"tenant_id": tenant, "profile": PROFILES[0], "terms": terms})
+        _, bounds = bm25_bounds(idfs, [(r["term"], r["chunk_id"], r["tf"], r["length"]) for r in rows],
+                                weights["avg_length"], params)
+        kept = bounds["stored"]
+        lazy = {"today": base["lazy_terms"],
+                "kept bound": lazy_terms(dfs, idfs, base["max_probes"], params.bm25_k1, bounds=kept)}
+        answers = {}
+        for side in sides if i % 2 else sides[::-1]:
+            texts = {"lexical_hits_pruned": bounded} if side == "kept bound" else {}
+            with statements(texts), db.transaction() as tx:
+                tx.fetch_one("search_settings", {"ef_search": ef_search_for(k), "max_scan_tuples": DEFAULT_MAX_SCAN_TUPLES})
+                started = time.perf_counter()
+                found = tx.fetch_all("lexical_hits_pruned" if lazy[side] else "lexical_hits",
+                                     {**base, "lazy_terms": lazy[side], "term_bounds": [kept[t] for t in terms]})
+                elapsed = time.perf_counter() - started
+            answers[side] = [(row["chunk_id"], round(row["bm25"], 9)) for row in found]
+            if i >= len(asked):
+                times[side].append(elapsed * 1000)
+        if answers["today"] != answers["kept bound"]:
+            raise AssertionError(f"the kept bound changed the answer to question {i % len(asked)}: {answers}")
+        if i >= len(asked) and lazy["today"] != lazy["kept bound"]:
+            for side in sides:
+                changed[side].append(times[side][-1])
+    for side in sides:
+        v = times[side]
+        out(f"{side}: p50 {statistics.median(v):.1f} ms, p95 {percentile(v, 95):.1f}, mean {statistics.mean(v):.2f}"
+            f" ({len(v)} questions); the {len(changed[side])} whose lazy terms differ: {sum(changed[side]):.1f} ms in all")
+    out("answers equal with either bound")
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale.lexical_bounds", description=__doc__.split("\n")[0])
     parser.add_argument("--tenant", default="t-huge")
     parser.add_argument("--queries", type=int, default=30, help="bench.scale.search's first N questions of the tenant")
     parser.add_argument("--min-postings", type=int, default=5_000, help="model only queries reading at least this many")
     parser.add_argument("--time-ratios", default="", help="also time the statement under these LAZY_RATIOs (e.g. 4,1.5,1)")
+    parser.add_argument("--time-bounds", action="store_true",
+                        help="also time the statement with today's bound against the kept bound")
     args = parser.parse_args(argv)
     exit_on_sigterm()
     with server_url() as admin_url, bench_database(admin_url, keep=True, seeded=True) as url, \
@@ -192,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.time_ratios:
             print(f"timing all {args.queries} questions of {args.tenant} under LAZY_RATIO {args.time_ratios}")
             time_ratios(db, args.tenant, args.queries, [float(r) for r in args.time_ratios.split(",")])
+        if args.time_bounds:
+            print(f"timing all {args.queries} questions of {args.tenant}: today's bound against the kept bound")
+            time_bounds(db, args.tenant, args.queries)
     return 0
 
 

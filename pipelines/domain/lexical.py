@@ -247,7 +247,7 @@ two queries of sixty ran slower than the full walk; with 3 none did (the same da
 
 
 def lazy_terms(dfs: Mapping[int, int], idfs: Mapping[int, float], walk_at_least: int, k1: float,
-               ratio: float = LAZY_RATIO) -> list[int]:
+               ratio: float = LAZY_RATIO, bounds: Mapping[int, float] | None = None) -> list[int]:
     """The common query terms that lexical_hits_pruned may probe instead of walk (MaxScore pruning); none:
     lexical_hits walks them all. ``dfs`` / ``idfs``: term -> current chunks holding it / its idf.
 
@@ -255,8 +255,9 @@ def lazy_terms(dfs: Mapping[int, int], idfs: Mapping[int, float], walk_at_least:
     ``theta``, and the lazy terms' most (idf x (k1 + 1) each) must stay below it, or the statement walks
     them after all. A probed term costs a probe per chunk the walk found that can still rank. So the lazy
     terms are the longest run of commonest terms that holds at least LAZY_RATIO x the others' postings and
-    whose most stays below ``theta_estimate`` of the others (``ratio``: another LAZY_RATIO, for
-    bench.scale.lexical_bounds). The answer does not depend on it, only the work."""
+    whose most stays below ``theta_estimate`` of the others (``ratio``: another LAZY_RATIO; ``bounds``: each
+    term's most, in place of idf x (k1 + 1); both for bench.scale.lexical_bounds). The answer does not depend on
+    it, only the work."""
     ranked = sorted(dfs, key=lambda t: (-dfs[t], t))
     best: list[int] = []
     for i in range(1, len(ranked)):
@@ -265,7 +266,8 @@ def lazy_terms(dfs: Mapping[int, int], idfs: Mapping[int, float], walk_at_least:
         if rest_postings < max(walk_at_least, 1):
             break
         if (sum(dfs[t] for t in lazy) >= ratio * rest_postings
-                and sum(idfs[t] for t in lazy) * (k1 + 1) < theta_estimate(dfs, idfs, rest, walk_at_least)):
+                and (sum(bounds[t] for t in lazy) if bounds is not None else sum(idfs[t] for t in lazy) * (k1 + 1))
+                < theta_estimate(dfs, idfs, rest, walk_at_least)):
             best = lazy
     return sorted(best)
 

@@ -81,6 +81,17 @@ def test_lazy_terms_are_the_longest_run_of_commonest_that_can_be_pruned():
     assert lazy_terms({}, {}, walk_at_least=0, k1=1.2) == []
 
 
+def test_lazy_terms_take_tighter_bounds_and_another_ratio_when_given():
+    dfs, idfs = {1: 12_000, 2: 2_000, 3: 400, 4: 30}, {1: 1.0, 2: 2.0, 3: 6.0, 4: 7.0}
+    # Term 1 and 2's idf x (k1 + 1) sum to 6.6, not below theta's estimate (6.0); bounds of 1.5 and 3.0 are.
+    assert lazy_terms(dfs, idfs, walk_at_least=100, k1=1.2, bounds={1: 1.5, 2: 3.0, 3: 9, 4: 9}) == [1, 2]
+    assert lazy_terms(dfs, idfs, walk_at_least=100, k1=1.2, bounds={1: 1.5, 2: 4.6, 3: 9, 4: 9}) == [1]
+    # 9,000 against 3,000 is not 4 to 1, but it is 2 to 1.
+    dfs = {1: 9_000, 2: 2_600, 3: 400}
+    assert lazy_terms(dfs, {1: 1.0, 2: 5.0, 3: 6.0}, walk_at_least=100, k1=1.2) == []
+    assert lazy_terms(dfs, {1: 1.0, 2: 5.0, 3: 6.0}, walk_at_least=100, k1=1.2, ratio=2) == [1]
+
+
 def test_theta_estimate_is_the_idf_where_the_walked_terms_reach_the_cut():
     dfs, idfs = {1: 9_000, 2: 300, 3: 200}, {1: 1.0, 2: 5.0, 3: 6.0}
     assert theta_estimate(dfs, idfs, [2, 3], 100) == 6.0

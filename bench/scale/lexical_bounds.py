@@ -36,8 +36,9 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -153,16 +154,25 @@ def measure(db: Database, tenant: str, queries: int, min_postings: int, out=prin
     return dict(totals)
 
 
-def time_ratios(db: Database, tenant: str, queries: int, ratios: Sequence[float], out=print) -> dict[float, list[float]]:
-    """ms of the statement lexical_search runs unfiltered (hybrid's depth) for each question under each ratio,
-    the order rotating per question; two passes over the questions, the first discarded. Raises if any two
-    ratios' answers differ (they may only change the work)."""
+Side = tuple[list[int], dict[str, Any], dict[str, str]]
+"""How one side runs a question: its lazy terms, extra statement parameters, statement texts swapped in."""
+
+
+def time_sides(db: Database, tenant: str, queries: int, labels: Sequence[str],
+               side: Callable[[str, dict[str, Any], dict[int, int], dict[int, float]], Side], out=print,
+               ) -> dict[str, list[float]]:
+    """ms of the statement lexical_search runs unfiltered (hybrid's depth) for each question on each side
+    (``side(label, params, dfs, idfs)``), the order rotating per question; two passes over the questions, the
+    first discarded. Raises if two sides' answers differ (a side may only change the work). Prints each side's
+    p50 / p95 / mean and its time on the questions whose lazy terms differ between sides."""
+    from bench.scale.statement_ab import statements
+
     params = LexicalParams.of(db.fetch_one("index_profile_active") or {})
     k = hybrid_depth(K)
     rng, term_rng = np.random.default_rng(QUERY_SEED), np.random.default_rng(LEXICAL_SEED + 2)
     asked = tenant_queries(db, tenant, queries, rng, term_rng)
-    times: dict[float, list[float]] = {r: [] for r in ratios}
-    changed: dict[float, list[float]] = {r: [] for r in ratios}  # ms of the questions whose lazy terms differ
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    changed: dict[str, list[float]] = {label: [] for label in labels}  # ms of the questions whose lazy terms differ
     for i, query in enumerate(asked * 2):
         weights = query_weights(db, TERM_IDS, query_text(query), tenant_id=tenant, profile=PROFILES[0])
         if not weights:
@@ -171,28 +181,39 @@ def time_ratios(db: Database, tenant: str, queries: int, ratios: Sequence[float]
                           query_vector=query.vector, max_probes=max_pointer_probes(k))
         dfs = dict(zip(weights["candidates"], weights["candidate_dfs"]))
         idfs = dict(zip(weights["candidates"], weights["candidate_idfs"]))
-        lazy = {r: lazy_terms(dfs, idfs, base["max_probes"], params.bm25_k1, ratio=r) for r in ratios}
+        runs = {label: side(label, base, dfs, idfs) for label in labels}
         answers = {}
-        for r in ratios[i % len(ratios):] + ratios[:i % len(ratios)]:
-            with db.transaction() as tx:
+        for label in list(labels[i % len(labels):]) + list(labels[:i % len(labels)]):
+            lazy, extra, texts = runs[label]
+            with statements(texts), db.transaction() as tx:
                 tx.fetch_one("search_settings", {"ef_search": ef_search_for(k), "max_scan_tuples": DEFAULT_MAX_SCAN_TUPLES})
                 started = time.perf_counter()
-                rows = tx.fetch_all("lexical_hits_pruned" if lazy[r] else "lexical_hits", {**base, "lazy_terms": lazy[r]})
+                rows = tx.fetch_all("lexical_hits_pruned" if lazy else "lexical_hits", {**base, **extra, "lazy_terms": lazy})
                 elapsed = time.perf_counter() - started
-            answers[r] = [(row["chunk_id"], round(row["bm25"], 9)) for row in rows]
+            answers[label] = [(row["chunk_id"], round(row["bm25"], 9)) for row in rows]
             if i >= len(asked):
-                times[r].append(elapsed * 1000)
+                times[label].append(elapsed * 1000)
         if len({tuple(a) for a in answers.values()}) > 1:
-            raise AssertionError(f"the ratios' answers differ for question {i % len(asked)}: {answers}")
-        if i >= len(asked) and len({tuple(v) for v in lazy.values()}) > 1:
-            for r in ratios:
-                changed[r].append(times[r][-1])
-    for r in ratios:
-        v = times[r]
-        out(f"LAZY_RATIO {r:g}: p50 {statistics.median(v):.1f} ms, p95 {percentile(v, 95):.1f}, mean {statistics.mean(v):.2f}"
-            f" ({len(v)} questions); the {len(changed[r])} whose lazy terms differ: {sum(changed[r]):.1f} ms in all")
-    out("answers equal under every ratio")
+            raise AssertionError(f"the sides' answers differ for question {i % len(asked)}: {answers}")
+        if i >= len(asked) and len({tuple(run[0]) for run in runs.values()}) > 1:
+            for label in labels:
+                changed[label].append(times[label][-1])
+    for label in labels:
+        v = times[label]
+        out(f"{label}: p50 {statistics.median(v):.1f} ms, p95 {percentile(v, 95):.1f}, mean {statistics.mean(v):.2f}"
+            f" ({len(v)} questions); the {len(changed[label])} whose lazy terms differ: {sum(changed[label]):.1f} ms in all")
+    out("answers equal on every side")
     return times
+
+
+def time_ratios(db: Database, tenant: str, queries: int, ratios: Sequence[float], out=print) -> dict[str, list[float]]:
+    """time_sides with ``lazy_terms`` under each LAZY_RATIO, today's bound."""
+    k1 = LexicalParams.of(db.fetch_one("index_profile_active") or {}).bm25_k1
+
+    def side(label: str, base: dict[str, Any], dfs: dict[int, int], idfs: dict[int, float]) -> Side:
+        return lazy_terms(dfs, idfs, base["max_probes"], k1, ratio=float(label.split()[-1])), {}, {}
+
+    return time_sides(db, tenant, queries, [f"LAZY_RATIO {r:g}" for r in ratios], side, out)
 
 
 def bounded_statement() -> str:
@@ -206,55 +227,23 @@ def bounded_statement() -> str:
 
 
 def time_bounds(db: Database, tenant: str, queries: int, out=print) -> dict[str, list[float]]:
-    """ms of the unfiltered lexical statement (hybrid's depth) per question with today's bound and with the kept
-    bound, the order alternating; two passes, the first discarded. Raises if the answers differ."""
-    from bench.scale.statement_ab import statements
-
+    """time_sides with today's bound against the kept bound (computed from the question's postings, given to
+    the bounded statement; the lazy terms chosen with it)."""
     params = LexicalParams.of(db.fetch_one("index_profile_active") or {})
-    k = hybrid_depth(K)
     bounded = bounded_statement()
-    rng, term_rng = np.random.default_rng(QUERY_SEED), np.random.default_rng(LEXICAL_SEED + 2)
-    asked = tenant_queries(db, tenant, queries, rng, term_rng)
-    sides = ("today", "kept bound")
-    times: dict[str, list[float]] = {side: [] for side in sides}
-    changed: dict[str, list[float]] = {side: [] for side in sides}
-    for i, query in enumerate(asked * 2):
-        weights = query_weights(db, TERM_IDS, query_text(query), tenant_id=tenant, profile=PROFILES[0])
-        if not weights:
-            continue
-        base = hits_query(weights, params, tenant_id=tenant, profile=PROFILES[0], k=k, read=EVERYTHING.params(),
-                          query_vector=query.vector, max_probes=max_pointer_probes(k))
-        terms = weights["candidates"]
-        idfs, dfs = dict(zip(terms, weights["candidate_idfs"])), dict(zip(terms, weights["candidate_dfs"]))
+
+    def side(label: str, base: dict[str, Any], dfs: dict[int, int], idfs: dict[int, float]) -> Side:
+        if label == "today":
+            return base["lazy_terms"], {}, {}
+        terms = base["candidates"]
         rows = db.fetch_all("bench_search_term_postings", {"tenant_id": tenant, "profile": PROFILES[0], "terms": terms})
         _, bounds = bm25_bounds(idfs, [(r["term"], r["chunk_id"], r["tf"], r["length"]) for r in rows],
-                                weights["avg_length"], params)
+                                base["avg_length"], params)
         kept = bounds["stored"]
-        lazy = {"today": base["lazy_terms"],
-                "kept bound": lazy_terms(dfs, idfs, base["max_probes"], params.bm25_k1, bounds=kept)}
-        answers = {}
-        for side in sides if i % 2 else sides[::-1]:
-            texts = {"lexical_hits_pruned": bounded} if side == "kept bound" else {}
-            with statements(texts), db.transaction() as tx:
-                tx.fetch_one("search_settings", {"ef_search": ef_search_for(k), "max_scan_tuples": DEFAULT_MAX_SCAN_TUPLES})
-                started = time.perf_counter()
-                found = tx.fetch_all("lexical_hits_pruned" if lazy[side] else "lexical_hits",
-                                     {**base, "lazy_terms": lazy[side], "term_bounds": [kept[t] for t in terms]})
-                elapsed = time.perf_counter() - started
-            answers[side] = [(row["chunk_id"], round(row["bm25"], 9)) for row in found]
-            if i >= len(asked):
-                times[side].append(elapsed * 1000)
-        if answers["today"] != answers["kept bound"]:
-            raise AssertionError(f"the kept bound changed the answer to question {i % len(asked)}: {answers}")
-        if i >= len(asked) and lazy["today"] != lazy["kept bound"]:
-            for side in sides:
-                changed[side].append(times[side][-1])
-    for side in sides:
-        v = times[side]
-        out(f"{side}: p50 {statistics.median(v):.1f} ms, p95 {percentile(v, 95):.1f}, mean {statistics.mean(v):.2f}"
-            f" ({len(v)} questions); the {len(changed[side])} whose lazy terms differ: {sum(changed[side]):.1f} ms in all")
-    out("answers equal with either bound")
-    return times
+        return (lazy_terms(dfs, idfs, base["max_probes"], params.bm25_k1, bounds=kept),
+                {"term_bounds": [kept[t] for t in terms]}, {"lexical_hits_pruned": bounded})
+
+    return time_sides(db, tenant, queries, ["today", "kept bound"], side, out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,6 +121,29 @@ SELECT term, df
 FROM lexical_term_stats
 WHERE tenant_id = %(tenant_id)s AND profile = %(profile)s AND term = ANY (%(terms)s::integer[]);
 
+-- fragment: lexical_hits_tail
+-- The end of lexical_hits and lexical_hits_pruned: the pointer probes of the walk's best chunks (``scored``),
+-- the k best the reader may see, and how many chunks the walk ranked (``walked``).
+hits AS (
+    SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text, p.metadata, s.bm25,
+           c.embedding <=> %(query)s::vector AS distance
+    FROM scored s
+    JOIN chunk c ON c.chunk_id = s.chunk_id
+    CROSS JOIN LATERAL (
+        SELECT p.metadata FROM search_pointer p
+        WHERE p.tenant_id = %(tenant_id)s AND p.document_id = c.document_id AND p.profile = %(profile)s
+          AND p.version_number = c.version_number
+          AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+          AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
+    ) p
+    ORDER BY s.bm25 DESC, s.chunk_id
+    LIMIT %(k)s
+)
+SELECT h.*, w.walked
+FROM (SELECT count(*) AS walked FROM scored) w
+LEFT JOIN hits h ON true
+ORDER BY h.bm25 DESC, h.chunk_id;
+
 -- name: lexical_hits
 -- BM25 top k of the tenant's current chunks in the reader's scope (allow list and metadata filters on the
 -- pointer rows, as in search_hits: a posting of a version out of scope never scores). The postings of the
@@ -147,25 +170,7 @@ scored AS MATERIALIZED (
     ORDER BY bm25 DESC, x.chunk_id
     LIMIT %(max_probes)s
 ),
-hits AS (
-    SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text, p.metadata, s.bm25,
-           c.embedding <=> %(query)s::vector AS distance
-    FROM scored s
-    JOIN chunk c ON c.chunk_id = s.chunk_id
-    CROSS JOIN LATERAL (
-        SELECT p.metadata FROM search_pointer p
-        WHERE p.tenant_id = %(tenant_id)s AND p.document_id = c.document_id AND p.profile = %(profile)s
-          AND p.version_number = c.version_number
-          AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
-          AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
-    ) p
-    ORDER BY s.bm25 DESC, s.chunk_id
-    LIMIT %(k)s
-)
-SELECT h.*, w.walked
-FROM (SELECT count(*) AS walked FROM scored) w
-LEFT JOIN hits h ON true
-ORDER BY h.bm25 DESC, h.chunk_id;
+-- include: lexical_hits_tail
 
 -- name: lexical_hits_pruned
 -- lexical_hits with MaxScore pruning, the same answer with less work when a query has common terms: the
@@ -243,25 +248,7 @@ scored AS MATERIALIZED (
     ORDER BY bm25 DESC, chunk_id
     LIMIT %(max_probes)s
 ),
-hits AS (
-    SELECT c.chunk_id, c.document_id, c.version_number, c.heading_path, c.page, c.text, p.metadata, s.bm25,
-           c.embedding <=> %(query)s::vector AS distance
-    FROM scored s
-    JOIN chunk c ON c.chunk_id = s.chunk_id
-    CROSS JOIN LATERAL (
-        SELECT p.metadata FROM search_pointer p
-        WHERE p.tenant_id = %(tenant_id)s AND p.document_id = c.document_id AND p.profile = %(profile)s
-          AND p.version_number = c.version_number
-          AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
-          AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
-    ) p
-    ORDER BY s.bm25 DESC, s.chunk_id
-    LIMIT %(k)s
-)
-SELECT h.*, w.walked
-FROM (SELECT count(*) AS walked FROM scored) w
-LEFT JOIN hits h ON true
-ORDER BY h.bm25 DESC, h.chunk_id;
+-- include: lexical_hits_tail
 
 -- name: lexical_hits_all_pointers
 -- lexical_hits for a scope its probes could not fill (a narrow filter or allow list): the tenant's pointers

@@ -62,3 +62,19 @@ def test_no_statement_has_a_stray_percent_sign():
     stray = {name: text for name, text in queries.items()
              if "%" in re.sub(r"%%|%\(\w+\)[sbt]", "", str(text))}
     assert not stray, f"escape it as %% or reword: {sorted(stray)}"
+
+
+def test_a_fragment_is_included_where_a_statement_names_it_and_is_no_statement_itself():
+    import pytest
+
+    from sql import _parse
+
+    text = ("-- name: a_one\nSELECT 1 AS x\n-- include: tail\n\n-- fragment: tail\nFROM t;\n\n"
+            "-- name: a_two\nSELECT 2 AS x\n-- include: tail\n")
+    assert _parse(text, "t.sql") == {"a_one": "SELECT 1 AS x\nFROM t;", "a_two": "SELECT 2 AS x\nFROM t;"}
+    with pytest.raises(ValueError, match="unknown fragment 'nope'"):
+        _parse("-- name: a_one\nSELECT 1\n-- include: nope\n", "t.sql")
+    with pytest.raises(ValueError, match="duplicate fragment 'tail'"):
+        _parse("-- fragment: tail\nA\n-- fragment: tail\nB\n", "t.sql")
+    assert "lexical_hits_tail" not in queries and "-- include:" not in queries["lexical_hits_pruned"]
+    assert queries["lexical_hits"].endswith(queries["lexical_hits_pruned"][-200:])  # the same tail in both

@@ -192,7 +192,9 @@ def test_overview_failures_filters_and_pages(browser, live_url, client, db, queu
     browser.refresh()  # the filter survives a reload
     wait.until(lambda d: listed() == ["reports/broken.md"] and find(By.ID, "filter-code").get_property("value") == "PARSE_ERROR")
 
-    # A count filters by the latest version's task status.
+    # A count filters by the latest version's task status (the counts render after the reload on their own
+    # request: wait for them, as for the list).
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#counts .count[data-status="RETRY_WAIT"]'))
     find(By.CSS_SELECTOR, '#counts .count[data-status="RETRY_WAIT"]').click()
     wait.until(lambda d: listed() == ["reports/flaky.md"])
     assert "task_status=RETRY_WAIT" in browser.current_url and "error_code" not in browser.current_url

@@ -12,7 +12,8 @@
   walk per term) for the query's rarest terms up to a postings budget (``scoring_terms``: 2 x the tenant's chunks, at
   most 50,000), so the cost follows the query's terms, not the tenant's size. A query whose commonest terms
   hold most of those postings (``lazy_terms``) runs ``lexical_hits_pruned``: MaxScore pruning, the same answer
-  with those terms read only for the chunks that can still rank.
+  with those terms read only for the chunks that can still rank, each term's most bounded by the largest tf
+  and smallest length / tf the statistics keep for it (migration 0052).
 - ``backfill_lexical_index``: lexical rows for chunks written before migration 0022 (run by ``migrate``).
 - ``analyzer_for``: a profile's term analysis (its ``lexical_analyzer``: ``wordpiece`` over its model's tokenizer,
   or ``english``), the one thing every caller above uses: publish rows, query terms, backfill, quality gate.
@@ -38,6 +39,7 @@ from pipelines.domain.lexical import (
     idf,
     lazy_terms,
     scoring_terms,
+    term_bound,
     term_counts,
 )
 from pipelines.domain.metadata import NO_FILTERS
@@ -137,17 +139,17 @@ def version_columns(keys: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
 def query_weights(
     session: Session | Database, analyze: Analyzer, query: str, *, tenant_id: str, profile: str
 ) -> dict[str, Any] | None:
-    """The scoring terms (the query's rarest that occur, within the postings budget) with their idf, and the
-    average length; None when no query term occurs (nothing can score). ``analyze``: the profile's analysis,
-    the one its rows were written with."""
+    """The scoring terms (the query's rarest that occur, within the postings budget) with their idf, df and
+    kept bound (largest tf, smallest length / tf; None: not kept), and the average length; None when no query
+    term occurs (nothing can score). ``analyze``: the profile's analysis, the one its rows were written with."""
     terms = sorted(analyze(query))
     rows = session.fetch_all(
         "lexical_stats_get", {"tenant_id": tenant_id, "profile": profile, "terms": [N_CHUNKS, TOTAL_LENGTH, *terms]}
     )
-    stats = {r["term"]: int(r["df"]) for r in rows}
-    n = stats.pop(N_CHUNKS, 0)
-    total = stats.pop(TOTAL_LENGTH, 0)
-    dfs = {t: d for t, d in stats.items() if d > 0}
+    stats = {r["term"]: r for r in rows}
+    n = int(stats.pop(N_CHUNKS, {}).get("df", 0))
+    total = int(stats.pop(TOTAL_LENGTH, {}).get("df", 0))
+    dfs = {t: int(r["df"]) for t, r in stats.items() if r["df"] > 0}
     if n <= 0 or not dfs:
         return None
     chosen = scoring_terms(dfs, n)
@@ -155,6 +157,8 @@ def query_weights(
         "candidates": chosen,
         "candidate_idfs": [idf(n, dfs[t]) for t in chosen],
         "candidate_dfs": [dfs[t] for t in chosen],
+        "candidate_max_tfs": [stats[t]["max_tf"] for t in chosen],
+        "candidate_min_length_per_tfs": [stats[t]["min_length_per_tf"] for t in chosen],
         "avg_length": total / n if total > 0 else 1.0,
     }
 
@@ -194,12 +198,18 @@ def hits_query(
     read: Mapping[str, Any], query_vector: Any | None, max_probes: int,
 ) -> dict[str, Any]:
     """The parameters of lexical_search's statements (``weights``: query_weights'), with the walk's cut
-    ``max_probes`` and the terms lexical_hits_pruned may probe (``lazy_terms``)."""
-    dfs = dict(zip(weights["candidates"], weights["candidate_dfs"]))
-    idfs = dict(zip(weights["candidates"], weights["candidate_idfs"]))
+    ``max_probes``, the most each term adds to a chunk (``candidate_bounds``: ``term_bound`` of its kept
+    bound) and the terms lexical_hits_pruned may probe (``lazy_terms``)."""
+    terms = weights["candidates"]
+    dfs = dict(zip(terms, weights["candidate_dfs"]))
+    idfs = dict(zip(terms, weights["candidate_idfs"]))
+    bounds = [term_bound(i, params.bm25_k1, params.bm25_b, weights["avg_length"], tf, lt)
+              for i, tf, lt in zip(weights["candidate_idfs"], weights["candidate_max_tfs"],
+                                   weights["candidate_min_length_per_tfs"])]
     return {**read, **weights, "k1": params.bm25_k1, "b": params.bm25_b, "tenant_id": tenant_id,
-            "profile": profile, "k": k, "query": query_vector, "max_probes": max_probes,
-            "lazy_terms": lazy_terms(dfs, idfs, max_probes, params.bm25_k1), "probe_cost": PROBE_COST}
+            "profile": profile, "k": k, "query": query_vector, "max_probes": max_probes, "candidate_bounds": bounds,
+            "lazy_terms": lazy_terms(dfs, idfs, max_probes, params.bm25_k1, bounds=dict(zip(terms, bounds))),
+            "probe_cost": PROBE_COST}
 
 
 def max_pointer_probes(k: int) -> int:

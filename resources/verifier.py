@@ -104,6 +104,8 @@ CHECKS: tuple[Check, ...] = (
           "chunks whose lexical (BM25) row is missing, of another version, stale, or inconsistent"),
     Check("lexical_stats_mismatch", "verify_lexical_stats_mismatch", "violation",
           "BM25 statistics that differ from a recount over the pointed versions' lexical rows"),
+    Check("lexical_bounds_short", "verify_lexical_bounds_short", "violation",
+          "BM25 term bounds (largest tf, smallest length / tf) that a pointed version's posting exceeds"),
     Check("chunk_retained", "verify_chunk_retained", "warning",
           "chunk rows of superseded versions, kept for rollback (search never reads them)",
           {"past_window": False}),

@@ -391,7 +391,7 @@ def seed(url: str, chunks: int, m: int, ef_construction: int, workers: int, out:
             for name in ("bench_search_lexical_posting_drop_term_index",
                          "bench_search_fill_lexical_chunks", "bench_search_fill_lexical_postings",
                          "bench_search_lexical_posting_term_index", "bench_search_fill_lexical_documents",
-                         "bench_search_fill_lexical_term_stats"):
+                         "bench_search_fill_lexical_term_stats", "bench_search_widen_lexical_term_bounds"):
                 with conn.transaction():
                     conn.execute(queries[name], names if "fill" in name else None)
                 out(f"  {name.removeprefix('bench_search_')} done ({time.perf_counter() - phase:6.1f} s)")

@@ -220,6 +220,18 @@ def bm25_term(tf: float, length: float, avg_length: float, term_idf: float, k1: 
     return term_idf * tf * (k1 + 1.0) / (tf + norm)
 
 
+def term_bound(term_idf: float, k1: float, b: float, avg_length: float, max_tf: int | None = None,
+               min_length_per_tf: float | None = None) -> float:
+    """The most one term adds to any chunk's BM25 whose posting has tf <= ``max_tf`` and length / tf >=
+    ``min_length_per_tf`` (migration 0052 keeps both per term): ``bm25_term`` is ``idf x (k1 + 1) / (1 +
+    k1 (1 - b) / tf + k1 b (length / tf) / avglen)``, growing with tf and shrinking with length / tf. Without
+    them, its limit as tf grows: idf x (k1 + 1). MaxScore pruning (``lazy_terms``) sums these."""
+    slack = k1 * (1.0 - b) / max_tf if max_tf else 0.0
+    if min_length_per_tf is not None and avg_length > 0:
+        slack += k1 * b * min_length_per_tf / avg_length
+    return term_idf * (k1 + 1.0) / (1.0 + slack)
+
+
 def candidate_terms(dfs: Mapping[int, int], budget: int) -> list[int]:
     """The rarest query terms whose postings add up to at most ``budget`` chunks (at least the rarest one).
 
@@ -255,9 +267,9 @@ def lazy_terms(dfs: Mapping[int, int], idfs: Mapping[int, float], walk_at_least:
     ``theta``, and the lazy terms' most (idf x (k1 + 1) each) must stay below it, or the statement walks
     them after all. A probed term costs a probe per chunk the walk found that can still rank. So the lazy
     terms are the longest run of commonest terms that holds at least LAZY_RATIO x the others' postings and
-    whose most stays below ``theta_estimate`` of the others (``ratio``: another LAZY_RATIO; ``bounds``: each
-    term's most, in place of idf x (k1 + 1); both for bench.scale.lexical_bounds). The answer does not depend on
-    it, only the work."""
+    whose most stays below ``theta_estimate`` of the others (``bounds``: each term's most, ``term_bound``;
+    without, idf x (k1 + 1); ``ratio``: another LAZY_RATIO, for bench.scale.lexical_bounds). The answer does
+    not depend on it, only the work."""
     ranked = sorted(dfs, key=lambda t: (-dfs[t], t))
     best: list[int] = []
     for i in range(1, len(ranked)):

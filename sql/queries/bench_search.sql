@@ -262,6 +262,11 @@ SELECT d.tenant_id, d.profile, t.term, sum(t.df)::bigint
 FROM lexical_document d, unnest(d.terms, d.dfs) AS t (term, df)
 GROUP BY d.tenant_id, d.profile, t.term;
 
+-- name: bench_search_widen_lexical_term_bounds
+-- Benchmark only: each term's bound (largest tf, smallest length / tf) over the seeded postings, as the publish
+-- transaction widens it (migration 0052's function, run after the statistics are in).
+SELECT kbindex_lexical_term_bounds_widen() AS widened;
+
 -- name: bench_search_fill_chunk_counts
 -- Benchmark only (no lexical rows seeded): each tenant's current chunk count per profile, the statistic every
 -- publish keeps beside the terms (term -1), which dense search reads to decide whether to walk the graph.
@@ -328,6 +333,6 @@ LIMIT %(k)s;
 -- name: bench_search_term_postings
 -- Benchmark only (bench.scale.lexical_bounds): every posting of the given terms in one tenant and profile, every
 -- version, as lexical_hits walks them.
-SELECT term, chunk_id, tf, length
+SELECT term, chunk_id, tf, length, document_id, version_number
 FROM lexical_posting
 WHERE tenant_id = %(tenant_id)s AND profile = %(profile)s AND term = ANY(%(terms)s);

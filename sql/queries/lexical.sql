@@ -55,10 +55,13 @@ WHERE t.term <> ALL (r.terms::integer[])
 
 -- name: lexical_stats_reconcile
 -- Make lexical_term_stats count what these documents' pointed versions hold now (one tenant and profile):
--- subtract what the ledger (lexical_document) says was counted, add the pointed versions' rows, in ONE
+-- subtract what the ledger (lexical_document) says was counted, add the pointed versions' rows, and widen each
+-- of their terms' bound (largest tf, smallest length / tf: migration 0052) to cover their postings, in ONE
 -- statement that touches the stats rows in term order (two publishes of one tenant lock them in the same
--- order: no deadlock). Run by the publish transaction after its rows are written, with the pointer rows
--- locked. ``document_ids`` must be distinct.
+-- order: no deadlock). A row whose df and bound would not change is locked but not rewritten (a new version
+-- changes the df of most of its terms anyway), and not counted in ``terms_changed``.
+-- Run by the publish transaction after its rows are written, with the pointer rows locked. ``document_ids``
+-- must be distinct.
 WITH docs AS (
     SELECT unnest(%(document_ids)s::text[]) AS document_id
 ),
@@ -70,7 +73,7 @@ counted AS (
     WHERE d.tenant_id = %(tenant_id)s AND d.profile = %(profile)s AND d.document_id = ANY (%(document_ids)s::text[])
 ),
 pointed AS (
-    SELECT l.document_id, l.terms, l.length, l.version_number
+    SELECT l.document_id, l.terms, l.tfs, l.length, l.version_number
     FROM lexical_chunk l
     JOIN search_pointer p
       ON p.tenant_id = l.tenant_id AND p.document_id = l.document_id
@@ -94,10 +97,24 @@ delta AS (
     FROM (SELECT term, df FROM now_counted UNION ALL SELECT term, -df FROM counted) AS changes
     GROUP BY term
 ),
+widest AS (
+    SELECT t.term, max(t.tf) AS max_tf, min(pointed.length::float8 / t.tf) AS min_length_per_tf
+    FROM pointed, unnest(pointed.terms, pointed.tfs) AS t (term, tf)
+    GROUP BY t.term
+),
 applied AS (
-    INSERT INTO lexical_term_stats AS s (tenant_id, profile, term, df)
-    SELECT %(tenant_id)s, %(profile)s, term, df FROM delta WHERE df <> 0 ORDER BY term
-    ON CONFLICT (tenant_id, profile, term) DO UPDATE SET df = s.df + EXCLUDED.df
+    INSERT INTO lexical_term_stats AS s (tenant_id, profile, term, df, max_tf, min_length_per_tf)
+    SELECT %(tenant_id)s, %(profile)s, d.term, d.df, w.max_tf, w.min_length_per_tf
+    FROM delta d
+    LEFT JOIN widest w USING (term)
+    WHERE d.df <> 0 OR w.term IS NOT NULL
+    ORDER BY d.term
+    ON CONFLICT (tenant_id, profile, term) DO UPDATE
+    SET df                = s.df + EXCLUDED.df,
+        max_tf            = GREATEST(s.max_tf, EXCLUDED.max_tf),
+        min_length_per_tf = LEAST(s.min_length_per_tf, EXCLUDED.min_length_per_tf)
+    WHERE EXCLUDED.df <> 0 OR s.max_tf IS NULL OR s.min_length_per_tf IS NULL
+       OR EXCLUDED.max_tf > s.max_tf OR EXCLUDED.min_length_per_tf < s.min_length_per_tf
     RETURNING s.term
 ),
 ledger AS (
@@ -116,8 +133,9 @@ ledger AS (
 SELECT (SELECT count(*) FROM applied)::integer AS terms_changed, (SELECT count(*) FROM ledger)::integer AS ledgers;
 
 -- name: lexical_stats_get
--- The tenant's current-version statistics for some terms (-1: chunks, -2: total length), one index probe each.
-SELECT term, df
+-- The tenant's current-version statistics for some terms (-1: chunks, -2: total length), one index probe each,
+-- with each term's bound (migration 0052; NULL: none kept).
+SELECT term, df, max_tf, min_length_per_tf
 FROM lexical_term_stats
 WHERE tenant_id = %(tenant_id)s AND profile = %(profile)s AND term = ANY (%(terms)s::integer[]);
 
@@ -177,16 +195,20 @@ scored AS MATERIALIZED (
 -- caller (resources/lexical.py) runs it when pipelines/domain/lexical.py's lazy_terms names some, a run of
 -- the commonest query terms with several times the postings of the rest. The rest are walked first, and
 -- their sums rank max_probes chunks at ``theta`` or more (theta NULL: fewer, nothing is pruned). Lazy
--- terms then go commonest first into ``probed`` while their summed most (idf x (k1 + 1) each: ``reach``)
--- stays below theta; the others are walked like the rest. A chunk only probed terms could score stays
--- below theta, so none is looked at for them alone: the probed terms are read for the chunks whose sum so
--- far plus reach still makes theta (``kept``), in one index scan over their sorted ids, or, when kept
--- holds more than 1/%(probe_cost)s of the chunks the probed terms are in, walked after all (then chunks
--- outside kept sum only their probed terms: below theta, they never rank). From ``hits`` on, as lexical_hits.
+-- terms then go commonest first into ``probed`` while their summed most (``reach``; each term's most is
+-- %(candidate_bounds)s, pipelines/domain/lexical.py term_bound) stays below theta; the others are walked
+-- like the rest. A chunk only probed terms could score stays below theta, so none is looked at for them
+-- alone: the probed terms are read for the chunks whose sum so far plus reach still makes theta (``kept``),
+-- in one index scan over their sorted ids, or, when kept holds more than 1/%(probe_cost)s of the chunks the
+-- probed terms are in, walked after all (then chunks outside kept sum only their probed terms: below theta,
+-- they never rank). The bounds hold for the current versions' postings (lexical_stats_reconcile); a
+-- superseded chunk that exceeds one can only drop out of the walk's best, whose current chunks at theta or
+-- more stay, in the same order, ahead of any chunk that takes its place: lexical_search answers the same.
+-- From ``hits`` on, as lexical_hits.
 WITH q AS (
-    SELECT q.term, q.idf, q.df, q.term = ANY (%(lazy_terms)s::integer[]) AS lazy
-    FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[], %(candidate_dfs)s::bigint[])
-         AS q (term, idf, df)
+    SELECT q.term, q.idf, q.df, q.term = ANY (%(lazy_terms)s::integer[]) AS lazy, q.bound
+    FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[], %(candidate_dfs)s::bigint[],
+                %(candidate_bounds)s::float8[]) AS q (term, idf, df, bound)
 ),
 eager AS MATERIALIZED (
     SELECT x.chunk_id,
@@ -202,12 +224,12 @@ theta AS MATERIALIZED (
     SELECT (SELECT e.partial FROM eager e ORDER BY e.partial DESC OFFSET %(max_probes)s - 1 LIMIT 1) AS theta
 ),
 lazy AS MATERIALIZED (
-    SELECT l.term, l.idf, l.df, coalesce(l.reach < t.theta - 1e-6, false) AS probed
-    FROM (SELECT q.term, q.idf, q.df, sum(q.idf * (%(k1)s::float8 + 1)) OVER (ORDER BY q.idf, q.term) AS reach
+    SELECT l.term, l.idf, l.df, l.bound, coalesce(l.reach < t.theta - 1e-6, false) AS probed
+    FROM (SELECT q.term, q.idf, q.df, q.bound, sum(q.bound) OVER (ORDER BY q.idf, q.term) AS reach
           FROM q WHERE q.lazy) l, theta t
 ),
 reach AS MATERIALIZED (
-    SELECT coalesce(sum(l.idf * (%(k1)s::float8 + 1)), 0) AS reach, coalesce(sum(l.df), 0) AS chunks
+    SELECT coalesce(sum(l.bound), 0) AS reach, coalesce(sum(l.df), 0) AS chunks
     FROM lazy l WHERE l.probed
 ),
 walked AS MATERIALIZED (

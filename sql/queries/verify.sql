@@ -392,3 +392,28 @@ SELECT o.*, count(*) OVER ()::integer AS total
 FROM offending o
 ORDER BY o.tenant_id, o.profile, o.term
 LIMIT %(limit)s;
+
+-- name: verify_lexical_bounds_short
+-- A term's kept bound (lexical_term_stats max_tf, min_length_per_tf; migration 0052) that a posting of a pointed
+-- version exceeds: MaxScore pruning (lexical_hits_pruned) could leave out a chunk that ranks. NULL is no bound
+-- kept (search uses idf x (k1 + 1)), never short; a bound looser than the postings (a version left) is fine.
+WITH pointed AS (
+    SELECT l.tenant_id, l.profile, t.term, max(t.tf) AS max_tf, min(l.length::float8 / t.tf) AS min_length_per_tf
+    FROM lexical_chunk l
+    JOIN search_pointer p
+      ON p.tenant_id = l.tenant_id AND p.document_id = l.document_id
+     AND p.profile = l.profile AND p.version_number = l.version_number,
+         unnest(l.terms, l.tfs) AS t (term, tf)
+    GROUP BY l.tenant_id, l.profile, t.term
+),
+offending AS (
+    SELECT w.tenant_id, w.profile, w.term, s.max_tf AS stored_max_tf, w.max_tf AS actual_max_tf,
+           s.min_length_per_tf AS stored_min_length_per_tf, w.min_length_per_tf AS actual_min_length_per_tf
+    FROM pointed w
+    JOIN lexical_term_stats s ON s.tenant_id = w.tenant_id AND s.profile = w.profile AND s.term = w.term
+    WHERE s.max_tf < w.max_tf OR s.min_length_per_tf > w.min_length_per_tf
+)
+SELECT o.*, count(*) OVER ()::integer AS total
+FROM offending o
+ORDER BY o.tenant_id, o.profile, o.term
+LIMIT %(limit)s;

@@ -99,6 +99,40 @@ def test_rows_are_written_with_the_chunks_and_statistics_follow_the_pointer(db, 
     assert stats(db_url) == two, "another tenant has its own statistics"
 
 
+def bounds(db_url: str, *, kept: bool) -> dict[int, tuple[int, float]]:
+    """Each term's (largest tf, smallest length / tf): as the statistics keep it, or recounted over the
+    pointed versions' lexical rows."""
+    with psycopg.connect(db_url) as conn:
+        return {t: (m, lt) for t, m, lt in conn.execute(
+            "SELECT term, max_tf, min_length_per_tf FROM lexical_term_stats WHERE tenant_id = 'acme' AND term >= 0"
+            if kept else
+            "SELECT t.term, max(t.tf), min(l.length::float8 / t.tf) FROM lexical_chunk l JOIN search_pointer p"
+            " USING (tenant_id, document_id, profile, version_number), unnest(l.terms, l.tfs) AS t (term, tf)"
+            " WHERE l.tenant_id = 'acme' GROUP BY t.term").fetchall()}
+
+
+def test_each_terms_bound_covers_the_pointed_versions_and_only_widens(db, db_url, index):
+    """Publish keeps each term's largest tf and smallest length / tf (migration 0052) over the pointed
+    versions; an edit that lowers a term's tf leaves its bound where it was (loose, never short), one that
+    raises it widens it; reconciling again touches no statistics row; verify holds."""
+    # The heading path (the document id) is indexed with each chunk: "handbook" adds one term to each length.
+    index("acme", "handbook", ["refund refund refund policy", "the policy desk opens at nine every day"])
+    assert bounds(db_url, kept=True) == bounds(db_url, kept=False)
+    (term,) = [t for t, (m, _) in bounds(db_url, kept=True).items() if m == 3]
+    assert bounds(db_url, kept=True)[term] == (3, pytest.approx(5 / 3))
+    index("acme", "handbook", ["refund policy"])
+    kept, now = bounds(db_url, kept=True), bounds(db_url, kept=False)
+    assert now[term] == (1, 3.0) and kept[term] == (3, pytest.approx(5 / 3)), "loose, where the old version put it"
+    assert all(kept[t][0] >= m and kept[t][1] <= lt for t, (m, lt) in now.items())
+    index("acme", "handbook", ["refund " * 5 + "policy"])
+    assert bounds(db_url, kept=True)[term] == (5, pytest.approx(7 / 5)), "widened by the new version"
+    with db.transaction() as tx:
+        row = tx.fetch_one("lexical_stats_reconcile", {"tenant_id": "acme", "profile": PROFILE,
+                                                       "document_ids": ["handbook"]})
+    assert row["terms_changed"] == 0 and row["ledgers"] == 1
+    assert_clean(db)
+
+
 def test_a_superseded_publish_writes_no_lexical_rows(db, db_url, publisher, queue):
     sink = IndexSink(db, queue)
     v1 = publisher.publish("acme", "policy", b"one", "policy.md")

@@ -129,38 +129,41 @@ def test_pruned_walk_probes_the_common_terms_by_id_and_lexical_search_runs_it(db
         assert names == [statement] and len(hits) == 2, (query, names)
 
 
-def test_a_kept_per_term_bound_prunes_to_the_same_answer_and_a_false_one_does_not(db, corpus):
-    """bench.scale.lexical_bounds' variant of the pruned statement (each lazy term's bound given, here the largest
-    tf and smallest length / tf over its postings, as publish could keep it) returns the full walk's rows for
-    every cut; a bound below the terms' real contributions (0) changes some answer, so the bound is what prunes."""
-    from bench.scale.lexical_bounds import bm25_bounds, bounded_statement
-    from bench.scale.statement_ab import statements
-    from pipelines.domain.lexical import lazy_terms
+def test_the_kept_bounds_hold_prune_to_the_same_answer_and_a_false_one_does_not(db, corpus):
+    """Each term's bound from the statistics (largest tf, smallest length / tf: migration 0052) is at least the
+    most the term adds to any current chunk and below idf x (k1 + 1) for the common words; the pruned statement
+    given them returns the full walk's rows for every cut, and given a bound below the terms' real contributions
+    (0) changes some answer, so the bound is what prunes."""
+    from bench.scale.lexical_bounds import bm25_bounds
 
     profile, scope = corpus
     params = LexicalParams.of(profile)
     analyze = profile_analyzer(profile)
     rng = random.Random(7)
-    pruned = wrong = 0
-    with statements({"lexical_hits_pruned": bounded_statement()}):
-        for _ in range(12):
-            query = " ".join(COMMON + rng.sample(RARE, rng.randint(1, 3)))
-            weights = lexical.query_weights(db, analyze, query, **scope)
-            terms = weights["candidates"]
-            idfs, dfs = dict(zip(terms, weights["candidate_idfs"])), dict(zip(terms, weights["candidate_dfs"]))
-            rows = db.fetch_all("bench_search_term_postings", {**scope, "terms": terms})
-            _, bounds = bm25_bounds(idfs, [(r["term"], r["chunk_id"], r["tf"], r["length"]) for r in rows],
-                                    weights["avg_length"], params)
-            kept = bounds["stored"]
-            for max_probes in (1, 2, 3, 5, 8, 20, 200):
-                p = statement_params(weights, params, scope, k=min(5, max_probes), max_probes=max_probes)
-                p["lazy_terms"] = lazy_terms(dfs, idfs, max_probes, params.bm25_k1, bounds=kept) or p["lazy_terms"]
-                if not p["lazy_terms"]:
-                    continue
-                pruned += 1
-                with db.transaction() as tx:
-                    full = answers(tx.fetch_all("lexical_hits", p))
-                    assert answers(tx.fetch_all("lexical_hits_pruned", {**p, "term_bounds": [kept[t] for t in terms]})) \
-                        == full, (query, max_probes, p["lazy_terms"])
-                    wrong += answers(tx.fetch_all("lexical_hits_pruned", {**p, "term_bounds": [0.0] * len(terms)})) != full
-    assert pruned >= 30 and wrong > 0, (pruned, wrong)
+    pruned = wrong = tighter = 0
+    for _ in range(12):
+        query = " ".join(COMMON + rng.sample(RARE, rng.randint(1, 3)))
+        weights = lexical.query_weights(db, analyze, query, **scope)
+        terms = weights["candidates"]
+        idfs = dict(zip(terms, weights["candidate_idfs"]))
+        rows = db.fetch_all("bench_search_term_postings", {**scope, "terms": terms})
+        with db.session() as session:
+            current = set(session.conn.execute("SELECT document_id, version_number FROM search_pointer"
+                                               " WHERE tenant_id = %(tenant_id)s", scope).fetchall())
+        _, exact = bm25_bounds(idfs, [(r["term"], r["chunk_id"], r["tf"], r["length"]) for r in rows
+                                      if (r["document_id"], r["version_number"]) in current],
+                               weights["avg_length"], params)
+        for max_probes in (1, 2, 3, 5, 8, 20, 200):
+            p = statement_params(weights, params, scope, k=min(5, max_probes), max_probes=max_probes)
+            kept = dict(zip(terms, p["candidate_bounds"]))
+            for t in terms:
+                assert exact["exact"][t] - 1e-9 <= kept[t] <= idfs[t] * (params.bm25_k1 + 1) + 1e-9, (query, t)
+            tighter += sum(kept[t] < idfs[t] * (params.bm25_k1 + 1) * 0.99 for t in terms)
+            if not p["lazy_terms"]:
+                continue
+            pruned += 1
+            with db.transaction() as tx:
+                full = answers(tx.fetch_all("lexical_hits", p))
+                assert answers(tx.fetch_all("lexical_hits_pruned", p)) == full, (query, max_probes, p["lazy_terms"])
+                wrong += answers(tx.fetch_all("lexical_hits_pruned", {**p, "candidate_bounds": [0.0] * len(terms)})) != full
+    assert pruned >= 30 and wrong > 0 and tighter > 0, (pruned, wrong, tighter)

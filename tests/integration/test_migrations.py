@@ -220,3 +220,24 @@ def test_migration_0028_hands_keys_from_before_0020_to_the_lineage_job(pg_server
     finally:
         with psycopg.connect(pg_server_url, autocommit=True) as conn:
             conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier("mig_0028_keys")))
+
+
+def test_upgrade_past_0052_bounds_each_term_by_the_postings_it_has(pg_server_url):
+    """0052 keeps each term's largest tf and smallest length / tf beside its df, filled from every posting there
+    is (a superseded version's too); a term of no posting keeps none (NULL)."""
+    url = _fresh(pg_server_url, "mig_term_bounds")
+    _migrate_before(url, "0052_lexical_term_bounds")
+    with psycopg.connect(url, autocommit=True) as conn:
+        _insert_one_chunk(conn)
+        conn.execute("INSERT INTO lexical_chunk (chunk_id, tenant_id, document_id, profile, version_number,"
+                     " content_digest, terms, tfs, length) VALUES ('c0', 'acme', 'refunds', 'minilm-v1', 1, 'd0',"
+                     " '{5,7}', '{2,1}', 3)")
+        conn.execute("INSERT INTO lexical_posting (chunk_id, term, tenant_id, profile, document_id, version_number,"
+                     " tf, length) VALUES ('c0', 5, 'acme', 'minilm-v1', 'refunds', 1, 2, 3),"
+                     " ('c0', 7, 'acme', 'minilm-v1', 'refunds', 1, 1, 3)")
+        conn.execute("INSERT INTO lexical_term_stats (tenant_id, profile, term, df) VALUES ('acme', 'minilm-v1', 5, 1),"
+                     " ('acme', 'minilm-v1', 7, 1), ('acme', 'minilm-v1', 9, 0), ('acme', 'minilm-v1', -1, 1)")
+    assert migrate(url)[0] == "0052_lexical_term_bounds"
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT term, df, max_tf, min_length_per_tf FROM lexical_term_stats ORDER BY term"
+                            ).fetchall() == [(-1, 1, None, None), (5, 1, 2, 1.5), (7, 1, 1, 3.0), (9, 0, None, None)]

@@ -340,6 +340,11 @@ def lexical_chunk_total_drifts(db_url: str, s: State) -> None:
     sql(db_url, "UPDATE lexical_term_stats SET df = df - 1 WHERE term = -1")
 
 
+def lexical_bound_tightened(db_url: str, s: State) -> None:
+    """A term's kept bound narrowed past its postings (a shorter chunk per occurrence than the shortest)."""
+    sql(db_url, "UPDATE lexical_term_stats SET min_length_per_tf = min_length_per_tf * 2 + 1 WHERE term = 7")
+
+
 def lexical_posting_stray(db_url: str, s: State) -> None:
     """A posting for a term its lexical row does not list: search would score a term the chunk lacks."""
     sql(db_url, "INSERT INTO lexical_posting (chunk_id, term, tenant_id, profile, document_id, version_number, tf, "
@@ -423,6 +428,7 @@ CORRUPTIONS: list[tuple[Callable[[str, State], None], str]] = [
     (lexical_df_drifts, "lexical_stats_mismatch"),
     (lexical_chunk_total_drifts, "lexical_stats_mismatch"),
     (lexical_terms_rewritten_without_stats, "lexical_stats_mismatch"),
+    (lexical_bound_tightened, "lexical_bounds_short"),
 ]
 
 

@@ -17,6 +17,7 @@ from pipelines.domain.lexical import (
     fuse_matrix,
     idf,
     lazy_terms,
+    term_bound,
     term_counts,
     theta_estimate,
 )
@@ -90,6 +91,23 @@ def test_lazy_terms_take_tighter_bounds_and_another_ratio_when_given():
     dfs = {1: 9_000, 2: 2_600, 3: 400}
     assert lazy_terms(dfs, {1: 1.0, 2: 5.0, 3: 6.0}, walk_at_least=100, k1=1.2) == []
     assert lazy_terms(dfs, {1: 1.0, 2: 5.0, 3: 6.0}, walk_at_least=100, k1=1.2, ratio=2) == [1]
+
+
+def test_a_terms_bound_is_reached_at_its_kept_extremes_and_never_passed():
+    """term_bound(max tf, min length / tf) is bm25_term of a posting at both extremes, at least that of every
+    posting within them (tf up to the max, length / tf down to the min), and idf x (k1 + 1) when none is kept."""
+    rng = np.random.default_rng(52)
+    for _ in range(200):
+        k1, b, avg, term_idf = rng.uniform(0.5, 2), rng.uniform(0, 1), rng.uniform(5, 200), rng.uniform(0.1, 9)
+        max_tf, min_per_tf = int(rng.integers(1, 20)), rng.uniform(1, 50)
+        bound = term_bound(term_idf, k1, b, avg, max_tf, min_per_tf)
+        assert bound == pytest.approx(bm25_term(max_tf, min_per_tf * max_tf, avg, term_idf, k1, b))
+        for _ in range(20):
+            tf = int(rng.integers(1, max_tf + 1))
+            assert bm25_term(tf, tf * rng.uniform(min_per_tf, 4 * min_per_tf), avg, term_idf, k1, b) <= bound + 1e-12
+        assert bound < term_idf * (k1 + 1)
+    assert term_bound(2.0, 1.2, 0.75, 10.0) == pytest.approx(2.0 * 2.2)
+    assert term_bound(2.0, 1.2, 0.75, 10.0, None, None) == term_bound(2.0, 1.2, 0.75, 10.0, 0, None)
 
 
 def test_theta_estimate_is_the_idf_where_the_walked_terms_reach_the_cut():

@@ -104,6 +104,17 @@ def _insert_one_chunk(conn) -> None:
         " 'Refunds take thirty days.', 5, 'd0', %s::vector)", ("[" + ",".join(["0.05"] * 384) + "]",))
 
 
+def _insert_one_lexical_chunk(conn) -> None:
+    """Chunk c0 (``_insert_one_chunk``) with its lexical row and postings: terms 5 (tf 2) and 7 (tf 1), length 3."""
+    _insert_one_chunk(conn)
+    conn.execute("INSERT INTO lexical_chunk (chunk_id, tenant_id, document_id, profile, version_number,"
+                 " content_digest, terms, tfs, length) VALUES ('c0', 'acme', 'refunds', 'minilm-v1', 1, 'd0',"
+                 " '{5,7}', '{2,1}', 3)")
+    conn.execute("INSERT INTO lexical_posting (chunk_id, term, tenant_id, profile, document_id, version_number,"
+                 " tf, length) VALUES ('c0', 5, 'acme', 'minilm-v1', 'refunds', 1, 2, 3),"
+                 " ('c0', 7, 'acme', 'minilm-v1', 'refunds', 1, 1, 3)")
+
+
 def _profile_model(url: str) -> str:
     with psycopg.connect(url) as conn:
         return conn.execute("SELECT model FROM index_profile WHERE name = 'minilm-v1'").fetchone()[0]
@@ -154,13 +165,7 @@ def test_upgrade_past_0025_keeps_the_postings_under_one_unique_index(pg_server_u
     url = _fresh(pg_server_url, "mig_lean_postings")
     _migrate_before(url, "0025_lexical_posting_lean")
     with psycopg.connect(url, autocommit=True) as conn:
-        _insert_one_chunk(conn)
-        conn.execute("INSERT INTO lexical_chunk (chunk_id, tenant_id, document_id, profile, version_number,"
-                     " content_digest, terms, tfs, length) VALUES ('c0', 'acme', 'refunds', 'minilm-v1', 1, 'd0',"
-                     " '{5,7}', '{2,1}', 3)")
-        conn.execute("INSERT INTO lexical_posting (chunk_id, term, tenant_id, profile, document_id, version_number,"
-                     " tf, length) VALUES ('c0', 5, 'acme', 'minilm-v1', 'refunds', 1, 2, 3),"
-                     " ('c0', 7, 'acme', 'minilm-v1', 'refunds', 1, 1, 3)")
+        _insert_one_lexical_chunk(conn)
     assert migrate(url)[0] == "0025_lexical_posting_lean"
     with psycopg.connect(url, autocommit=True) as conn:
         indexes = conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'lexical_posting'").fetchall()
@@ -223,18 +228,12 @@ def test_migration_0028_hands_keys_from_before_0020_to_the_lineage_job(pg_server
 
 
 def test_upgrade_past_0052_bounds_each_term_by_the_postings_it_has(pg_server_url):
-    """0052 keeps each term's largest tf and smallest length / tf beside its df, filled from every posting there
-    is (a superseded version's too); a term of no posting keeps none (NULL)."""
+    """0052 keeps each term's largest tf and smallest length / tf beside its df, filled from the postings there
+    are; a term of no posting keeps none (NULL), nor do the reserved terms."""
     url = _fresh(pg_server_url, "mig_term_bounds")
     _migrate_before(url, "0052_lexical_term_bounds")
     with psycopg.connect(url, autocommit=True) as conn:
-        _insert_one_chunk(conn)
-        conn.execute("INSERT INTO lexical_chunk (chunk_id, tenant_id, document_id, profile, version_number,"
-                     " content_digest, terms, tfs, length) VALUES ('c0', 'acme', 'refunds', 'minilm-v1', 1, 'd0',"
-                     " '{5,7}', '{2,1}', 3)")
-        conn.execute("INSERT INTO lexical_posting (chunk_id, term, tenant_id, profile, document_id, version_number,"
-                     " tf, length) VALUES ('c0', 5, 'acme', 'minilm-v1', 'refunds', 1, 2, 3),"
-                     " ('c0', 7, 'acme', 'minilm-v1', 'refunds', 1, 1, 3)")
+        _insert_one_lexical_chunk(conn)
         conn.execute("INSERT INTO lexical_term_stats (tenant_id, profile, term, df) VALUES ('acme', 'minilm-v1', 5, 1),"
                      " ('acme', 'minilm-v1', 7, 1), ('acme', 'minilm-v1', 9, 0), ('acme', 'minilm-v1', -1, 1)")
     assert migrate(url)[0] == "0052_lexical_term_bounds"

@@ -264,7 +264,7 @@ def lazy_terms(dfs: Mapping[int, int], idfs: Mapping[int, float], walk_at_least:
     lexical_hits walks them all. ``dfs`` / ``idfs``: term -> current chunks holding it / its idf.
 
     The others are walked first; their sums must rank ``walk_at_least`` chunks (the walk's cut) at a score
-    ``theta``, and the lazy terms' most (idf x (k1 + 1) each) must stay below it, or the statement walks
+    ``theta``, and the lazy terms' most (their bounds summed) must stay below it, or the statement walks
     them after all. A probed term costs a probe per chunk the walk found that can still rank. So the lazy
     terms are the longest run of commonest terms that holds at least LAZY_RATIO x the others' postings and
     whose most stays below ``theta_estimate`` of the others (``bounds``: each term's most, ``term_bound``;

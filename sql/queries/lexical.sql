@@ -86,28 +86,25 @@ pointed AS (
       AND p.tenant_id = %(tenant_id)s AND p.profile = %(profile)s
       AND p.document_id = ANY (%(document_ids)s::text[])
 ),
-now_counted AS (
-    SELECT document_id, term, count(*)::bigint AS df FROM pointed, unnest(pointed.terms) AS term
-    GROUP BY document_id, term
-    UNION ALL SELECT document_id, -1, count(*)::bigint FROM pointed GROUP BY document_id
-    UNION ALL SELECT document_id, -2, sum(length)::bigint FROM pointed GROUP BY document_id
+now_counted AS (  -- with each term's largest tf and smallest length / tf in the document (NULL: -1 and -2)
+    SELECT document_id, t.term, count(*)::bigint AS df, max(t.tf) AS max_tf,
+           min(pointed.length::float8 / t.tf) AS min_length_per_tf
+    FROM pointed, unnest(pointed.terms, pointed.tfs) AS t (term, tf)
+    GROUP BY document_id, t.term
+    UNION ALL SELECT document_id, -1, count(*)::bigint, NULL, NULL FROM pointed GROUP BY document_id
+    UNION ALL SELECT document_id, -2, sum(length)::bigint, NULL, NULL FROM pointed GROUP BY document_id
 ),
 delta AS (
-    SELECT term, sum(df)::bigint AS df
-    FROM (SELECT term, df FROM now_counted UNION ALL SELECT term, -df FROM counted) AS changes
+    SELECT term, sum(df)::bigint AS df, max(max_tf) AS max_tf, min(min_length_per_tf) AS min_length_per_tf
+    FROM (SELECT term, df, max_tf, min_length_per_tf FROM now_counted
+          UNION ALL SELECT term, -df, NULL, NULL FROM counted) AS changes
     GROUP BY term
-),
-widest AS (
-    SELECT t.term, max(t.tf) AS max_tf, min(pointed.length::float8 / t.tf) AS min_length_per_tf
-    FROM pointed, unnest(pointed.terms, pointed.tfs) AS t (term, tf)
-    GROUP BY t.term
 ),
 applied AS (
     INSERT INTO lexical_term_stats AS s (tenant_id, profile, term, df, max_tf, min_length_per_tf)
-    SELECT %(tenant_id)s, %(profile)s, d.term, d.df, w.max_tf, w.min_length_per_tf
+    SELECT %(tenant_id)s, %(profile)s, d.term, d.df, d.max_tf, d.min_length_per_tf
     FROM delta d
-    LEFT JOIN widest w USING (term)
-    WHERE d.df <> 0 OR w.term IS NOT NULL
+    WHERE d.df <> 0 OR d.max_tf IS NOT NULL
     ORDER BY d.term
     ON CONFLICT (tenant_id, profile, term) DO UPDATE
     SET df                = s.df + EXCLUDED.df,

@@ -45,7 +45,7 @@ import numpy as np
 from bench import exit_on_sigterm, server_url
 from bench.scale.search import (K, LEXICAL_SEED, PROFILES, QUERY_SEED, SCRATCH, TERM_IDS, bench_database, percentile,
                                 query_text, tenant_queries)
-from pipelines.domain.lexical import PROBE_COST, LexicalParams, lazy_terms, term_bound
+from pipelines.domain.lexical import PROBE_COST, LexicalParams, bm25_term, lazy_terms, term_bound
 from pipelines.domain.metadata import EVERYTHING
 from resources.database import Database
 from resources.lexical import hits_query, max_pointer_probes, query_weights
@@ -97,7 +97,7 @@ def bm25_bounds(idfs: Mapping[int, float], postings: Sequence[tuple[int, str, in
     max_tf: dict[int, int] = defaultdict(int)
     min_length_per_tf: dict[int, float] = {}
     for term, chunk, tf, length in postings:
-        contributions[term][chunk] = idfs[term] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / avg_length))
+        contributions[term][chunk] = bm25_term(tf, length, avg_length, idfs[term], k1, b)
         max_tf[term] = max(max_tf[term], tf)
         min_length_per_tf[term] = min(min_length_per_tf.get(term, float("inf")), length / tf)
     stored = {t: term_bound(idfs[t], k1, b, avg_length, max_tf[t], min_length_per_tf[t]) if max_tf[t] else 0.0

@@ -65,12 +65,16 @@ def pg_server_url() -> Iterator[str]:
     """Admin URL of a running PostgreSQL with pgvector available."""
     with temporary_server("kbindex-test-pg-", external_env="KBINDEX_TEST_DATABASE_URL") as url:
         if not os.environ.get("KBINDEX_TEST_DATABASE_URL") and os.environ.get("KBINDEX_TEST_DURABLE") != "1":
-            with psycopg.connect(url, autocommit=True) as conn:
-                for name, value in THROWAWAY_SETTINGS.items():
-                    conn.execute(pgsql.SQL("ALTER SYSTEM SET {} = {}").format(pgsql.Identifier(name),
-                                                                             pgsql.Literal(value)))
-                conn.execute("SELECT pg_reload_conf()")
+            _apply_settings(url, THROWAWAY_SETTINGS)
         yield url
+
+
+def _apply_settings(url: str, settings: dict[str, str]) -> None:
+    """ALTER SYSTEM each setting on the server ``url`` names and reload its configuration."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name, value in settings.items():
+            conn.execute(pgsql.SQL("ALTER SYSTEM SET {} = {}").format(pgsql.Identifier(name), pgsql.Literal(value)))
+        conn.execute("SELECT pg_reload_conf()")
 
 
 @pytest.fixture(scope="session")

@@ -98,9 +98,43 @@ def seed_chunks(url: str, count: int, *, first: int = 1, tenant: str = TENANT) -
         for start in range(first, first + count, SEED_BATCH):
             conn.execute(queries["bench_corpus_seed_chunks"],
                          {"tenant": tenant, "first": start, "count": min(SEED_BATCH, first + count - start)})
-        for name in ("bench_scale_build_memory", "bench_scale_build_hnsw", "bench_scale_analyze",
-                     "bench_scale_checkpoint"):
+        rebuild_graph(conn)
+    return time.perf_counter() - started
+
+
+SETTLE = ("bench_scale_analyze", "bench_scale_checkpoint")
+
+
+def rebuild_graph(conn: Any) -> None:
+    """On an autocommit connection whose HNSW graph was dropped: build the product's graph in memory, then
+    vacuum, analyze and checkpoint, so the phase measured next starts from settled tables."""
+    from sql import queries
+
+    for name in ("bench_scale_build_memory", "bench_scale_build_hnsw", *SETTLE):
+        conn.execute(queries[name])
+
+
+def settle(url: str) -> float:
+    """Vacuum, analyze and checkpoint the database (outside any timed phase); returns the seconds."""
+    from sql import queries
+
+    started = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name in SETTLE:
             conn.execute(queries[name])
+    return time.perf_counter() - started
+
+
+def reflect_vectors(url: str, profile: str) -> float:
+    """Store ``profile``'s vectors reflected (``bench_migration_reflect_vectors`` says why) with the graph dropped,
+    then rebuild it as the product's and settle the tables; returns the seconds."""
+    from sql import queries
+
+    started = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(queries["bench_scale_drop_hnsw"])
+        conn.execute(queries["bench_migration_reflect_vectors"], {"profile": profile})
+        rebuild_graph(conn)
     return time.perf_counter() - started
 
 

@@ -55,6 +55,27 @@ def write_dagster_yaml(home: Path, launcher: str | None = None) -> Path:
     return path
 
 
+def spawn_in_own_session(cmd: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """``Popen(cmd)`` in a session of its own, with SIGINT at its default even if this process ignores it.
+
+    ``dagster dev`` maps SIGTERM to its SIGINT handler, so one that inherits an ignored SIGINT (its bench
+    started with ``&`` from a script, or under nohup) ignores ``stop``'s SIGTERM: its webserver, daemon and
+    code server kept running until the SIGKILL 30 s later (seen here: a bench.scale.migration round stopped
+    with ``kill``). A Python handler, unlike SIG_IGN, is not inherited across exec, so one is set for the
+    spawn and SIG_IGN put back (in the main thread, the only one that may set handlers)."""
+    import threading
+
+    ignored = (threading.current_thread() is threading.main_thread()
+               and signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(cmd, start_new_session=True, **kwargs)
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -76,10 +97,10 @@ class DagsterDev:
 
     def start(self) -> None:
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
+        self.proc = spawn_in_own_session(
             [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-a", "defs",
              "-h", "127.0.0.1", "-p", str(self.port)],
-            env=self.env, cwd=str(PROJECT_ROOT), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=self.env, cwd=str(PROJECT_ROOT), stdout=self._log, stderr=subprocess.STDOUT,
         )
 
     def wait_ready(self, timeout: float = 120.0) -> float:

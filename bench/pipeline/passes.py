@@ -6,7 +6,10 @@ embedding service left idle (not paused: a SIGSTOPped code server
 misses its heartbeats and shuts down; their idle CPU over the bare phases is reported), bare ``model.encode`` of the pass's distinct texts (bench/pipeline/bare.py:
 one process, and one process per core; the faster is the yardstick) and the bare system (bare_system.py:
 the same documents into the same tenant of a fresh scratch database, plain SQL, no Dagster, no queue).
-Both databases then hold the tenant's rows; the counts are compared (equal work on both sides).
+Both databases then hold the tenant's rows; the counts are compared (equal work on both sides). Both keep
+their earlier passes' tenants, so from pass 2 on both insert vectors equal to pass 1's, which pgvector's HNSW
+stores as extra heap TIDs of the existing elements (no neighbour updates): cheaper than a first index, and
+alike on both sides (bench/scale/migration.py had that on one side only).
 
 Two ratios per pass, each as a throughput ratio on the same work:
 ``pipeline / bare encode`` = (distinct texts / pipeline wall) / bare encode's texts/s, and

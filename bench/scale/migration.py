@@ -76,8 +76,8 @@ from bench.scale.corpus import (
     document_text,
     reflect_vectors,
     seed_chunks,
-    settle,
     seed_corpus,
+    settle,
     write_blobs,
 )
 from bench.warm_service import warm_embedding_service

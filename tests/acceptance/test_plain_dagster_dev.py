@@ -22,7 +22,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from bench.dagster_dev import free_port
+from bench.dagster_dev import free_port, spawn_in_own_session
 from resources import local_postgres
 
 pytestmark = pytest.mark.slow
@@ -67,8 +67,8 @@ def test_plain_dagster_dev_comes_up_on_the_embedded_default_with_the_sensor_on()
     port = free_port()
     log = root / "dagster.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-p", str(port)], cwd=root, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = spawn_in_own_session([sys.executable, "-m", "dagster", "dev", "-p", str(port)], cwd=root, env=env,
+                                    stdout=out, stderr=subprocess.STDOUT)  # stoppable even if pytest ignores SIGINT
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:

@@ -35,6 +35,7 @@ from dagster import DagsterRunStatus, RunsFilter
 from pipelines.claim_window import ClaimWindow
 from pipelines.jobs import index_versions_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+from pipelines.stopping import stop_check
 from pipelines.warm_launcher import WarmRunLauncher
 from resources import dagster_private
 from resources.dagster_resources import (
@@ -339,7 +340,8 @@ def claim_tick(context: dg.SensorEvaluationContext, name: str) -> dg.SensorResul
         released = release_runs(instance, queue, runs)
         for run_id in released:
             context.log.warning(f"run {run_id} holds none of its leases any more: canceled to free its run slot")
-        while not claimed and wakeup is not None and wakeup.wait(window.deadline):
+        # Stopping ends the wait at once: Dagster's stop waits for this RPC (pipelines/stopping.py).
+        while not claimed and wakeup is not None and wakeup.wait(window.deadline, stop=stop_check()):
             time.sleep(CLAIM_WAKE_GRACE_SECONDS)  # a publisher's own fast path claims its task first
             claimed = claim_on_wake(database, queue, instance, owner, any_size=window.opened)
     if not claimed:

@@ -13,6 +13,7 @@ is one indexed read, and waits again until its deadline.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -20,6 +21,8 @@ from resources.database import connection_params
 from sql import queries
 
 APPLICATION_NAME = "kbindex-claim-wakeup"
+STOP_CHECK_SECONDS = 0.2
+"""How often a wait with a ``stop`` check calls it: a tick asked to stop ends this soon."""
 
 
 class TaskWakeup:
@@ -34,15 +37,18 @@ class TaskWakeup:
             self.conn.close()
             raise
 
-    def wait(self, deadline: float) -> bool:
-        """Block until a task event is notified (True) or ``deadline`` (``time.monotonic()``) passes (False).
-        Notifications that arrived meanwhile are all taken: one wake-up per wait, however many events."""
-        timeout = deadline - time.monotonic()
-        if timeout <= 0:
-            return False
+    def wait(self, deadline: float, stop: Callable[[], bool] | None = None) -> bool:
+        """Block until a task event is notified (True) or ``deadline`` (``time.monotonic()``) passes or ``stop()``
+        says so (False). Notifications that arrived meanwhile are all taken: one wake-up per wait, however many."""
         woke = False
-        for _ in self.conn.notifies(timeout=timeout, stop_after=1):
-            woke = True
+        while not woke:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0 or (stop is not None and stop()):
+                return False
+            if stop is not None:
+                timeout = min(timeout, STOP_CHECK_SECONDS)
+            for _ in self.conn.notifies(timeout=timeout, stop_after=1):
+                woke = True
         if woke:  # drain what else is queued, without blocking, so the next wait sees only later events
             for _ in self.conn.notifies(timeout=0):
                 pass

@@ -16,6 +16,7 @@ from pipelines import event_batching
 from pipelines.cli.app import app, console, errors_to_exit
 from pipelines.cli.dev_status import DevStatus, StatusReader, show_status
 from pipelines.cli.dev_stop import stop_all
+from pipelines.stopping import STOP_FILE_ENV, request_stop
 from resources.local_databases import LocalDatabases, prepare_local_databases, psycopg2_url
 from resources.private_files import make_private_dirs, open_private, private_home, write_private
 
@@ -96,6 +97,10 @@ def dev_command(
     # The warm model every run embeds through; runs load their own until it answers (it never blocks start-up).
     service = start_service(settings.home, env, wait=False, log=logs / "embedder.log")
     env["KBINDEX_EMBED_SERVICE"] = str(settings.home)
+    # Created just before the stop: a claiming tick waiting for a publish ends its wait (pipelines/stopping.py).
+    stop_file = settings.home / "dagster-stopping"
+    stop_file.unlink(missing_ok=True)  # left by a kbindex dev killed while it stopped
+    env[STOP_FILE_ENV] = str(stop_file)
     cmd = [sys.executable, "-m", "dagster", "dev", "-m", "pipelines.definitions", "-h", host, "-p", str(port)]
     # cwd = DAGSTER_HOME: dagster dev warns about (and ignores) a dagster.yaml in the working folder.
     # Its own process group, so stopping it reaches the webserver, daemon and code servers too.
@@ -117,7 +122,9 @@ def dev_command(
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the stop half-way
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        request_stop(stop_file)
         report = stop_all(proc, service)
+        stop_file.unlink(missing_ok=True)
         with open_private(status.log_path, "a") as log:
             log.write(f"==== {report.line()} ====\n")
         status.dagster_exit, status.stopped_in, status.killed = report.dagster_exit, report.seconds, report.killed

@@ -19,6 +19,8 @@ import psutil
 import pytest
 
 from bench.dagster_dev import free_port
+from pipelines.cli.dev_stop import GRACE_SECONDS
+from pipelines.stopping import STOP_FILE_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +63,9 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
         assert "runs: 0 in flight, 0 queued" in out_path.read_text()
         family = psutil.Process(proc.pid).children(recursive=True)
         assert len(family) >= 4  # dagster dev, webserver, daemon, code server(s), embedding service
+        # The code server, where claiming ticks wait for a publish, knows the file that ends the wait at a stop.
+        servers = [p for p in family if "api grpc" in " ".join(p.cmdline())]
+        assert servers and all(p.environ().get(STOP_FILE_ENV) == str(home / "dagster-stopping") for p in servers)
 
         sent = time.monotonic()
         proc.send_signal(stop_signal)
@@ -68,7 +73,8 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
         took = time.monotonic() - sent
         print(f"kbindex dev: {stop_signal.name} -> exit {took:.1f} s")
         assert proc.returncode == 0
-        assert took < 15, f"stopping took {took:.1f} s"  # was 33 s and a SIGKILL (issue #29)
+        # Within the grace (no SIGKILL: asserted below) and the status's last draw; was 33 s and a SIGKILL (#29).
+        assert took < GRACE_SECONDS + 5, f"stopping took {took:.1f} s"
 
         alive = []
         for p in family:
@@ -79,6 +85,7 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
                 pass
         assert alive == []
         assert not (home / "embedder.sock").exists()  # the service shut down cleanly
+        assert not (home / "dagster-stopping").exists()  # the next start's ticks wait for publishes again
 
         log = (home / "logs" / "dagster.log").read_text(errors="replace")
         assert "Serving dagster-webserver" in log and "dagster.daemon" in log

@@ -10,8 +10,9 @@ import dagster as dg
 import psycopg
 
 import pipelines.sensors as sensors
+from pipelines.stopping import STOP_FILE_ENV, request_stop, stop_check
 from resources.dagster_resources import DatabaseResource, leases_of
-from resources.task_wakeup import TaskWakeup
+from resources.task_wakeup import STOP_CHECK_SECONDS, TaskWakeup
 
 
 def tick(instance, db_url) -> dg.SensorResult | dg.SkipReason:
@@ -66,6 +67,54 @@ def test_an_event_that_makes_nothing_due_does_not_end_the_wait(db_url, publish_t
     ticking.join(20)
     (result,) = results
     assert [t for r in result.run_requests for t, _ in leases_of(r.tags)] == [second.task_id]
+
+
+def test_an_idle_tick_stops_waiting_once_kbindex_dev_stops_dagster(db_url, instance, monkeypatch, tmp_path):
+    """Dagster's stop waits for the sensor RPC in flight: a tick waiting out its 4.5 s held every `kbindex dev`
+    stop that long (past its 12 s grace on a loaded CI machine). The stop file ends the wait within a poll."""
+    stop_file = tmp_path / "dagster-stopping"
+    monkeypatch.setenv(STOP_FILE_ENV, str(stop_file))
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 30.0)
+    results = []
+    ticking = threading.Thread(target=lambda: results.append(tick(instance, db_url)))
+    ticking.start()
+    time.sleep(1.0)
+    assert ticking.is_alive(), "the tick is waiting for a publish"
+    asked = time.monotonic()
+    request_stop(stop_file)
+    ticking.join(20)
+    assert not ticking.is_alive()
+    assert time.monotonic() - asked < 5.0, "the tick waited on after the stop file appeared"
+    (result,) = results
+    assert isinstance(result, dg.SkipReason) and result.skip_message == "no due index tasks"
+
+
+def test_a_tick_watching_for_a_stop_still_claims_a_publish(db_url, publish_task, instance, monkeypatch, tmp_path):
+    """Under `kbindex dev` the wait polls the stop file between short waits: a publish still wakes it."""
+    monkeypatch.setenv(STOP_FILE_ENV, str(tmp_path / "dagster-stopping"))
+    monkeypatch.setattr(sensors, "CLAIM_WAIT_SECONDS", 30.0)
+    results = []
+    ticking = threading.Thread(target=lambda: results.append(tick(instance, db_url)))
+    ticking.start()
+    time.sleep(1.0)
+    assert ticking.is_alive()
+    published = publish_task()
+    ticking.join(20)
+    assert not ticking.is_alive(), "the tick kept waiting after the publish"
+    (result,) = results
+    assert [t for r in result.run_requests for t, _ in leases_of(r.tags)] == [published.task_id]
+
+
+def test_only_kbindex_dev_ticks_poll_for_a_stop_and_a_given_check_is_polled(db_url, monkeypatch):
+    """Outside `kbindex dev` a tick gets no stop check (one blocking wait); a wait given one calls it each poll."""
+    monkeypatch.delenv(STOP_FILE_ENV, raising=False)
+    assert stop_check() is None
+    checks = []
+    with TaskWakeup(db_url) as wakeup:
+        started = time.monotonic()
+        assert not wakeup.wait(started + 1.0, stop=lambda: checks.append(1) or False)
+        assert time.monotonic() - started >= 1.0
+    assert len(checks) >= 1.0 / STOP_CHECK_SECONDS - 1, "the wait did not look at its stop check between polls"
 
 
 def test_a_full_run_queue_does_not_wait(db_url, instance, monkeypatch):

@@ -54,7 +54,9 @@ class Api:
 
     def __init__(self, hosts: Hosts, net_db: str, tmp: Path, env: dict[str, str]) -> None:
         self.uds = str(tmp / "api.sock")
-        self.proc = hosts.client(SERVER, hosts.remote_url(net_db), self.uds, str(POLL_S), env=env)
+        work = tmp / "api-work"
+        work.mkdir()
+        self.proc = hosts.client(SERVER, hosts.remote_url(net_db), self.uds, str(POLL_S), str(work), env=env)
         self.client = ApiClient(uds=self.uds, ceiling=CEILING_S)
         self.get = self.client.get
         deadline = time.monotonic() + 60

@@ -28,6 +28,8 @@ from resources.partition_keys import (
     oldest_added,
     prunable,
     runs_of,
+    walk_resumes_after,
+    walk_stopped_at,
 )
 from resources.profiles import request_backfill
 
@@ -40,6 +42,9 @@ class PruneConfig(dg.Config):
     batch: int = Field(default=5000, ge=1, le=100_000,
                        description="Keys deleted per run at most (5,000: 4-7 s under dagster dev, ~3 s more "
                                    "for their runs).")
+    catch_up_runs: int = Field(default=1000, ge=1, le=100_000, description=(
+        "Runs left behind by keys pruned earlier (while delete_runs was off) looked at per run, oldest first, "
+        "each walk resuming where the last stopped (~6 ms a run to delete)."))
     delete_runs: bool = Field(default=True, description=(
         "Also delete the finished runs that worked on the pruned keys and on no live key, with their events: "
         "the history the partitions tab is rebuilt from whenever a key is added. Their ids stay in each task's "
@@ -48,8 +53,6 @@ class PruneConfig(dg.Config):
 
 FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 RUN_ID_CHUNK = 1000
-CATCH_UP_RUNS = 1000
-"""Runs ``delete_runs_left_behind`` looks at per prune run, oldest first (~6 ms each to delete)."""
 
 
 def delete_runs_of(instance: dg.DagsterInstance, database: DatabaseResource, pruned: list[str]) -> tuple[int, int]:
@@ -69,18 +72,26 @@ def delete_runs_of(instance: dg.DagsterInstance, database: DatabaseResource, pru
 
 
 def delete_runs_left_behind(instance: dg.DagsterInstance, database: DatabaseResource,
-                            limit: int = CATCH_UP_RUNS) -> tuple[int, int]:
-    """The runs of keys pruned before prune deleted runs (or while ``delete_runs`` was off): the oldest ``limit``
+                            limit: int) -> tuple[int, int]:
+    """The runs of keys pruned before prune deleted runs (or while ``delete_runs`` was off): the next ``limit``
     finished index runs created before the oldest live key was added, deleted by the same rule; (deleted, kept).
 
-    Only index_versions runs: their lease tags list every key. A run kept (it also covers a key added again
-    since) stays at the front of this walk until that key is pruned, within the lineage window or the cap.
+    Only index_versions runs: their lease tags list every key. The walk resumes where the previous one stopped
+    (``walk_resumes_after``), so runs it keeps (each also covers a key added again since) cannot hold its front
+    for good (1,000 of them did, when each walk started at the oldest). Once a walk reaches the end the next starts from the oldest again,
+    which finds a kept run whose key has since been pruned with ``delete_runs`` off (with it on, the
+    key-driven pass deletes it).
     """
     oldest = oldest_added(database.db)
     before = oldest.astimezone(timezone.utc) if oldest is not None else datetime.now(timezone.utc)
-    filters = dg.RunsFilter(job_name=index_versions_job.name, statuses=FINISHED, created_before=before)
-    runs = [record.dagster_run for record in instance.get_run_records(filters, limit=limit, ascending=True)]
-    return delete_unless_live(instance, database, runs, set())
+    after = walk_resumes_after(database.db)
+    filters = dg.RunsFilter(job_name=index_versions_job.name, statuses=FINISHED, created_before=before,
+                            created_after=after.astimezone(timezone.utc) if after is not None else None)
+    records = instance.get_run_records(filters, limit=limit, ascending=True)
+    deleted, kept = delete_unless_live(instance, database, [r.dagster_run for r in records], set())
+    reached_end = len(records) < limit  # moved after deleting: a prune that dies in between walks them again
+    walk_stopped_at(database.db, None if reached_end else max(r.create_timestamp for r in records))
+    return deleted, kept
 
 
 def delete_unless_live(instance: dg.DagsterInstance, database: DatabaseResource, runs: list[dg.DagsterRun],
@@ -107,16 +118,17 @@ def delete_unless_live(instance: dg.DagsterInstance, database: DatabaseResource,
 def prune_partition_keys(context: dg.OpExecutionContext, config: PruneConfig, database: DatabaseResource) -> dg.Output:
     keys = prunable(database.db, window_seconds=config.window_seconds, max_keys=config.max_keys,
                     limit=config.batch)
-    deleted = kept = caught_up = 0
+    deleted = kept = caught_up = passed_over = 0
     if config.delete_runs:
         deleted, kept = delete_runs_of(context.instance, database, keys)
     for key in keys:
         context.instance.delete_dynamic_partition(VERSIONS_PARTITIONS_NAME, key)
     forget(database.db, keys)
     if config.delete_runs:  # after forget: the walk stops at the oldest key still live
-        caught_up, _ = delete_runs_left_behind(context.instance, database)
+        caught_up, passed_over = delete_runs_left_behind(context.instance, database, config.catch_up_runs)
     return dg.Output(None, metadata={"partition_keys_deleted": len(keys), "runs_deleted": deleted, "runs_kept": kept,
-                                     "older_runs_deleted": caught_up, "window_seconds": config.window_seconds,
+                                     "older_runs_deleted": caught_up, "older_runs_kept": passed_over,
+                                     "window_seconds": config.window_seconds,
                                      "max_keys": config.max_keys})
 
 

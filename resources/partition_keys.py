@@ -63,6 +63,16 @@ def oldest_added(db: Database) -> datetime | None:
     return db.fetch_one("dagster_partition_key_oldest")["added_at"]
 
 
+def walk_resumes_after(db: Database) -> datetime | None:
+    """Where prune's walk over runs left behind resumes: after runs created then (None: from the oldest)."""
+    return db.fetch_one("prune_run_walk_position")["after"]
+
+
+def walk_stopped_at(db: Database, after: datetime | None) -> None:
+    """The walk looked at runs created up to ``after``; None: it reached the end and starts over next time."""
+    db.execute("prune_run_walk_move", {"after": after})
+
+
 def forget(db: Database, keys: Sequence[str]) -> None:
     """These keys were deleted from Dagster."""
     if keys:

@@ -80,6 +80,15 @@ SELECT partition_key FROM dagster_partition_key WHERE partition_key = ANY(%(part
 -- When the oldest key Dagster still has was added (one end of the added_at index); NULL: none.
 SELECT min(added_at) AS added_at FROM dagster_partition_key;
 
+-- name: prune_run_walk_position
+-- Where the walk over runs left behind resumes: after runs created at this time (NULL: from the oldest).
+SELECT (SELECT after FROM prune_run_walk) AS after;
+
+-- name: prune_run_walk_move
+-- The walk looked at runs up to this creation time (NULL: it reached the end; the next starts from the oldest).
+INSERT INTO prune_run_walk (walk, after, updated_at) VALUES (true, %(after)s, now())
+ON CONFLICT (walk) DO UPDATE SET after = EXCLUDED.after, updated_at = EXCLUDED.updated_at;
+
 -- name: task_dagster_runs
 -- The Dagster runs that worked on a task (adoptions, and the claims of UI runs), first attempt first.
 SELECT r.run_id, r.attempt, r.created_at

@@ -142,3 +142,50 @@ def test_runs_left_by_keys_pruned_earlier_go_oldest_first(kb, db_url):
     assert instance.get_run_by_id(run_a) is None and instance.get_run_by_id(run_b) is None
     # run C was created before c's last addition, so the walk looked at it: c is live, so it stays
     assert instance.get_run_by_id(run_c) is not None and materialized_keys(instance) == {c}
+
+
+def _readd_later(db_url, key: str) -> None:
+    """``key`` was added again after its run (a re-index): the run covers a live key and is kept."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE dagster_partition_key SET added_at = now() + interval '1 hour' WHERE partition_key = %s",
+                     (key,))
+
+
+def test_kept_runs_at_the_front_do_not_stall_the_walk(kb, db_url):
+    """A walk that keeps every run it looks at (each covers a key added again since) used to start at the same
+    oldest runs on every prune, so as many kept runs as the walk's limit hid every run behind them for good.
+    Each walk now resumes where the last stopped; with a limit of 1, run K is the front it must get past."""
+    instance = kb[3]
+    run_k, (k,), _ = index(kb, ["one.md"])
+    run_l, (l,), _ = index(kb, ["two.md"])
+    run_m, (m,), _ = index(kb, ["three.md"])
+    _readd_later(db_url, k)
+    age(db_url, [l, m])
+    legacy = prune(kb, db_url, batch=1, delete_runs=False)  # l goes, run L is left behind
+    assert (legacy["partition_keys_deleted"], legacy["runs_deleted"]) == (1, 0)
+
+    first = prune(kb, db_url, batch=1, catch_up_runs=1)  # m goes with run M; the walk looks at run K only
+    assert (first["runs_deleted"], first["older_runs_deleted"], first["older_runs_kept"]) == (1, 0, 1)
+    second = prune(kb, db_url, batch=1, catch_up_runs=1)  # no key is due; the walk goes on past K, to L
+    assert (second["partition_keys_deleted"], second["older_runs_deleted"], second["older_runs_kept"]) == (0, 1, 0)
+    assert instance.get_run_by_id(run_l) is None and instance.get_run_by_id(run_m) is None
+    assert instance.get_run_by_id(run_k) is not None and materialized_keys(instance) == {k}
+
+
+def test_a_walk_that_reaches_the_end_starts_again_from_the_oldest(kb, db_url):
+    """A run the walk passed over while its key was live is behind the walk once that key goes with
+    delete_runs off; after a walk reaches the end, the next starts from the oldest and finds it."""
+    instance = kb[3]
+    run_k, (k,), _ = index(kb, ["one.md"])
+    run_z, (z,), _ = index(kb, ["two.md"])
+    _readd_later(db_url, k)
+    with psycopg.connect(db_url, autocommit=True) as conn:  # z later still: the live key left at the end
+        conn.execute("UPDATE dagster_partition_key SET added_at = now() + interval '2 hours' WHERE partition_key = %s",
+                     (z,))
+    walks = [prune(kb, db_url, catch_up_runs=1)]  # nothing due; the walk passes over run K (k is live)
+    age(db_url, [k])
+    dropped = prune(kb, db_url, batch=1, delete_runs=False)  # k goes; run K is left behind, behind the walk
+    assert (dropped["partition_keys_deleted"], dropped["runs_deleted"]) == (1, 0)
+    walks += [prune(kb, db_url, catch_up_runs=1) for _ in range(3)]  # run Z (kept), the end, then from the oldest
+    assert [(w["older_runs_deleted"], w["older_runs_kept"]) for w in walks] == [(0, 1), (0, 1), (0, 0), (1, 0)]
+    assert instance.get_run_by_id(run_k) is None and instance.get_run_by_id(run_z) is not None

@@ -42,6 +42,7 @@ from resources.dagster_resources import (
     MODELS_TAG,
     OWNER_TAG,
     TENANT_TAG,
+    WINDOW_TAG,
     DatabaseResource,
     claim_owner_of,
     kept_database_resource,
@@ -372,10 +373,9 @@ def claim_tick(context: dg.SensorEvaluationContext, name: str) -> dg.SensorResul
         instance.delete_dynamic_partition(VERSIONS_PARTITIONS_NAME, key)
     if plan.add:
         instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, plan.add)
-    requests = plan.requests
     models = _models(database, {t.profile for t in claimed})
-    if models:
-        requests = [r.with_replaced_attrs(tags={**r.tags, MODELS_TAG: models}) for r in requests]
+    extra = {WINDOW_TAG: "opened" if window.opened else "handed", **({MODELS_TAG: models} if models else {})}
+    requests = [r.with_replaced_attrs(tags={**r.tags, **extra}) for r in plan.requests]
     context.log.info(f"claimed {len(claimed)} task(s) as {owner}: {len(requests)} run(s), {len(plan.add)} key(s) added, "
                      f"{len(plan.delete)} moved")
     record_added(database.db, plan.add)  # the lineage window counts from here (prune_lineage_keys)

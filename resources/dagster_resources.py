@@ -35,6 +35,10 @@ from resources.task_queue import TaskQueue
 # under the old visible keys (LEGACY_*), which are still read.
 LEASES_TAG = ".dagster/kbindex/leases"  # the run's leases, encode_leases(); long sets go on in .2, .3, ...
 OWNER_TAG = ".dagster/kbindex/owner"
+WINDOW_TAG = ".dagster/kbindex/claim_window"
+"""How the claiming tick came to claim (pipelines/claim_window.py): "opened" (the loop's first claiming tick, or
+one that opened a new window) or "handed" (a later claiming sensor of the same loop, in the rest of the window a
+claim handed on)."""
 LEGACY_LEASES_TAG = "kbindex/leases"
 LEGACY_OWNER_TAG = "kbindex/owner"
 TENANT_TAG = "kbindex/tenant"

@@ -168,6 +168,8 @@ def render_instance(values: dict, namespace: str = "kbindex") -> dict:
             }
         },
         "telemetry": {"enabled": values["telemetry"]["enabled"]},
+        **({"retention": {kind: {"purge_after_days": values["retention"][kind]["purgeAfterDays"]}
+                          for kind in ("sensor", "schedule")}} if values.get("retention", {}).get("enabled") else {}),
     }
 
 
@@ -451,3 +453,37 @@ def test_the_schema_check_refuses_a_misspelt_field(manifests):
     bad["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError, match="imagePullPolicyy"):
         kubernetes_validate.validate(bad, latest_version(), strict=True)
+
+
+def _tick_retention(config: dict) -> dict[str, dict[str, int]]:
+    """Days each tick status is kept, per instigator kind, as the daemon reads them from an instance config."""
+    from dagster._core.definitions.run_request import InstigatorType
+    from dagster._core.instance.config import get_default_tick_retention_settings, get_tick_retention_settings
+
+    settings = config.get("retention") or {}
+    return {kind.value: {status.value: days for status, days in get_tick_retention_settings(
+                settings.get(kind.value.lower()), get_default_tick_retention_settings(kind)).items()}
+            for kind in (InstigatorType.SENSOR, InstigatorType.SCHEDULE)}
+
+
+@pytest.mark.parametrize("source", ["dagster.yaml", "helm values"])
+def test_tick_history_is_kept_days_not_forever(source, values, tmp_path, monkeypatch):
+    """The claiming sensors record a SUCCESS tick per claim (up to three a daemon loop while busy), which Dagster
+    keeps forever by default: every tick status of every sensor and schedule must go after a bounded time."""
+    from dagster._core.instance.config import dagster_instance_config
+
+    if source == "dagster.yaml":
+        (tmp_path / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text(), encoding="utf-8")
+    else:
+        (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(render_instance(values)), encoding="utf-8")
+        monkeypatch.setenv("DAGSTER_PG_PASSWORD", "unused")
+    config, _ = dagster_instance_config(str(tmp_path))
+    kept = _tick_retention(config)
+    assert all(0 < days <= 30 for statuses in kept.values() for days in statuses.values()), kept
+    assert set(kept["SENSOR"].values()) == {7}, kept  # one period: one purge DELETE a tick, as by default
+
+
+def test_the_tick_retention_check_sees_dagsters_default():
+    """Without a retention block Dagster keeps SUCCESS, FAILURE and STARTED sensor ticks forever (-1)."""
+    kept = _tick_retention({})
+    assert kept["SENSOR"]["SUCCESS"] == -1 and kept["SENSOR"]["SKIPPED"] == 7

@@ -4,20 +4,23 @@
 partition keys of versions with nothing in flight once their lineage window has passed, or beyond the
 cap, a bounded batch per run: the live key set follows the churn, not the corpus (Dagster's UI and every
 call that lists keys slow down with it). With them go the runs that covered only pruned keys, and their
-events, so the history the UI rebuilds from follows the churn too. It is the only job that deletes keys:
+events, so the history the UI rebuilds from follows the churn too, and the finished runs of the maintenance jobs
+(retention, artifact sweep, prune itself) older than the window. It is the only job that deletes keys:
 retention (pipelines/retention_job.py) deletes chunks and bytes, never keys, so a released
 version's key goes here like any other, after its window. ``backfill_profile`` is
 how an operator starts a model migration from the UI: it asks the claiming sensor to build the
 profile's backlog in ordinary bounded runs beside live indexing, whatever its size.
 """
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 from pydantic import Field
 
+from pipelines.artifact_sweep_job import sweep_artifacts_job
 from pipelines.jobs import index_versions_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
+from pipelines.retention_job import apply_retention_job
 from pipelines.sensors import LIVE, keys_by_run, tick_database_resource, tick_instance
 from resources.dagster_resources import DatabaseResource, leases_of
 from resources.partition_keys import (
@@ -45,6 +48,9 @@ class PruneConfig(dg.Config):
     catch_up_runs: int = Field(default=1000, ge=1, le=100_000, description=(
         "Runs left behind by keys pruned earlier (while delete_runs was off) looked at per run, oldest first, "
         "each walk resuming where the last stopped (~6 ms a run to delete)."))
+    maintenance_runs: int = Field(default=1000, ge=0, le=100_000, description=(
+        "Finished runs of the maintenance jobs (apply_retention, sweep_artifacts, prune_lineage_keys) older than "
+        "the window deleted per run at most, oldest first: they come every hour, forever."))
     delete_runs: bool = Field(default=True, description=(
         "Also delete the finished runs that worked on the pruned keys and on no live key, with their events: "
         "the history the partitions tab is rebuilt from whenever a key is added. Their ids stay in each task's "
@@ -94,6 +100,24 @@ def delete_runs_left_behind(instance: dg.DagsterInstance, database: DatabaseReso
     return deleted, kept
 
 
+PRUNE_JOB = "prune_lineage_keys"
+MAINTENANCE_JOBS = (apply_retention_job.name, sweep_artifacts_job.name, PRUNE_JOB)
+"""Jobs whose runs only report what they did (counts in their metadata): each schedule adds 24 a day."""
+
+
+def old_maintenance_runs(instance: dg.DagsterInstance, window_seconds: float, limit: int) -> list[str]:
+    """Up to ``limit`` finished maintenance runs created longer than ``window_seconds`` ago, oldest first per job."""
+    before = datetime.now(timezone.utc) - timedelta(seconds=window_seconds)
+    found: list[str] = []
+    for job in MAINTENANCE_JOBS:
+        if len(found) >= limit:
+            break
+        filters = dg.RunsFilter(job_name=job, statuses=FINISHED, created_before=before)
+        found += [r.dagster_run.run_id for r in instance.get_run_records(filters, limit=limit - len(found),
+                                                                          ascending=True)]
+    return found
+
+
 def delete_unless_live(instance: dg.DagsterInstance, database: DatabaseResource, runs: list[dg.DagsterRun],
                        pruned: set[str]) -> tuple[int, int]:
     """Delete each of ``runs`` that covers no key still live (``pruned`` are going now); (deleted, kept).
@@ -126,13 +150,17 @@ def prune_partition_keys(context: dg.OpExecutionContext, config: PruneConfig, da
     forget(database.db, keys)
     if config.delete_runs:  # after forget: the walk stops at the oldest key still live
         caught_up, passed_over = delete_runs_left_behind(context.instance, database, config.catch_up_runs)
+    maintenance = old_maintenance_runs(context.instance, config.window_seconds, config.maintenance_runs)
+    for run_id in maintenance:
+        context.instance.delete_run(run_id)
     return dg.Output(None, metadata={"partition_keys_deleted": len(keys), "runs_deleted": deleted, "runs_kept": kept,
                                      "older_runs_deleted": caught_up, "older_runs_kept": passed_over,
+                                     "maintenance_runs_deleted": len(maintenance),
                                      "window_seconds": config.window_seconds,
                                      "max_keys": config.max_keys})
 
 
-@dg.job(name="prune_lineage_keys", executor_def=dg.in_process_executor,
+@dg.job(name=PRUNE_JOB, executor_def=dg.in_process_executor,
         description="Keep Dagster's partition keys bounded: versions in flight plus a lineage window.")
 def prune_lineage_keys_job() -> None:
     prune_partition_keys()
@@ -150,12 +178,14 @@ about 20 hours (derived)."""
 @dg.sensor(job=prune_lineage_keys_job, minimum_interval_seconds=PRUNE_INTERVAL_SECONDS,
            default_status=dg.DefaultSensorStatus.RUNNING,
            description=("Starts prune_lineage_keys when a finished version's key is past the lineage window or the "
-                        "cap and no prune run is in flight: up to 5,000 keys every 10 minutes."))
+                        "cap, or a maintenance run is older than the window, and no prune run is in flight: up to "
+                        "5,000 keys every 10 minutes."))
 def prune_lineage_keys_when_due(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
-    """One cheap check a tick (the prunable query with limit 1 walks at most the cap's keys, whatever the
-    corpus), so an idle deployment starts no runs, unlike a schedule."""
-    if not prunable(tick_database_resource(context).db, limit=1):
-        return dg.SkipReason("no partition key is past the lineage window or the cap")
+    """Cheap checks a tick (the prunable query with limit 1 walks at most the cap's keys, whatever the corpus;
+    one indexed run lookup per maintenance job), so an idle deployment starts no runs, unlike a schedule."""
+    if (not prunable(tick_database_resource(context).db, limit=1)
+            and not old_maintenance_runs(tick_instance(context), DEFAULT_LINEAGE_SECONDS, 1)):
+        return dg.SkipReason("no partition key is past the lineage window or the cap, and no maintenance run")
     in_flight = dg.RunsFilter(job_name=prune_lineage_keys_job.name, statuses=LIVE)
     if tick_instance(context).get_run_records(in_flight, limit=1):
         return dg.SkipReason("a prune_lineage_keys run is still in flight")

@@ -189,3 +189,26 @@ def test_a_walk_that_reaches_the_end_starts_again_from_the_oldest(kb, db_url):
     walks += [prune(kb, db_url, catch_up_runs=1) for _ in range(3)]  # run Z (kept), the end, then from the oldest
     assert [(w["older_runs_deleted"], w["older_runs_kept"]) for w in walks] == [(0, 1), (0, 1), (0, 0), (1, 0)]
     assert instance.get_run_by_id(run_k) is None and instance.get_run_by_id(run_z) is not None
+
+
+def test_finished_maintenance_runs_older_than_the_window_go_oldest_first(kb, db_url):
+    """Retention and the artifact sweep run every hour and prune up to every 10 minutes: their finished runs go
+    once older than the window, a bounded number per prune run; an unfinished one and other jobs' runs stay."""
+    instance = kb[3]
+
+    def add(job: str, status=dg.DagsterRunStatus.SUCCESS) -> str:
+        return instance.add_run(dg.DagsterRun(job_name=job, status=status)).run_id
+
+    retention = [add("apply_retention") for _ in range(3)]
+    sweep = add("sweep_artifacts", dg.DagsterRunStatus.FAILURE)
+    in_flight = add("apply_retention", dg.DagsterRunStatus.STARTED)
+    operator = add("backfill_profile")
+    inside = prune(kb, db_url, window_seconds=3600)  # all of them are younger than an hour
+    assert inside["maintenance_runs_deleted"] == 0
+    first = prune(kb, db_url, maintenance_runs=2)  # window 0: the two oldest retention runs
+    assert first["maintenance_runs_deleted"] == 2
+    assert [instance.get_run_by_id(r) is None for r in retention] == [True, True, False]
+    second = prune(kb, db_url)  # the rest, with the finished prune runs before this one
+    assert second["maintenance_runs_deleted"] == 1 + 1 + 2
+    assert instance.get_run_by_id(retention[2]) is None and instance.get_run_by_id(sweep) is None
+    assert instance.get_run_by_id(in_flight) is not None and instance.get_run_by_id(operator) is not None

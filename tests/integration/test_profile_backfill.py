@@ -5,6 +5,7 @@ versions' Dagster run ids stay reachable from their history."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 
@@ -142,6 +143,10 @@ def test_the_prune_sensor_starts_a_run_only_when_a_key_is_due_and_no_prune_run_i
                                                      instance=instance).success  # the run it requests: defaults
     assert instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME) == []
     assert isinstance(evaluate(), dg.SkipReason)  # nothing left to prune
+    week_ago = datetime.now(timezone.utc) - timedelta(days=8)
+    instance.run_storage.add_historical_run(dg.DagsterRun(job_name="apply_retention",
+                                                          status=dg.DagsterRunStatus.SUCCESS), week_ago)
+    assert isinstance(evaluate(), dg.RunRequest)  # a maintenance run older than the window is due too
 
 
 def test_a_tick_claims_by_bytes_and_leaves_the_rest_due(db, db_url, publish_task, instance, monkeypatch):

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import socket
 import struct
 import subprocess
@@ -177,8 +178,6 @@ def _worker_start(threads: int, preload: list[str], parent: int, started: Any) -
     A watcher thread exits the worker when the service is gone: a SIGKILLed service would otherwise
     leave its workers blocked on the call queue forever, each holding a model.
     """
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = str(threads)
@@ -258,6 +257,7 @@ class _WorkerPool:
         self.threads = max(1, usable_cores() // size)
         self.pids: list[int] = []
         self._lock = threading.Lock()
+        self._closed = False
         self._executor = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
@@ -285,6 +285,8 @@ class _WorkerPool:
         try:
             return executor.submit(_worker_answer, op, model, texts).result()
         except BrokenExecutor:
+            if self._closed:
+                return ("error", "EMBEDDING_UNAVAILABLE", "the embedding service is stopping")
             self._replace(executor)
             return ("error", "EMBEDDING_UNAVAILABLE", "an embedding worker died during the request; the pool restarts")
 
@@ -298,7 +300,17 @@ class _WorkerPool:
         threading.Thread(target=self._warm_quietly, daemon=True).start()
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop now: queued requests are cancelled and the workers terminated, so a request being embedded
+        (a run's whole batch: seconds to tens of seconds) fails with EMBEDDING_UNAVAILABLE instead of holding
+        the service's exit (the interpreter joins the executor's threads, which wait for the workers)."""
+        with self._lock:
+            self._closed = True
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            for pid in self.pids:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
 
 
 class _Service:
@@ -755,7 +767,5 @@ def start_service(home: str | Path, env: dict[str, str] | None = None, *, timeou
 
 
 if __name__ == "__main__":
-    import signal
-
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     serve(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("KBINDEX_HOME", ".kbindex"))

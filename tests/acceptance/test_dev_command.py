@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import psycopg
 import pytest
 
 from bench.dagster_dev import free_port
@@ -100,6 +101,84 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
         assert "dagster.daemon" not in terminal and "Serving dagster-webserver" not in terminal
         assert len(terminal.splitlines()) < 25, terminal
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+LEASE_SECONDS = 15
+"""The run's lease in the in-flight stop below: short, so the test can take its task over without a second start."""
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_with_a_run_in_flight_leaves_its_task_for_a_takeover(db_url, dagster_pg_url, tmp_path):
+    """SIGTERM while a run embeds: everything exits within the grace without a SIGKILL, nothing is half-visible
+    (`kbindex verify`), and the task is not lost: given back, or once its lease runs out, a claim takes it over."""
+    from resources.database import Database
+    from resources.task_queue import TaskQueue
+
+    home = Path(tempfile.mkdtemp(prefix="kbdev-"))
+    port = free_port()
+    env = {**os.environ, "KBINDEX_DATABASE_URL": db_url, "DAGSTER_PG_URL": dagster_pg_url, "KBINDEX_HOME": str(home),
+           "KBINDEX_EMBED_SERVICE_PRELOAD": "", "HF_HUB_OFFLINE": "1", "KBINDEX_LEASE_SECONDS": str(LEASE_SECONDS)}
+    kbindex = [sys.executable, "-c", "from pipelines.cli import main; main()"]
+    out_path = home / "terminal.txt"
+    document = tmp_path / "retention-schedule.md"  # long enough that its run is still embedding when stopped
+    document.write_text("\n\n".join(f"Paragraph {i}: the retention schedule keeps record class {i} for "
+                                    f"{i % 7 + 1} years before review." for i in range(600)))
+    with open(out_path, "wb") as out:
+        proc = subprocess.Popen([*kbindex, "dev", "--no-sample", "--port", str(port)], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    database = Database(db_url)
+    try:
+        deadline = time.monotonic() + 150
+        while "runs: 0 in flight" not in out_path.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, "kbindex dev exited on its own"
+            time.sleep(0.5)
+        subprocess.run([*kbindex, "publish", str(document), "--tenant", "acme"], env=env, check=True,
+                       capture_output=True, timeout=60)
+        queue = TaskQueue(database, lease_seconds=60)
+        with psycopg.connect(db_url) as conn:
+            (task_id,) = [r[0] for r in conn.execute("SELECT task_id FROM index_task WHERE tenant_id = 'acme'")]
+        while time.monotonic() < deadline:
+            task = queue.get(task_id)
+            if task["status"] == "RUNNING" and task["stage"] in ("chunk", "embed"):
+                break
+            assert task["status"] in ("PENDING", "RUNNING"), task
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the run never reached its embed stage: {queue.get(task_id)}")
+        family = psutil.Process(proc.pid).children(recursive=True)
+
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(90)
+        took = time.monotonic() - sent
+        print(f"kbindex dev with a run in flight: SIGTERM -> exit {took:.1f} s")
+        stopped = [line for line in (home / "logs" / "dagster.log").read_text(errors="replace").splitlines()
+                   if "kbindex dev stopped in" in line]
+        print(stopped[-1:])
+        # No SIGKILL: the embedding service used to finish the run's batch first (16-20 s, killed at the grace)
+        assert stopped and "killed" not in stopped[-1], stopped
+        assert proc.returncode == 0
+        assert took < GRACE_SECONDS + 5, f"stopping took {took:.1f} s"
+        alive = [" ".join(p.cmdline())[:120] for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert alive == []
+
+        left = queue.get(task_id)
+        print("left:", {k: left[k] for k in ("status", "stage", "attempts", "error_code")})
+        # Given back by the run on its way out (RETRY_WAIT), or still leased until the lease runs out
+        assert left["status"] in ("RETRY_WAIT", "RUNNING"), left
+        verify = subprocess.run([*kbindex, "verify"], env=env, capture_output=True, text=True, timeout=120)
+        assert verify.returncode == 0, verify.stdout + verify.stderr  # nothing half-visible
+        taken = None
+        while taken is None and time.monotonic() < sent + LEASE_SECONDS + 30:
+            taken = queue.claim_task(task_id, "after-the-stop")
+            time.sleep(0.5)
+        assert taken is not None and taken.lease.attempt == left["attempts"] + 1, (taken, left)
+    finally:
+        database.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()

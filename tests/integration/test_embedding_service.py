@@ -361,6 +361,41 @@ def test_a_stopped_service_takes_its_workers_with_it(home):
     assert not socket_path(home).exists()
 
 
+def test_a_stop_does_not_wait_for_the_request_being_embedded(home, monkeypatch):
+    """`kbindex dev` stopped while a run embeds: the service exits at once and the request fails cleanly. It
+    used to finish the request first (the interpreter joins the worker pool's threads): a run's whole batch,
+    16-19.5 s of a stop under load with a real document in tests/acceptance/test_dev_command.py."""
+    delay = 20.0
+    monkeypatch.setenv("KBINDEX_FAKE_DELAY", str(delay))  # the request sleeps this long in its worker
+    proc = _service_process(home)
+    try:
+        client = ServiceEmbedder("fake-384", home, timeout=60)
+        workers = client.ping()["worker_pids"]
+        outcome: list[BaseException] = []
+
+        def in_flight() -> None:
+            try:
+                client.embed(TEXTS)
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                outcome.append(exc)
+
+        request = threading.Thread(target=in_flight)
+        request.start()
+        time.sleep(1.0)  # asleep in its worker
+        sent = time.monotonic()
+        proc.terminate()  # as `kbindex dev` stops it
+        proc.wait(delay + 20)
+        took = time.monotonic() - sent
+        request.join(30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert took < delay / 4, f"the stop waited {took:.1f} s for the request in flight"
+    assert len(outcome) == 1 and isinstance(outcome[0], EmbeddingUnavailable), outcome
+    assert not any(_alive(pid) for pid in workers)
+    assert not socket_path(home).exists()
+
+
 def test_a_service_whose_workers_cannot_load_the_model_does_not_start(home):
     with pytest.raises(EmbeddingUnavailable, match="workers could not start"):
         serve(home, preload=["./no/such/model"], workers=1)

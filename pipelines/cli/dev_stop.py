@@ -15,10 +15,13 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 GRACE_SECONDS = 20.0
 """Shared by every process; past it, SIGKILL. Measured stops: 4-5 s idle on 2 cores, 5-10 s with both cores busy
-(a CPU hog per core), 7-14 s with the sample corpus's run in flight (three one-off stops); a loaded CI run went
+(a CPU hog per core), 7-14 s with the sample corpus's run in flight (three one-off stops; with a bigger batch in
+flight and a busy core, up to 21.6 s and a SIGKILL, until the embedding service stopped finishing the batch first:
+6.3-8.2 s since, tests/acceptance/test_dev_command.py); a loaded CI run went
 past the old 12 s (SIGKILL, a red test) while a claiming tick waited out its wait for a publish, which the stop
 now ends (pipelines/stopping.py). It leaves the warm launcher its own 15 s for the runs (STOP_GRACE_SECONDS).
 The Dagster daemon joins each of its threads for up to 30 s on shutdown (``DagsterDaemonController``), so a daemon
@@ -59,6 +62,22 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def _group_members(pgid: int, limit: int = 4) -> list[str]:
+    """``pid command`` of up to ``limit`` live members of process group ``pgid``, read from /proc (Linux; elsewhere
+    none): what outlived the grace, named in the stop's last line so a slow stop can be told apart."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()  # after "pid (comm)": state, ppid, pgrp, ...
+            if int(fields[2]) != pgid or fields[0] == "Z":
+                continue
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        members.append(f"{stat.parent.name} {command[:80]}")
+    return sorted(members)[:limit]
+
+
 def stop_all(group: subprocess.Popen[bytes], service: subprocess.Popen[bytes] | None,
              grace: float = GRACE_SECONDS) -> StopReport:
     """SIGTERM to ``group``'s whole process group and to ``service`` at once; SIGKILL what is left after ``grace``.
@@ -84,7 +103,9 @@ def stop_all(group: subprocess.Popen[bytes], service: subprocess.Popen[bytes] | 
             break
         if now >= deadline:
             if dagster_done is None:
-                killed.append("dagster dev" if group.poll() is None else "the rest of Dagster's process group")
+                rest = "; ".join(_group_members(pgid))
+                killed.append("dagster dev" if group.poll() is None else
+                              f"the rest of Dagster's process group ({rest or 'gone meanwhile'})")
                 _signal_group(pgid, signal.SIGKILL)
             if service is not None and service_done is None:
                 killed.append("embedding service")

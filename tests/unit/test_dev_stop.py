@@ -47,3 +47,19 @@ def test_a_group_already_gone_stops_at_once():
     group.wait()
     report = stop_all(group, None, grace=5)
     assert report.dagster_exit == 0 and report.killed == [] and report.seconds < 1
+
+
+def test_what_outlives_its_leader_is_named_when_killed():
+    """The leader exits on SIGTERM, a member of its group ignores it: the stop names that member (pid, command)."""
+    child = "'stubborn-group-member'; import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    leader = f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', {child!r}]); " \
+             f"print(p.pid, flush=True); {POLITE}"
+    group = subprocess.Popen([sys.executable, "-c", leader], stdout=subprocess.PIPE, start_new_session=True)
+    assert group.stdout is not None
+    member = int(group.stdout.readline())
+    assert group.stdout.readline() == b"ready\n"
+    time.sleep(0.3)  # the child has set its handler
+    report = stop_all(group, None, grace=1.0)
+    (killed,) = report.killed
+    assert killed.startswith("the rest of Dagster's process group (") and f"{member} " in killed
+    assert "stubborn-group-member" in killed

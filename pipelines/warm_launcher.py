@@ -169,7 +169,7 @@ class WarmRunLauncher(_api.RunLauncher, _api.ConfigurableClass):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             proc = subprocess.Popen([sys.executable, "-m", "pipelines.warm_launcher", str(path)],
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, env={**os.environ, PROCESS_NAME_ENV: "fork-server"})
             self._servers.append(proc)
             deadline = time.monotonic() + self.start_timeout_seconds
             while True:

@@ -112,12 +112,14 @@ def process_name() -> str:
     """``kbindex-dagster-<part>``: the ``application_name`` of this process's Dagster storage connections, so
     ``pg_stat_activity`` and the server log tell the daemon's from a run's (``python -m bench.idle`` counts by it)."""
     part = os.environ.get(PROCESS_NAME_ENV)
+    if not part and sys.argv and sys.argv[0].endswith(os.path.join("pipelines", "warm_launcher.py")):
+        part = "fork-server"  # its own file, not a mention: `pytest tests/.../test_warm_launcher.py` is no fork server
     if not part:
         argv = " ".join(sys.argv)
         part = next((name for needle, name in (("execute_run", "run"), ("dagster-daemon", "daemon"),
                                                ("_daemon", "daemon"), ("grpc", "code-server"),
                                                ("code-server", "code-server-proxy"), ("webserver", "webserver"),
-                                               ("warm_launcher", "fork-server"), (" dev ", "dev"))
+                                               (" dev ", "dev"))
                      if needle in argv), "other")
     return f"kbindex-dagster-{part}"
 

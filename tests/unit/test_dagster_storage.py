@@ -52,6 +52,8 @@ def test_psycopg2_url_names_the_driver_and_drops_an_empty_password():
     (["/v/dagster_webserver/__main__.py", "--port", "3000"], "webserver"),
     (["/w/pipelines/warm_launcher.py", "/tmp/fork.sock"], "fork-server"),
     (["pytest"], "other"),
+    # a test file named after the launcher is no fork server: that one never creates Dagster's tables
+    (["/v/pytest/__main__.py", "-q", "tests/acceptance/test_warm_launcher.py"], "other"),
 ])
 def test_storage_connections_say_which_dagster_process_opened_them(monkeypatch, argv, expected):
     from resources import dagster_storage

@@ -49,6 +49,7 @@ def fresh_fake_model_databases(admin_url: str, kb: str, dagster: str, workdir, t
     from pipelines.cli.dev_command import psycopg2_url
     from resources.local_postgres import with_database
     from resources.migrations import migrate
+    from sql import queries
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
         for name in (kb, dagster):
@@ -57,7 +58,7 @@ def fresh_fake_model_databases(admin_url: str, kb: str, dagster: str, workdir, t
     kb_url = with_database(admin_url, kb)
     migrate(kb_url)
     with psycopg.connect(kb_url, autocommit=True) as conn:
-        conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+        conn.execute(queries["bench_set_active_model"], {"model": "fake-384"})
     os.environ.update(KBINDEX_DATABASE_URL=kb_url, KBINDEX_BLOB_URL=str(workdir / f"blobs-{tag}"),
                       KBINDEX_ARTIFACTS=str(workdir / f"artifacts-{tag}"), KBINDEX_HOME=str(workdir / "home"))
     return kb_url, psycopg2_url(with_database(admin_url, dagster))

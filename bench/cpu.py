@@ -104,8 +104,10 @@ def postgres_pid(url: str) -> int | None:
     import psutil
     import psycopg
 
+    from sql import queries
+
     with psycopg.connect(url, autocommit=True) as conn:  # ask while connected: a closed backend exits
-        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        backend = conn.execute(queries["bench_backend_pid"]).fetchone()[0]
         try:
             return psutil.Process(backend).ppid()
         except psutil.Error:  # a server on another machine: its CPU is not ours to count

@@ -31,14 +31,7 @@ from typing import Any
 
 import psycopg
 
-OLD_NOTIFY = """
-CREATE OR REPLACE FUNCTION task_event_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('kbindex_task_event', (SELECT coalesce(max(event_id), 0)::text FROM new_events));
-    RETURN NULL;
-END $$;
-"""
-"""Migration 0001's trigger function, for the comparison windows only."""
+from sql import queries
 
 SIDES = ("current", "notify on empty")
 TOP_SHAPES = 6
@@ -90,8 +83,6 @@ def statement_shape(sql: str, width: int = 120) -> str:
 def census(admin_url: str, databases: dict[str, str], seconds: float) -> dict[str, dict[str, float]] | None:
     """Statements per second by database label and kind over ``seconds``, from the server's log; None where the
     log cannot be read (not the bench's embedded server, or no right to change the logging)."""
-    from sql import queries
-
     with psycopg.connect(admin_url, autocommit=True) as conn:
         log = Path(conn.execute(queries["bench_data_directory"]).fetchone()[0]) / "log"
         if not log.is_file():
@@ -139,7 +130,7 @@ def run(seconds: float, rounds: int, settle: float, out: Any = print, census_sec
     report: dict[str, Any] = {"windows": []}
     with server_url() as admin_url, scratch_databases(admin_url) as (kb_url, dg_url):
         with psycopg.connect(kb_url, autocommit=True) as conn:
-            conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+            conn.execute(queries["bench_set_active_model"], {"model": "fake-384"})
         root = Path(tempfile.mkdtemp(prefix="kbindex-bench-idle-"))
         dagster = dagster_dev(kb_url, dg_url, root)
         try:
@@ -151,7 +142,7 @@ def run(seconds: float, rounds: int, settle: float, out: Any = print, census_sec
             for n in range(rounds):
                 for side in SIDES if n % 2 == 0 else reversed(SIDES):
                     with psycopg.connect(kb_url, autocommit=True) as conn:
-                        conn.execute(migrated if side == "current" else OLD_NOTIFY)
+                        conn.execute(migrated if side == "current" else queries["bench_idle_old_task_event_notify"])
                     dagster.check_alive()
                     w = {"side": side, **window(meter, kb_url, seconds)}
                     report["windows"].append(w)

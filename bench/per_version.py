@@ -36,6 +36,8 @@ from typing import Any
 
 import psycopg
 
+from sql import queries
+
 
 @dataclass
 class Counts:
@@ -145,7 +147,7 @@ def measure_run(kb_url: str, dagster_url: str, n: int, tenant: str = "acme") -> 
         ids = [t.lease.task_id for t in claimed]
         keys = [r["partition_key"] for r in db.fetch_all("document_version_partition_keys", {"task_ids": ids})]
         with psycopg.connect(kb_url) as conn:
-            before = {row[0]: row[1] for row in conn.execute("SELECT kind, count(*) FROM task_event GROUP BY kind")}
+            before = {row[0]: row[1] for row in conn.execute(queries["bench_task_events_by_kind"])}
         overrides = {"storage": {"postgres": {"postgres_url": dagster_url}}}
         with dg.instance_for_test(overrides=overrides) as instance:
             instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
@@ -162,21 +164,18 @@ def measure_run(kb_url: str, dagster_url: str, n: int, tenant: str = "acme") -> 
                 for record in instance.fetch_materializations(asset.key, limit=n).records:
                     counts.metadata_labels.update(record.asset_materialization.metadata)
         with psycopg.connect(kb_url) as conn:
-            counts.succeeded = conn.execute("SELECT count(*) FROM index_task WHERE tenant_id = %s AND "
-                                            "status = 'SUCCEEDED'", [tenant]).fetchone()[0]
+            counts.succeeded = conn.execute(queries["bench_tenant_succeeded_count"], {"tenant": tenant}).fetchone()[0]
         with psycopg.connect(kb_url) as conn:
-            for kind, c in conn.execute("SELECT kind, count(*) FROM task_event GROUP BY kind"):
+            for kind, c in conn.execute(queries["bench_task_events_by_kind"]):
                 if c - before.get(kind, 0):
                     counts.task_events[kind] = c - before.get(kind, 0)
         with psycopg.connect(dagster_url.replace("postgresql+psycopg2://", "postgresql://")) as conn:
-            for kind, c in conn.execute("SELECT dagster_event_type, count(*) FROM event_logs WHERE run_id = %s "
-                                        "GROUP BY 1", [run_id]):
+            for kind, c in conn.execute(queries["bench_dagster_run_event_types"], {"run_id": run_id}):
                 counts.dagster_events[kind or "log"] = c
             counts.dagster_event_bytes = conn.execute(
-                "SELECT coalesce(sum(length(event)), 0) FROM event_logs WHERE run_id = %s", [run_id]).fetchone()[0]
+                queries["bench_dagster_run_event_bytes"], {"run_id": run_id}).fetchone()[0]
             counts.asset_event_tags = conn.execute(
-                "SELECT count(*) FROM asset_event_tags t JOIN event_logs e ON e.id = t.event_id "
-                "WHERE e.run_id = %s", [run_id]).fetchone()[0]
+                queries["bench_dagster_run_asset_event_tags"], {"run_id": run_id}).fetchone()[0]
     finally:
         db.close()
     return counts

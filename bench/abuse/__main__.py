@@ -20,6 +20,7 @@ from bench.abuse.server import serve as _serve
 from bench.fake_embedding_server import FakeEmbeddingServer
 from bench.queue.__main__ import load, scratch_database
 from resources.database import Database
+from sql import queries
 
 from bench.abuse.server import TOKENS
 A, B = {"Authorization": "Bearer tok-a"}, {"Authorization": "Bearer tok-b"}
@@ -74,8 +75,8 @@ async def streams(base: str, db_url: str, n: int) -> None:
             b_lat.append(time.perf_counter() - t)
         print(f"   tenant B publish+search x20: statuses {sorted(set(b_codes))}, {_ms(b_lat)}")
         with psycopg.connect(db_url, autocommit=True) as conn:
-            used = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'").fetchone()[0]
-            limit = conn.execute("SHOW max_connections").fetchone()[0]
+            used = conn.execute(queries["bench_client_sessions"]).fetchone()[0]
+            limit = conn.execute(queries["bench_max_connections"]).fetchone()[0]
         accepted = 0
         extra = []
         try:

@@ -106,10 +106,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql as pgsql
 
 from bench.chaos.progress import ProgressWatch
 from bench.dagster_dev import DagsterDev, dagster_yaml
 from resources.local_postgres import stop_pgdata, with_database
+from sql import queries
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = ("SUCCEEDED", "DEAD", "CANCELLED")
@@ -251,10 +253,18 @@ class Postgres:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _sql(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+def _sql(url: str, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    """Run the named statement ``name`` (sql/queries) on a connection of its own; its rows, if it returns any.
+    Always with a parameter mapping, even empty: psycopg unescapes a statement's doubled percent signs only then."""
     with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
-        cur = conn.execute(statement, params)
+        cur = conn.execute(queries[name], params or {})
         return cur.fetchall() if cur.description else []
+
+
+def _create_database(admin_url: str, name: str) -> None:
+    """CREATE DATABASE takes no parameters: the name goes in as a quoted identifier (psycopg.sql), never formatted."""
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
 
 
 def live_runs(dg_url: str) -> list[dict[str, Any]]:
@@ -264,11 +274,7 @@ def live_runs(dg_url: str) -> list[dict[str, Any]]:
 
     out = []
     for run_id, status, created, updated, pid, start in _sql(
-            dg_url, "SELECT r.run_id, r.status, r.create_timestamp, r.update_timestamp, p.value, s.value FROM runs r"
-            " LEFT JOIN run_tags p ON p.run_id = r.run_id AND p.key = %s"
-            " LEFT JOIN run_tags s ON s.run_id = r.run_id AND s.key = %s"
-            " WHERE r.status NOT IN ('SUCCESS', 'FAILURE', 'CANCELED') ORDER BY r.create_timestamp",
-            [PID_TAG, START_TAG]):
+            dg_url, "bench_dagster_live_runs", {"pid_tag": PID_TAG, "start_tag": START_TAG}):
         alive = _alive(int(pid), int(start) if start else None) if pid else None
         out.append({"run_id": run_id, "status": status, "created": str(created), "updated": str(updated),
                     "worker_pid": pid, "worker_alive": alive})
@@ -278,10 +284,7 @@ def live_runs(dg_url: str) -> list[dict[str, Any]]:
 def busy_sessions(url: str) -> list[dict[str, Any]]:
     """PostgreSQL's sessions that are not idle, on every database, for a round that timed out: a session waiting
     on a lock (or idle in a transaction that holds one) shows where a stalled daemon waits."""
-    rows = _sql(url, "SELECT pid, datname, application_name, state, wait_event_type, wait_event,"
-                     " now() - xact_start, now() - state_change, pg_blocking_pids(pid), left(query, 200)"
-                     " FROM pg_stat_activity WHERE state IS DISTINCT FROM 'idle' AND pid <> pg_backend_pid()"
-                     " AND backend_type = 'client backend'")
+    rows = _sql(url, "bench_chaos_busy_sessions")
     keys = ("pid", "db", "app", "state", "wait_type", "wait", "xact_age", "state_age", "blocked_by", "query")
     return [dict(zip(keys, row)) for row in rows]
 
@@ -417,17 +420,6 @@ class _SnapshotDb:
             yield self.session
 
 
-POINTERS_SQL = (
-    "SELECT p.document_id, p.version_number, p.chunk_count FROM search_pointer p"
-    " JOIN index_profile ip ON ip.name = p.profile AND ip.is_active WHERE p.tenant_id = %s"
-)
-POINTED_ROWS_SQL = (
-    "SELECT p.document_id, p.version_number, p.chunk_count,"
-    " (SELECT count(*) FROM chunk c WHERE (c.tenant_id, c.document_id, c.profile, c.version_number)"
-    "  = (p.tenant_id, p.document_id, p.profile, p.version_number)) AS rows"
-    " FROM search_pointer p JOIN index_profile ip ON ip.name = p.profile AND ip.is_active"
-    " WHERE p.tenant_id = %s AND p.document_id = ANY(%s)"
-)
 
 
 class Chaos:
@@ -484,7 +476,7 @@ class Chaos:
         self.pg = self.network.start() if self.network is not None else Postgres(root / "pg")
         admin = self.pg.admin_url
         for name in ("kbindex", "dagster"):
-            _sql(admin, f"CREATE DATABASE {name}")
+            _create_database(admin, name)
         # The bench's own bookkeeping uses url / dg_url; the components under test (dagster dev, its runs, the
         # publisher, the source driver, the reader) app_url / app_dg_url: over the veth link with --network.
         self.url = with_database(admin, "kbindex")
@@ -493,10 +485,10 @@ class Chaos:
         if self.network is not None:
             self.app_url, self.app_dg_url = self.network.remote_url("kbindex"), self.network.remote_url("dagster")
         migrate(self.url)
-        _sql(self.url, "UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+        _sql(self.url, "bench_set_active_model", {"model": "fake-384"})
         if self.cfg.http_provider:
             self._start_fake_provider()
-        (self.profile, self.model) = _sql(self.url, "SELECT name, model FROM index_profile WHERE is_active")[0]
+        (self.profile, self.model) = _sql(self.url, "bench_chaos_active_profile")[0]
         home = root / "dagster_home"
         home.mkdir()
         yaml = (PROJECT_ROOT / "dagster.yaml").read_text()
@@ -542,9 +534,9 @@ class Chaos:
         self.provider = FakeEmbeddingServer(rpm=self.cfg.http_rpm, faults=parse_faults(self.cfg.faults),
                                             seed=self.cfg.seed, latency=self.cfg.fake_delay,
                                             hang=self.cfg.http_timeout * 2, retry_after=1.0).start()
-        _sql(self.url, "UPDATE index_profile SET model = %s, provider_url = %s, provider_model = 'fake-remote',"
-                       " requests_per_minute = %s, max_batch = 16 WHERE is_active",
-             [http_model_name(self.provider.url, "fake-remote"), self.provider.url, self.cfg.http_rpm])
+        _sql(self.url, "bench_chaos_remote_profile",
+             {"model": http_model_name(self.provider.url, "fake-remote"), "url": self.provider.url,
+              "rpm": self.cfg.http_rpm})
 
     def _provider_report(self) -> dict[str, Any]:
         """What the fake provider saw: requests by status and fault, the busiest minute, re-embedded texts."""
@@ -562,7 +554,7 @@ class Chaos:
     # -- helpers ---------------------------------------------------------------------------------
 
     def counts(self) -> Counter:
-        return Counter(dict(_sql(self.url, "SELECT status, count(*) FROM index_task GROUP BY status")))
+        return Counter(dict(_sql(self.url, "bench_chaos_tasks_by_status")))
 
     def _note(self, message: str) -> None:
         self.out(f"[{time.monotonic() - self.t0:7.1f}s] {message}")
@@ -573,12 +565,7 @@ class Chaos:
         Reads only the events logged since the last call (primary key order), so polling stays cheap
         however long the soak runs; a pid the OS reuses maps to its newest run.
         """
-        rows = _sql(
-            self.dg_url,
-            "SELECT id, run_id, substring(event from 'Started process for run \\(pid: ([0-9]+)\\)')"
-            " FROM event_logs WHERE id > %s AND dagster_event_type = 'ENGINE_EVENT' ORDER BY id",
-            [self._events_seen],
-        )
+        rows = _sql(self.dg_url, "bench_dagster_started_pids", {"after": self._events_seen})
         for event_id, run_id, started_pid in rows:
             self._events_seen = event_id
             if started_pid:
@@ -588,7 +575,7 @@ class Chaos:
     def _run_kind(self, run_id: str) -> str:
         """'backfill' for a run the backfill daemon launched (a UI backfill), else 'sensor'."""
         if run_id not in self._run_kinds:
-            rows = _sql(self.dg_url, "SELECT 1 FROM run_tags WHERE run_id = %s AND key = 'dagster/backfill'", [run_id])
+            rows = _sql(self.dg_url, "bench_dagster_run_is_backfill", {"run_id": run_id})
             self._run_kinds[run_id] = "backfill" if rows else "sensor"
         return self._run_kinds[run_id]
 
@@ -597,10 +584,7 @@ class Chaos:
 
         A started run owns its leases under its own name: a sensor run adopts its tagged leases
         (task_adopt), a UI backfill run claims its tasks itself. Before that it holds nothing to kill."""
-        return [tuple(r) for r in _sql(
-            self.url, "SELECT task_id, attempts, stage FROM index_task WHERE status = 'RUNNING' AND lease_owner = %s",
-            [owner],
-        )]
+        return [tuple(r) for r in _sql(self.url, "bench_chaos_held_tasks", {"owner": owner})]
 
     def _working_victims(self) -> list[tuple[Any, str, str, list[tuple[int, int]], list[str]]]:
         """Run processes one of whose tasks is RUNNING on the run's own lease and has reached a stage."""
@@ -756,7 +740,7 @@ class Chaos:
         now = time.monotonic()
         if now - getattr(self, "_succ_at", 0.0) > 2.0:
             try:
-                self._succ = {r[0] for r in _sql(self.url, "SELECT task_id FROM index_task WHERE status = 'SUCCEEDED'")}
+                self._succ = {r[0] for r in _sql(self.url, "bench_chaos_succeeded_ids")}
             except psycopg.Error:
                 self._succ = getattr(self, "_succ", set())
             self._succ_at = now
@@ -765,8 +749,7 @@ class Chaos:
     def _unfinished(self) -> int:
         """Unfinished publish tasks (the backlog the publisher keeps): a migration's REINDEX tasks are the
         backfill's, and must not stop new versions from being published meanwhile."""
-        return int(_sql(self.url, "SELECT count(*) FROM index_task WHERE status NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED')"
-                                  " AND task_type <> 'REINDEX'")[0][0])
+        return int(_sql(self.url, "bench_chaos_unfinished_publishes")[0][0])
 
     def publisher_loop(self) -> None:
         from resources.blob_store import BlobStore
@@ -819,7 +802,7 @@ class Chaos:
     def _progress(self) -> float:
         """Share of the target already finished (0..1)."""
         try:
-            done = int(_sql(self.url, "SELECT count(*) FROM index_task WHERE status IN ('SUCCEEDED', 'DEAD', 'CANCELLED')")[0][0])
+            done = int(_sql(self.url, "bench_chaos_finished_count")[0][0])
         except psycopg.Error:
             return 0.0
         return done / max(1, self.expected_tasks)
@@ -933,24 +916,14 @@ class Chaos:
         moved = 0
         while time.monotonic() < deadline and not self.stop_event.is_set():
             try:
-                rows = _sql(
-                    self.url,
-                    "SELECT count(*) FILTER (WHERE t.attempts > l.attempt OR t.status <> 'RUNNING'), count(*)"
-                    " FROM index_task t JOIN unnest(%s::bigint[], %s::int[]) AS l(task_id, attempt) ON l.task_id = t.task_id",
-                    [ids, attempts],
-                )
+                rows = _sql(self.url, "bench_chaos_leases_moved_on", {"task_ids": ids, "attempts": attempts})
                 moved, total = rows[0]
                 if moved == total:
                     break
             except psycopg.Error:
                 pass
             time.sleep(0.5)
-        taken_over = int(_sql(
-            self.url,
-            "SELECT count(*) FROM index_task t JOIN unnest(%s::bigint[], %s::int[]) AS l(task_id, attempt)"
-            " ON l.task_id = t.task_id WHERE t.attempts > l.attempt",
-            [ids, attempts],
-        )[0][0])
+        taken_over = int(_sql(self.url, "bench_chaos_leases_taken_over", {"task_ids": ids, "attempts": attempts})[0][0])
         try:
             proc.send_signal(signal.SIGCONT)
         except psutil.Error:
@@ -1037,8 +1010,7 @@ class Chaos:
         to the start of the first tick after it, of any claiming sensor (``claim_index_tasks``, ``_2``, ...), that
         did not fail (issue #32: <= 30 s), from Dagster's tick records (each tick's body carries its start time
         and sensor name). None: none came."""
-        rows = _sql(self.dg_url, "SELECT status, tick_body FROM job_ticks WHERE tick_body LIKE %s",
-                    ['%"claim_index_tasks%'])
+        rows = _sql(self.dg_url, "bench_dagster_ticks_like", {"pattern": '%"claim_index_tasks%'})
         ticks = sorted((json.loads(body)["timestamp"], status) for status, body in rows)
         out = []
         for restart in self.c.pg_restarts:
@@ -1076,7 +1048,8 @@ class Chaos:
         with conn.transaction():
             hits = search(_SnapshotDb(conn), embedder, query, tenant_id=tenant, k=10)
             docs = sorted({h.document_id for h in hits})
-            pointed = {r[0]: r for r in conn.execute(POINTED_ROWS_SQL, [tenant, docs]).fetchall()} if docs else {}
+            pointed = {r[0]: r for r in conn.execute(
+                queries["bench_chaos_pointed_rows"], {"tenant": tenant, "document_ids": docs}).fetchall()} if docs else {}
         self.c.reader["strict_searches"] += 1
         for h in hits:
             self.c.reader["strict_hits"] += 1
@@ -1089,9 +1062,9 @@ class Chaos:
                 self._violation("strict_count", tenant=tenant, document=doc, version=version, recorded=recorded, rows=rows)
 
     def _bracketed_search(self, db: Any, search: Any, embedder: Any, tenant: str, query: str) -> None:
-        before = {r[0]: r[1] for r in _sql(self.url, POINTERS_SQL, [tenant])}
+        before = {r[0]: r[1] for r in _sql(self.url, "bench_chaos_pointers", {"tenant": tenant})}
         hits = search(db, embedder, query, tenant_id=tenant, k=10)
-        after = {r[0]: r[1] for r in _sql(self.url, POINTERS_SQL, [tenant])}
+        after = {r[0]: r[1] for r in _sql(self.url, "bench_chaos_pointers", {"tenant": tenant})}
         self.c.reader["bracketed_searches"] += 1
         for h in hits:
             b, a = before.get(h.document_id), after.get(h.document_id)
@@ -1240,52 +1213,29 @@ class Chaos:
         from resources.database import Database
         from resources.verifier import verify
 
-        q = lambda s, p=None: _sql(self.url, s, p)  # noqa: E731
-        tasks = q("SELECT count(*) FROM index_task")[0][0]
-        versions = q("SELECT count(*) FROM document_version")[0][0]
-        finals = {f"{s} {c or ''}".strip(): n for s, c, n in q(
-            "SELECT status, error_code, count(*) FROM index_task GROUP BY 1, 2 ORDER BY 1, 2")}
+        q = lambda name, p=None: _sql(self.url, name, p)  # noqa: E731
+        tasks = q("bench_chaos_task_count")[0][0]
+        versions = q("bench_chaos_version_count")[0][0]
+        finals = {f"{s} {c or ''}".strip(): n for s, c, n in q("bench_chaos_final_states")}
         # Failures only: a claim's event carries the task's last error code along, so count transitions
         # out of RUNNING into RETRY_WAIT / DEAD (fenced fail, crash recorder, exhausted lease).
-        codes = dict(q(
-            "SELECT error_code, count(*) FROM task_event WHERE kind = 'transition' AND from_status = 'RUNNING'"
-            " AND to_status IN ('RETRY_WAIT', 'DEAD', 'PENDING') AND error_code IS NOT NULL GROUP BY 1 ORDER BY 1"))
-        transitions = {f"{f or '-'}->{t}": n for f, t, n in q(
-            "SELECT from_status, to_status, count(*) FROM task_event WHERE kind = 'transition' GROUP BY 1, 2 ORDER BY 1, 2")}
+        codes = dict(q("bench_chaos_failure_codes"))
+        transitions = {f"{f or '-'}->{t}": n for f, t, n in q("bench_chaos_transitions")}
         takeovers = transitions.get("RUNNING->RUNNING", 0)
-        stale_writes = q(
-            "SELECT count(*) FROM (SELECT e.attempt, max(e.attempt) OVER (PARTITION BY e.task_id ORDER BY e.event_id"
-            " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS seen FROM task_event e) x WHERE x.attempt < x.seen")[0][0]
-        retries = q("SELECT coalesce(sum(greatest(attempts - 1, 0)), 0) FROM index_task")[0][0]
+        stale_writes = q("bench_chaos_stale_writes")[0][0]
+        retries = q("bench_chaos_retries")[0][0]
         # duplicates
-        dup_ordinals = q(
-            "SELECT count(*) FROM (SELECT 1 FROM chunk GROUP BY tenant_id, document_id, profile, version_number, ordinal"
-            " HAVING count(*) > 1) d")[0][0]
-        pointed_bad = q(
-            "SELECT count(*) FROM (SELECT p.chunk_count, count(c.chunk_id) AS n, count(DISTINCT c.ordinal) AS d,"
-            " min(c.ordinal) AS lo, max(c.ordinal) AS hi FROM search_pointer p LEFT JOIN chunk c"
-            " ON (c.tenant_id, c.document_id, c.profile, c.version_number) = (p.tenant_id, p.document_id, p.profile, p.version_number)"
-            " GROUP BY p.tenant_id, p.document_id, p.profile, p.chunk_count) x"
-            " WHERE n <> chunk_count OR d <> n OR (n > 0 AND (lo <> 0 OR hi <> n - 1))")[0][0]
+        dup_ordinals = q("bench_chaos_duplicate_ordinals")[0][0]
+        pointed_bad = q("bench_chaos_pointed_rows_wrong")[0][0]
         # lost publishes
         ledger_ids = [t for *_, t in self.published]
-        lost_ledger = q(
-            "SELECT count(*) FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::int[]) AS l(task_id, tenant, doc, version)"
-            " LEFT JOIN index_task t ON t.task_id = l.task_id AND (t.tenant_id, t.document_id, t.version_number) = (l.tenant, l.doc, l.version)"
-            " WHERE t.task_id IS NULL OR t.status NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED')",
-            [ledger_ids, [p[0] for p in self.published], [p[1] for p in self.published], [p[2] for p in self.published]],
-        )[0][0]
-        unfinished = q("SELECT count(*) FROM index_task WHERE status NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED')")[0][0]
-        no_task = q(
-            "SELECT count(*) FROM document_version v WHERE NOT EXISTS (SELECT 1 FROM index_task t JOIN index_profile ip"
-            " ON ip.name = t.profile AND ip.is_active WHERE (t.tenant_id, t.document_id, t.version_number)"
-            " = (v.tenant_id, v.document_id, v.version_number))")[0][0]
-        pointer_wrong = q(
-            "SELECT count(*) FROM (SELECT t.tenant_id, t.document_id, t.profile, max(t.version_number) AS newest"
-            " FROM index_task t WHERE t.status = 'SUCCEEDED' GROUP BY 1, 2, 3) s LEFT JOIN search_pointer p"
-            " ON (p.tenant_id, p.document_id, p.profile) = (s.tenant_id, s.document_id, s.profile)"
-            " WHERE p.version_number IS DISTINCT FROM s.newest")[0][0]
-        dead_without_code = q("SELECT count(*) FROM index_task WHERE status = 'DEAD' AND error_code IS NULL")[0][0]
+        lost_ledger = q("bench_chaos_lost_publishes", {
+            "task_ids": ledger_ids, "tenants": [p[0] for p in self.published],
+            "document_ids": [p[1] for p in self.published], "versions": [p[2] for p in self.published]})[0][0]
+        unfinished = q("bench_chaos_unfinished")[0][0]
+        no_task = q("bench_chaos_versions_without_task")[0][0]
+        pointer_wrong = q("bench_chaos_pointer_not_newest_succeeded")[0][0]
+        dead_without_code = q("bench_chaos_dead_without_code")[0][0]
         # documents: pointers at the newest version, the bench's own ledger, and what each search mode shows
         from bench.chaos import end_state
 
@@ -1295,14 +1245,9 @@ class Chaos:
         sweep = end_state.search_sweep(self.url, self.model, self.search_tenants, LEXICAL_QUERY,
                                        lexical_complete=self.cfg.corpus is None)
         found = sweep.pop("found")
-        succeeded = {r[0] for r in q(
-            "SELECT task_id FROM index_task WHERE status = 'SUCCEEDED' AND task_id = ANY(%s::bigint[])",
-            [[st.task_id for st in self.ledger.values()]])}
+        succeeded = {r[0] for r in q("bench_chaos_succeeded_of", {"task_ids": [st.task_id for st in self.ledger.values()]})}
         revived = [st for st in self.ledger.values() if st.revivals and not st.deleted and st.task_id in succeeded]
-        tombstone_tasks = {f"{s} {c or ''}".strip(): n for s, c, n in q(
-            "SELECT t.status, t.error_code, count(*) FROM index_task t JOIN document_version v"
-            " ON (v.tenant_id, v.document_id, v.version_number) = (t.tenant_id, t.document_id, t.version_number)"
-            " WHERE v.kind = 'tombstone' GROUP BY 1, 2 ORDER BY 1, 2")}
+        tombstone_tasks = {f"{s} {c or ''}".strip(): n for s, c, n in q("bench_chaos_tombstone_task_states")}
         deletes = {
             "deletes": self.c.deletes, "deletes_while_previous_version_in_flight": self.c.deletes_while_in_flight,
             "repeated_deletes_idempotent": self.c.deletes_repeated, "revivals": self.c.revivals,
@@ -1317,19 +1262,14 @@ class Chaos:
         source_unmatched = sources["end"]["files_not_matched"] if sources is not None else 0
         source_repeated = sources["end"]["versions_beyond_changes"] if sources is not None else 0
         # the runs' own view of fencing, and shared-window embedding fallbacks, from Dagster's event log
-        run_rejections = dict(_sql(
-            self.dg_url,
-            "SELECT substring(event from '(LEASE_LOST|TASK_CANCELLED) during'), count(*) FROM event_logs"
-            " WHERE dagster_event_type IS NULL AND event ~ '(LEASE_LOST|TASK_CANCELLED) during' GROUP BY 1"))
+        run_rejections = dict(_sql(self.dg_url, "bench_dagster_run_rejections"))
         shared_fallbacks = Counter()
-        for (event,) in _sql(self.dg_url, "SELECT event FROM event_logs WHERE dagster_event_type IS NULL AND event LIKE %s",
-                             ["%shared embedding of%failed (%"]):
+        for (event,) in _sql(self.dg_url, "bench_dagster_log_lines_like", {"pattern": "%shared embedding of%failed (%"}):
             m = re.search(r"failed \((\w+)\)", event)
             shared_fallbacks[m.group(1) if m else "?"] += 1
         log_text = self.dagster.log_path.read_text(errors="replace") if self.dagster.log_path.exists() else ""
         keeper_lost = len(re.findall(r"lease lost \((LEASE_LOST|TASK_CANCELLED)\)", log_text))
-        runs = {f"{job} {status}": n for job, status, n in _sql(
-            self.dg_url, "SELECT pipeline_name, status, count(*) FROM runs GROUP BY 1, 2 ORDER BY 1, 2")}
+        runs = {f"{job} {status}": n for job, status, n in _sql(self.dg_url, "bench_dagster_runs_by_job_and_status")}
         migration: dict[str, Any] = {}
         migration_failures: dict[str, int] = {}
         if self.migration is not None:

@@ -25,30 +25,19 @@ MODES = ("dense", "lexical", "hybrid")
 EXAMPLES = 5
 
 
-def _sql(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+def _sql(url: str, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
     from bench.chaos import _sql as run
 
-    return run(url, statement, params)
+    return run(url, name, params)
 
 
 def newest_versions(url: str) -> dict[tuple[str, str], tuple[int, str]]:
     """(tenant, document) -> (newest version number, its kind)."""
-    return {(t, d): (v, k) for t, d, v, k in _sql(
-        url, "SELECT DISTINCT ON (tenant_id, document_id) tenant_id, document_id, version_number, kind"
-             " FROM document_version ORDER BY tenant_id, document_id, version_number DESC")}
+    return {(t, d): (v, k) for t, d, v, k in _sql(url, "bench_chaos_newest_versions")}
 
 
 def pointers(url: str) -> dict[str, Any]:
-    rows = _sql(url, """
-        WITH newest AS (
-            SELECT DISTINCT ON (tenant_id, document_id) tenant_id, document_id, version_number, kind
-            FROM document_version ORDER BY tenant_id, document_id, version_number DESC)
-        SELECT n.tenant_id, n.document_id, n.version_number, n.kind, t.profile,
-               bool_or(t.status = 'SUCCEEDED'), min(t.status), min(t.error_code), min(p.version_number)
-        FROM newest n
-        JOIN index_task t ON (t.tenant_id, t.document_id, t.version_number) = (n.tenant_id, n.document_id, n.version_number)
-        LEFT JOIN search_pointer p ON (p.tenant_id, p.document_id, p.profile) = (n.tenant_id, n.document_id, t.profile)
-        GROUP BY 1, 2, 3, 4, 5""")
+    rows = _sql(url, "bench_chaos_newest_version_pointers")
     wrong: list[dict[str, Any]] = []
     not_succeeded: Counter = Counter()
     at_newest: Counter = Counter()
@@ -83,11 +72,7 @@ def search_sweep(url: str, model: str, tenants: list[str], lexical_query: str, l
     from resources.search import MAX_K, search
 
     pointed: dict[str, dict[str, tuple[int, str, int]]] = {t: {} for t in tenants}
-    for tenant, doc, version, kind, chunks in _sql(
-            url, "SELECT p.tenant_id, p.document_id, p.version_number, v.kind, p.chunk_count FROM search_pointer p"
-                 " JOIN index_profile ip ON ip.name = p.profile AND ip.is_active"
-                 " JOIN document_version v ON (v.tenant_id, v.document_id, v.version_number)"
-                 "  = (p.tenant_id, p.document_id, p.version_number) WHERE p.tenant_id = ANY(%s)", [tenants]):
+    for tenant, doc, version, kind, chunks in _sql(url, "bench_chaos_pointed_versions", {"tenants": tenants}):
         pointed[tenant][doc] = (version, kind, chunks)
     embedder = FakeEmbedder(model_name=model)
     db = Database(url, max_size=1)

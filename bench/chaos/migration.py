@@ -39,6 +39,7 @@ import psycopg
 
 from bench.dagster_dev import LAUNCH_BACKFILL, LAUNCH_RUN, REPOSITORY
 from bench.dagster_dev import UI_ASSETS as ASSETS
+from sql import queries
 
 PARTITIONS_DEF = "document_versions"
 PROFILE_TAG = "kbindex/profile"
@@ -52,10 +53,10 @@ BACKFILL_JOB = "backfill_profile"
 TERMINAL_BACKFILL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED", "FAILING"}
 
 
-def _sql(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
-        cur = conn.execute(statement, params)
-        return cur.fetchall() if cur.description else []
+def _sql(url: str, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    from bench.chaos import _sql as run
+
+    return run(url, name, params)
 
 
 class MigrationDriver:
@@ -117,16 +118,12 @@ class MigrationDriver:
     def unattempted_keys(self) -> tuple[int, list[str]]:
         """How many of the profile's REINDEX tasks no run has claimed yet, and the partition keys of
         those Dagster already knows (the sensor adds a version's key when it claims its INDEX task)."""
-        rows = _sql(self.chaos.url,
-                    "SELECT v.partition_key FROM index_task t JOIN document_version v USING (tenant_id, document_id, version_number)"
-                    " WHERE t.profile = %s AND t.task_type = 'REINDEX' AND t.status = 'PENDING' AND t.attempts = 0"
-                    " ORDER BY t.task_id", [self.name])
+        rows = _sql(self.chaos.url, "bench_chaos_unattempted_reindex_keys", {"profile": self.name})
         keys = [r[0] for r in rows]
         if not keys:
             return 0, []
-        known = {r[0] for r in _sql(self.chaos.dg_url,
-                                    "SELECT partition FROM dynamic_partitions WHERE partitions_def_name = %s"
-                                    " AND partition = ANY(%s)", [PARTITIONS_DEF, keys])}
+        known = {r[0] for r in _sql(self.chaos.dg_url, "bench_dagster_known_partitions",
+                                    {"definition": PARTITIONS_DEF, "keys": keys})}
         return len(keys), [k for k in keys if k in known]
 
     def start_migration(self) -> None:
@@ -254,11 +251,11 @@ def migration_checks(url: str, profiles: list[str], *, sample: int, seed: int) -
     with psycopg.connect(url, autocommit=True) as conn:
         register_vector(conn)
         meta = {name: (model, tokens) for name, model, tokens in conn.execute(
-            "SELECT name, model, chunk_tokens FROM index_profile WHERE name = ANY(%s)", [profiles]).fetchall()}
+            queries["bench_chaos_profile_models"], {"profiles": profiles}).fetchall()}
         sizes: dict[str, Counter] = {p: Counter() for p in profiles}
         over, miscounted, examples = 0, 0, []
         for profile, heading, text, token_count in conn.execute(
-                "SELECT profile, heading_path, text, token_count FROM chunk WHERE profile = ANY(%s)", [profiles]):
+                queries["bench_chaos_chunk_texts"], {"profiles": profiles}):
             model, limit = meta[profile]
             tokenizer = tokenizer_for_model(model)
             n = tokenizer.count(_embed_text(heading, text, tokenizer, limit))
@@ -269,19 +266,10 @@ def migration_checks(url: str, profiles: list[str], *, sample: int, seed: int) -
             if (n > limit or n != token_count) and len(examples) < 5:
                 examples.append({"profile": profile, "tokens": n, "stored": token_count, "limit": limit,
                                  "text": text[:80]})
-        rows = conn.execute(
-            "SELECT profile, heading_path, text, embedding FROM ("
-            " SELECT c.*, row_number() OVER (PARTITION BY c.profile ORDER BY md5(c.chunk_id || %s)) AS r"
-            " FROM chunk c WHERE c.profile = ANY(%s)) x WHERE r <= %s",
-            [str(seed), profiles, sample]).fetchall()
-        dead = conn.execute(
-            "SELECT t.profile, t.task_type, t.error_code, count(*),"
-            " count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM task_event e WHERE e.task_id = t.task_id"
-            "  AND (e.kind IN ('run', 'progress') OR e.lease_owner LIKE 'run-%%')))"
-            " FROM index_task t WHERE t.status = 'DEAD' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3").fetchall()
-        states = conn.execute(
-            "SELECT profile, task_type, status, count(*), max(attempts) FROM index_task GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
-        ).fetchall()
+        rows = conn.execute(queries["bench_chaos_chunk_sample"],
+                            {"seed": str(seed), "profiles": profiles, "sample": sample}).fetchall()
+        dead = conn.execute(queries["bench_chaos_dead_by_profile"], {}).fetchall()  # {}: 'run-%%' unescaped
+        states = conn.execute(queries["bench_chaos_states_by_profile"]).fetchall()
     own_min, cross_max, below = 1.0, -1.0, 0
     models = {p: meta[p][0] for p in profiles}
     for profile, heading, text, stored in rows:

@@ -248,13 +248,12 @@ class NetworkFaults:
         it even after lease_until while no claim took it over), or a started run's own lease."""
         from bench.chaos import _sql
 
-        return [tuple(r) for r in _sql(
-            self.chaos.url, "SELECT task_id, attempts, stage, lease_reserved FROM index_task WHERE status = 'RUNNING'")]
+        return [tuple(r) for r in _sql(self.chaos.url, "bench_chaos_running_tasks")]
 
     def _active_runs(self) -> list[str]:
         from bench.chaos import _sql
 
-        return [r[0] for r in _sql(self.chaos.dg_url, "SELECT run_id FROM runs WHERE status = ANY(%s)", [list(ACTIVE_RUN)])]
+        return [r[0] for r in _sql(self.chaos.dg_url, "bench_dagster_runs_in_status", {"statuses": list(ACTIVE_RUN)})]
 
     def _cut(self, stage: str) -> None:
         """Wait (up to ``net_stage_wait`` s) for a task RUNNING at ``stage``, cut, hold, heal, follow the aftermath."""
@@ -315,39 +314,27 @@ class NetworkFaults:
         while time.monotonic() < deadline and not chaos.stop_event.is_set():
             now = time.monotonic()
             if leases_at is None:
-                moved, total = _sql(
-                    chaos.url,
-                    "SELECT count(*) FILTER (WHERE t.attempts > l.attempt OR t.status <> 'RUNNING'), count(*) FROM index_task t"
-                    " JOIN unnest(%s::bigint[], %s::int[]) AS l(task_id, attempt) ON l.task_id = t.task_id",
-                    [ids, attempts])[0]
+                moved, total = _sql(chaos.url, "bench_chaos_leases_moved_on", {"task_ids": ids, "attempts": attempts})[0]
                 if moved == total:
                     leases_at = now
             if runs_at is None:
-                still = _sql(chaos.dg_url, "SELECT count(*) FROM runs WHERE run_id = ANY(%s) AND status = ANY(%s)",
-                             [runs, list(ACTIVE_RUN)])[0][0]
+                still = _sql(chaos.dg_url, "bench_dagster_count_runs_of_in_status",
+                             {"run_ids": runs, "statuses": list(ACTIVE_RUN)})[0][0]
                 if still == 0:
                     runs_at = now
             if leases_at is not None and runs_at is not None:
                 break
             time.sleep(0.5)
         record["moved_on_as"] = {f"{status}{' (later attempt)' if later else ''}": n for status, later, n in _sql(
-            chaos.url, "SELECT t.status, t.attempts > l.attempt, count(*) FROM index_task t"
-                       " JOIN unnest(%s::bigint[], %s::int[]) AS l(task_id, attempt) ON l.task_id = t.task_id"
-                       " GROUP BY 1, 2 ORDER BY 1, 2", [ids, attempts])}
+            chaos.url, "bench_chaos_leases_moved_on_as", {"task_ids": ids, "attempts": attempts})}
         # A later attempt is a takeover (a claim of the expired lease: RUNNING -> RUNNING) or a retry (the run
         # failed the task, e.g. INDEX_WRITE_FAILED when its connection died, and a claim took it from RETRY_WAIT).
-        later, taken = _sql(
-            chaos.url,
-            "SELECT count(*) FILTER (WHERE t.attempts > l.attempt), count(*) FILTER (WHERE EXISTS ("
-            " SELECT 1 FROM task_event e WHERE e.task_id = t.task_id AND e.kind = 'transition'"
-            " AND e.from_status = 'RUNNING' AND e.to_status = 'RUNNING' AND e.attempt > l.attempt))"
-            " FROM index_task t JOIN unnest(%s::bigint[], %s::int[]) AS l(task_id, attempt) ON l.task_id = t.task_id",
-            [ids, attempts])[0]
+        later, taken = _sql(chaos.url, "bench_chaos_leases_later_and_taken_over", {"task_ids": ids, "attempts": attempts})[0]
         record["taken_over"], record["retried_after_failing"] = int(taken), int(later) - int(taken)
         record["leases_moved_on_seconds_after_heal"] = None if leases_at is None else round(leases_at - healed, 1)
         record["runs_ended_seconds_after_heal"] = None if runs_at is None else round(runs_at - healed, 1)
         record["runs_not_ended_within_lease_plus_60s"] = 0 if runs_at is not None and runs_at - healed <= bound else len(
-            _sql(chaos.dg_url, "SELECT run_id FROM runs WHERE run_id = ANY(%s) AND status = ANY(%s)", [runs, list(ACTIVE_RUN)]))
+            _sql(chaos.dg_url, "bench_dagster_runs_of_in_status", {"run_ids": runs, "statuses": list(ACTIVE_RUN)}))
         record["run_processes_from_cut_still_alive"] = sum(1 for p in pids if psutil.pid_exists(p))
         chaos._note(f"after the {label}: {record['taken_over']}/{len(held)} lease(s) taken over, leases moved on"
                     f" {record['leases_moved_on_seconds_after_heal']} s and runs ended"
@@ -534,8 +521,7 @@ class NetworkFaults:
         cfg, chaos = self.cfg, self.chaos
         delay = f", {cfg.net_delay_ms} ms added each way" if self.relay is not None else ""
         chaos._note(f"lossy link: {cfg.net_loss_percent} % of packets dropped{delay} for {cfg.net_loss_seconds:.0f} s")
-        count = ("SELECT count(*) FILTER (WHERE status = 'SUCCEEDED'), (SELECT count(*) FROM task_event"  # takeovers as
-                 " WHERE kind = 'transition' AND from_status = 'RUNNING' AND to_status = 'RUNNING') FROM index_task")  # the report counts them
+        count = "bench_chaos_succeeded_and_takeovers"  # takeovers as the report counts them
         succeeded_before, takeovers_before = _sql(chaos.url, count)[0]
         self.active.set()
         started = time.monotonic()

@@ -251,9 +251,9 @@ class SourceDriver:
         """The sync_sources sensor's ticks over this source, from Dagster's tick records (job_ticks)."""
         from bench.chaos import _sql
 
-        rows = _sql(self.chaos.dg_url, "SELECT tick_body FROM job_ticks WHERE tick_body LIKE %s", [f"%{NAME}: %"])
+        rows = _sql(self.chaos.dg_url, "bench_dagster_ticks_like", {"pattern": f"%{NAME}: %"})
         out: Counter = Counter()
-        for (body,) in rows:
+        for _, body in rows:
             if f"{NAME}: listed" in body:
                 out["passes"] += 1
             elif f"{NAME}: skipped" in body:
@@ -268,14 +268,11 @@ class SourceDriver:
         from bench.chaos import _sql
         from resources.blob_store import content_hash
 
-        counts = dict(_sql(self.chaos.url, "SELECT document_id, count(*) FROM document_version WHERE tenant_id = %s"
-                                           " GROUP BY 1", [TENANT]))
+        counts = dict(_sql(self.chaos.url, "bench_chaos_source_version_counts", {"tenant": TENANT}))
         beyond = [{"file": doc, "versions": n, "changes": self.changes[doc]}
                   for doc, n in sorted(counts.items()) if n > self.changes[doc]]
         newest = {doc: (version, kind, digest) for doc, version, kind, digest in _sql(
-            self.chaos.url,
-            "SELECT DISTINCT ON (document_id) document_id, version_number, kind, content_hash FROM document_version"
-            " WHERE tenant_id = %s ORDER BY document_id, version_number DESC", [TENANT])}
+            self.chaos.url, "bench_chaos_source_newest", {"tenant": TENANT})}
         wrong: list[dict[str, Any]] = []
         for rel, data in self.present.items():
             got = newest.get(rel)

@@ -128,9 +128,8 @@ class DeleteBench(Chaos):
 
         from pipelines.domain.partition_keys import version_partition_key
 
-        rows = _sql(self.dg_url, "SELECT event FROM event_logs WHERE dagster_event_type = 'ASSET_MATERIALIZATION'"
-                                 " AND partition = %s AND asset_key LIKE %s ORDER BY id DESC LIMIT 1",
-                    [version_partition_key(TENANT, document_id, version), "%chunk_embeddings%"])
+        rows = _sql(self.dg_url, "bench_dagster_version_materialization",
+                    {"partition": version_partition_key(TENANT, document_id, version), "asset_key": "%chunk_embeddings%"})
         if not rows:
             return None
         meta = deserialize_value(rows[0][0]).dagster_event.step_materialization_data.materialization.metadata
@@ -139,10 +138,7 @@ class DeleteBench(Chaos):
     def _phases(self, task_id: int) -> dict[str, float] | None:
         """Where a task's time went: its commit -> the claim that made it RUNNING (the sensor's tick), and that
         claim -> finished (the run's start, its work and the fenced publish)."""
-        rows = _sql(self.url, "SELECT extract(epoch FROM min(e.created_at) - t.created_at)::float8,"
-                              " extract(epoch FROM t.finished_at - min(e.created_at))::float8"
-                              " FROM index_task t JOIN task_event e ON e.task_id = t.task_id AND e.to_status = 'RUNNING'"
-                              " WHERE t.task_id = %s GROUP BY t.created_at, t.finished_at", [task_id])
+        rows = _sql(self.url, "bench_delete_task_phases", {"task_id": task_id})
         if not rows or rows[0][1] is None:
             return None
         return {"to_claim": round(rows[0][0], 3), "claim_to_done": round(rows[0][1], 3)}
@@ -151,8 +147,8 @@ class DeleteBench(Chaos):
         """Until no task is unfinished and no Dagster run is in progress (a run that published may still be ending)."""
         started = time.monotonic()
         while time.monotonic() - started < self.dcfg.idle_timeout:
-            tasks = _sql(self.url, "SELECT count(*) FROM index_task WHERE status NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED')")
-            runs = _sql(self.dg_url, "SELECT count(*) FROM runs WHERE status = ANY(%s)", [list(RUNNING)])
+            tasks = _sql(self.url, "bench_chaos_unfinished")
+            runs = _sql(self.dg_url, "bench_dagster_count_runs_in_status", {"statuses": list(RUNNING)})
             if tasks[0][0] == 0 and runs[0][0] == 0:
                 return
             time.sleep(0.2)

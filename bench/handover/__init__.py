@@ -152,70 +152,23 @@ class Hogs:
 
 
 # --------------------------------------------------------------------------------------------------
-# figures, from task_event and Dagster's records
-
-WAITING_TAKEOVERS_SQL = """
-SELECT c.task_id, c.attempt
-FROM task_event c
-CROSS JOIN LATERAL (
-    SELECT p.event_id, p.attempt FROM task_event p
-    WHERE p.task_id = c.task_id AND p.kind = 'transition' AND p.to_status = 'RUNNING' AND p.event_id < c.event_id
-    ORDER BY p.event_id DESC LIMIT 1) prev
-WHERE c.kind = 'transition' AND c.from_status = 'RUNNING' AND c.to_status = 'RUNNING'
-  AND NOT EXISTS (SELECT 1 FROM task_event r WHERE r.task_id = c.task_id AND r.kind = 'run'
-                  AND r.attempt = prev.attempt AND r.event_id > prev.event_id AND r.event_id < c.event_id)
-"""
-"""Claims that took over a lease its previous claim granted and no run ever adopted: (task, attempt)."""
-
-CLAIMS_OF_KEYS_SQL = """
-SELECT v.partition_key, e.task_id, e.attempt, e.lease_owner, extract(epoch FROM e.created_at)::float8
-FROM document_version v
-JOIN index_task t USING (tenant_id, document_id, version_number)
-JOIN task_event e ON e.task_id = t.task_id AND e.kind = 'transition' AND e.to_status = 'RUNNING'
-WHERE v.partition_key = ANY(%s)
-ORDER BY e.event_id
-"""
-"""Every claim of the tasks of these partition keys (to find a run's lease without lease tags)."""
-
-CRASHED_UNSTARTED_SQL = """
-SELECT count(*), count(DISTINCT e.task_id)
-FROM task_event e
-WHERE e.kind = 'transition' AND e.error_code = 'RUN_CRASHED'
-  AND e.from_status = 'RUNNING' AND e.to_status IN ('RETRY_WAIT', 'PENDING', 'DEAD')
-  AND NOT EXISTS (SELECT 1 FROM task_event r WHERE r.task_id = e.task_id AND r.attempt = e.attempt AND r.kind = 'run')
-"""
-
-CRASHED_ALL_SQL = """
-SELECT count(*), count(DISTINCT e.task_id)
-FROM task_event e
-WHERE e.kind = 'transition' AND e.error_code = 'RUN_CRASHED'
-  AND e.from_status = 'RUNNING' AND e.to_status IN ('RETRY_WAIT', 'PENDING', 'DEAD')
-"""
-
-OPEN_PUBLISHES_SQL = """
-SELECT DISTINCT p.lease_owner, p.task_id, p.attempt
-FROM task_event p
-WHERE p.kind = 'progress' AND p.stage = 'publish' AND p.lease_owner = ANY(%s)
-  AND NOT EXISTS (SELECT 1 FROM task_event t WHERE t.task_id = p.task_id AND t.attempt = p.attempt
-                  AND t.kind = 'transition' AND t.lease_owner = p.lease_owner AND t.event_id > p.event_id)
-"""
-"""Attempts a run (by its owner) took to the publish stage and never moved on itself."""
+# figures, from task_event and Dagster's records (named statements: sql/queries/bench_handover.sql, bench_dagster.sql)
 
 
 def waiting_takeovers(url: str) -> set[tuple[int, int]]:
     """(task, attempt) of every claim that took over a lease no run had adopted (figure 1)."""
-    return {(t, a) for t, a in _sql(url, WAITING_TAKEOVERS_SQL)}
+    return {(t, a) for t, a in _sql(url, "bench_handover_waiting_takeovers")}
 
 
 def crashed_never_started(url: str) -> tuple[int, int]:
     """(events, distinct tasks) of RUN_CRASHED recorded for attempts no run adopted (figure 2)."""
-    events, tasks = _sql(url, CRASHED_UNSTARTED_SQL)[0]
+    events, tasks = _sql(url, "bench_handover_crashed_unstarted")[0]
     return int(events), int(tasks)
 
 
 def open_publishes(url: str, owners: list[str]) -> list[tuple[str, int, int]]:
     """(owner, task, attempt) that these run owners took to stage publish and never moved on (figure 3)."""
-    return [(o, t, a) for o, t, a in _sql(url, OPEN_PUBLISHES_SQL, [owners])] if owners else []
+    return [(o, t, a) for o, t, a in _sql(url, "bench_handover_open_publishes", {"owners": owners})] if owners else []
 
 
 def artifact_files(root: Path) -> dict[str, int]:
@@ -325,8 +278,7 @@ class Handover(Chaos):
 
     def _status(self) -> tuple[Counter, Counter]:
         tasks = self.counts()
-        runs = Counter(dict(_sql(self.dg_url, "SELECT status, count(*) FROM runs WHERE pipeline_name = %s GROUP BY 1",
-                                 [JOB_NAME])))
+        runs = Counter(dict(_sql(self.dg_url, "bench_dagster_job_runs_by_status", {"job": JOB_NAME})))
         return tasks, runs
 
     def wait_burst(self, started: float) -> tuple[float | None, bool]:
@@ -377,8 +329,7 @@ class Handover(Chaos):
         """Wait (at most ``settle_seconds``) until no index-job run is queued, starting or started; returns those left."""
         deadline = time.monotonic() + self.hcfg.settle_seconds
         while True:
-            live = int(_sql(self.dg_url, "SELECT count(*) FROM runs WHERE pipeline_name = %s AND status IN"
-                                         " ('QUEUED', 'NOT_STARTED', 'STARTING', 'STARTED', 'CANCELING')", [JOB_NAME])[0][0])
+            live = int(_sql(self.dg_url, "bench_dagster_job_runs_live", {"job": JOB_NAME})[0][0])
             if live == 0 or time.monotonic() > deadline or self.abort.is_set():
                 return live
             time.sleep(2)
@@ -398,7 +349,7 @@ class Handover(Chaos):
         """Figures 1-5 (see the module docstring); ``publish_at``/``burst_end`` are wall-clock seconds."""
         from dagster import DagsterEventType, RunsFilter
 
-        q = lambda s, p=None: _sql(self.url, s, p)  # noqa: E731
+        q = lambda name, p=None: _sql(self.url, name, p)  # noqa: E731
         records = [r for r in instance.get_run_records(RunsFilter(job_name=JOB_NAME))
                    if r.create_timestamp.timestamp() >= publish_at - 1]
         runs_by_status = Counter(r.dagster_run.status.value for r in records)
@@ -408,7 +359,7 @@ class Handover(Chaos):
         one_version = [(r, key) for r in records if (key := _one_version_key(r.dagster_run.tags))]
         claims: dict[str, list[tuple[int, int, str | None, float]]] = {}
         keys = sorted({key for _, key in one_version})
-        for key, task_id, attempt, owner, at in (q(CLAIMS_OF_KEYS_SQL, [keys]) if keys else []):
+        for key, task_id, attempt, owner, at in (q("bench_handover_claims_of_keys", {"keys": keys}) if keys else []):
             claims.setdefault(key, []).append((task_id, attempt, owner, at))
         from_takeover = 0
         examples = []
@@ -424,7 +375,7 @@ class Handover(Chaos):
 
         # 2. RUN_CRASHED for attempts no run started
         crashed_unstarted_events, crashed_unstarted_tasks = crashed_never_started(self.url)
-        crashed_events, crashed_tasks = q(CRASHED_ALL_SQL)[0]
+        crashed_events, crashed_tasks = q("bench_handover_crashed_all")[0]
 
         # 3. canceled runs that held an open publish; tasks DEAD LEASE_ATTEMPTS_EXHAUSTED
         from resources.dagster_resources import run_owner
@@ -438,7 +389,7 @@ class Handover(Chaos):
         owners = {run_owner(run.run_id): run.run_id for run in canceled}
         open_rows = open_publishes(self.url, list(owners))
         killed_in_publish = sorted({owners[o] for o, _, _ in open_rows})
-        exhausted = q("SELECT count(*) FROM index_task WHERE status = 'DEAD' AND error_code = 'LEASE_ATTEMPTS_EXHAUSTED'")[0][0]
+        exhausted = q("bench_handover_attempts_exhausted")[0][0]
 
         # 4. the claiming sensor's ticks
         ticks = self._ticks(instance, publish_at, burst_end)
@@ -449,7 +400,7 @@ class Handover(Chaos):
         # 6. end state (bench.chaos's checks are added by the caller)
         states = Counter()
         dead_by_code = Counter()
-        for status, code, n in q("SELECT status, error_code, count(*) FROM index_task GROUP BY 1, 2"):
+        for status, code, n in q("bench_handover_task_states"):
             states[status] += n
             if status == "DEAD":
                 dead_by_code[code or "(none)"] += n

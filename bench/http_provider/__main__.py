@@ -37,6 +37,7 @@ def run(url: str, args: argparse.Namespace) -> dict:
     from resources.publisher import Publisher
     from resources.run_state import RunState
     from resources.task_queue import TaskQueue
+    from sql import queries
     from bench.http_provider import document
 
     migrate(url)
@@ -52,8 +53,8 @@ def run(url: str, args: argparse.Namespace) -> dict:
         create_profile(db, "remote", model="", chunk_tokens=40, overlap=0, provider=provider)
         queue = TaskQueue(db, lease_seconds=120)
         with psycopg.connect(url) as conn:
-            task_ids = [r[0] for r in conn.execute("SELECT task_id FROM index_task WHERE profile = 'remote'")]
-            keys = [r[0] for r in conn.execute("SELECT partition_key FROM document_version ORDER BY 1")]
+            task_ids = [r[0] for r in conn.execute(queries["bench_http_remote_tasks"])]
+            keys = [r[0] for r in conn.execute(queries["bench_http_partition_keys"])]
         leases = []
         for task_id in task_ids:
             lease = queue.claim_task(task_id, "bench-http").lease
@@ -73,9 +74,8 @@ def run(url: str, args: argparse.Namespace) -> dict:
         records = server.stats()["records"]
         chunked = {(w.key, c.embed_text) for w in run.works(keys) for c in run.chunks_of(w)}
         with psycopg.connect(url) as conn:
-            stored = conn.execute("SELECT embed_digest FROM chunk WHERE profile = 'remote'").fetchall()
-            statuses = dict(conn.execute("SELECT status, count(*) FROM index_task WHERE profile = 'remote' "
-                                         "GROUP BY 1").fetchall())
+            stored = conn.execute(queries["bench_http_remote_digests"]).fetchall()
+            statuses = dict(conn.execute(queries["bench_http_remote_states"]).fetchall())
     embedded = collections.Counter(d for r in records for d in r["digests"])
     unique = {embed_digest(t) for _, t in chunked}
     return {

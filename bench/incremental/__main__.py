@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from resources.local_postgres import temporary_server
+from sql import queries
 
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "en-sotu"
 TENANT, DOCUMENT = "bench", "handbook"
@@ -163,8 +164,8 @@ def run(url: str, *, paragraphs: int, change: float, model: str | None, batch_si
     migrate(url)
     with psycopg.connect(url, autocommit=True) as conn:
         if model is not None:
-            conn.execute("UPDATE index_profile SET model = %s WHERE is_active", (model,))
-        (active_model,) = conn.execute("SELECT model FROM index_profile WHERE is_active").fetchone()
+            conn.execute(queries["bench_set_active_model"], {"model": model})
+        (active_model,) = conn.execute(queries["bench_active_model"]).fetchone()
     embedder = embedder_for_model(active_model, batch_size=batch_size)
     tokenizer = ModelTokenizer()
     started = time.perf_counter()

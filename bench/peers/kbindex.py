@@ -58,8 +58,10 @@ class KbindexRounds:
     def _set_model(url: str, model: str) -> None:
         import psycopg
 
+        from sql import queries
+
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("UPDATE index_profile SET model = %s WHERE is_active", (model,))
+            conn.execute(queries["bench_set_active_model"], {"model": model})
 
     def close(self) -> None:
         self.db.close()

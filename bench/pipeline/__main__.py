@@ -27,6 +27,7 @@ from bench.cpu import render as render_cpu
 from bench.dagster_dev import DagsterDev
 from bench.warm_service import warm_embedding_service
 from resources.local_postgres import with_database
+from sql import queries
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TENANT = "bench"
@@ -180,12 +181,13 @@ class Bench:
         self.conn.close()
         self.db.close()
 
-    def sql(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
-        cur = self.conn.execute(statement, params)
+    def sql(self, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run the named statement ``name`` (sql/queries) on the bench's own connection; its rows, if any."""
+        cur = self.conn.execute(queries[name], params or {})
         return cur.fetchall() if cur.description else []
 
     def counts(self, tenant: str) -> dict[str, int]:
-        return dict(self.sql("SELECT status, count(*) FROM index_task WHERE tenant_id = %s GROUP BY status", [tenant]))
+        return dict(self.sql("bench_pipeline_tenant_states", {"tenant": tenant}))
 
     def wait_terminal(self, tenant: str, expected: int, timeout: float, progress: Any = None) -> None:
         deadline = time.monotonic() + timeout
@@ -240,10 +242,7 @@ class Bench:
             last_line = [time.monotonic()]
 
             def show(done: int, counts: dict[str, int]) -> None:
-                chunks = self.sql(
-                    "SELECT coalesce(sum(chunk_count), 0) FROM index_task WHERE tenant_id = %s AND status = 'SUCCEEDED'",
-                    [tenant],
-                )[0][0]
+                chunks = self.sql("bench_pipeline_tenant_chunks", {"tenant": tenant})[0][0]
                 line = f"{chunks} chunks  " + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
                 bar.update(job, completed=done, description=line)
                 if bar.disable and time.monotonic() - last_line[0] >= 15:  # not a terminal: a line now and then
@@ -252,13 +251,7 @@ class Bench:
 
             self.wait_terminal(tenant, len(docs), timeout, show)
         cpu_seconds, dagster_parts = meter.spent(), meter.parts_spent()
-        (wall, chunks, versions) = self.sql(
-            "SELECT extract(epoch FROM max(coalesce(finished_at, updated_at)) - min(created_at))::float8,"
-            " coalesce(sum(chunk_count) FILTER (WHERE status = 'SUCCEEDED'), 0)::int,"
-            " count(*) FILTER (WHERE status = 'SUCCEEDED')::int"
-            " FROM index_task WHERE tenant_id = %s",
-            [tenant],
-        )[0]
+        (wall, chunks, versions) = self.sql("bench_pipeline_tenant_throughput", {"tenant": tenant})[0]
         return {
             "docs": len(docs),
             "succeeded_docs": versions,
@@ -282,13 +275,10 @@ class Bench:
             result = self.publisher.publish(LATENCY_TENANT, name, body, name)
             deadline = time.monotonic() + timeout
             while True:
-                row = self.sql(
-                    "SELECT version_number FROM search_pointer WHERE tenant_id = %s AND document_id = %s",
-                    [LATENCY_TENANT, name],
-                )
+                row = self.sql("bench_pipeline_pointer_version", {"tenant": LATENCY_TENANT, "document_id": name})
                 if row and row[0][0] == result.version:
                     break
-                status = self.sql("SELECT status, error_code FROM index_task WHERE task_id = %s", [result.task_id])[0]
+                status = self.sql("bench_pipeline_task_status", {"task_id": result.task_id})[0]
                 if status[0] in ("DEAD", "CANCELLED"):
                     raise RuntimeError(f"latency sample {name} ended {status[0]} {status[1]}")
                 if time.monotonic() > deadline:
@@ -310,10 +300,8 @@ class Bench:
 
     def task_breakdown(self, task_id: int) -> dict[str, float]:
         """Seconds per phase of one task from its event history (database clock)."""
-        rows = self.sql(
-            "SELECT kind, to_status, stage, created_at FROM task_event WHERE task_id = %s ORDER BY event_id", [task_id]
-        )
-        created = self.sql("SELECT created_at, finished_at FROM index_task WHERE task_id = %s", [task_id])[0]
+        rows = self.sql("bench_pipeline_task_events", {"task_id": task_id})
+        created = self.sql("bench_pipeline_task_times", {"task_id": task_id})[0]
         marks: dict[str, Any] = {}
         for kind, to_status, stage, at in rows:
             if kind == "transition" and to_status == "RUNNING" and "claimed" not in marks:
@@ -335,24 +323,20 @@ class Bench:
 
     def stage_breakdown(self, tenant: str) -> dict[str, float]:
         """Median seconds per phase over the tenant's SUCCEEDED tasks (sensor wait, run start, ...)."""
-        ids = [r[0] for r in self.sql("SELECT task_id FROM index_task WHERE tenant_id = %s AND status = 'SUCCEEDED'", [tenant])]
+        ids = [r[0] for r in self.sql("bench_pipeline_tenant_succeeded_ids", {"tenant": tenant})]
         parts = [self.task_breakdown(t) for t in ids]
         keys = sorted({k for p in parts for k in p})
         return {k: round(statistics.median(p[k] for p in parts if k in p), 3) for k in keys}
 
     def final_states(self, tenant: str) -> dict[str, int]:
-        rows = self.sql(
-            "SELECT status || coalesce(':' || error_code, ''), count(*) FROM index_task WHERE tenant_id = %s"
-            " GROUP BY 1 ORDER BY 1",
-            [tenant],
-        )
+        rows = self.sql("bench_pipeline_tenant_final_states", {"tenant": tenant})
         return {k: int(v) for k, v in rows}
 
     def runs(self, tenant: str) -> dict[str, Any]:
         """The Dagster runs that carried this tenant's tasks: how many, versions each, how long."""
-        task_ids = {r[0] for r in self.sql("SELECT task_id FROM index_task WHERE tenant_id = %s", [tenant])}
+        task_ids = {r[0] for r in self.sql("bench_pipeline_tenant_task_ids", {"tenant": tenant})}
         with psycopg.connect(self.dg_url, autocommit=True) as conn:
-            rows = conn.execute("SELECT run_id, status, start_time, end_time FROM runs ORDER BY id").fetchall()
+            rows = conn.execute(queries["bench_dagster_runs_in_order"]).fetchall()
         leases = self._run_leases()
         sizes, durations, statuses, run_ids = [], [], {}, []
         for run_id, status, start, end in rows:
@@ -377,8 +361,7 @@ class Bench:
     def claimed_by(self, run_ids: list[str]) -> dict[str, int]:
         """How many of these runs each claiming sensor requested (pipelines/claim_window.py shares a loop's wait)."""
         with psycopg.connect(self.dg_url, autocommit=True) as conn:
-            rows = conn.execute("SELECT value, count(*) FROM run_tags WHERE key = 'dagster/sensor_name'"
-                                " AND run_id = ANY(%s) GROUP BY value ORDER BY value", [run_ids]).fetchall()
+            rows = conn.execute(queries["bench_dagster_runs_by_sensor"], {"run_ids": run_ids}).fetchall()
         return {name: count for name, count in rows}
 
     def step_seconds(self, run_ids: list[str]) -> dict[str, list[float]]:
@@ -386,12 +369,7 @@ class Bench:
         if not run_ids:
             return {}
         with psycopg.connect(self.dg_url, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT run_id, step_key, dagster_event_type, timestamp FROM event_logs"
-                " WHERE run_id = ANY(%s) AND dagster_event_type IN ('STEP_START', 'STEP_SUCCESS', 'STEP_FAILURE')"
-                " ORDER BY id",
-                [run_ids],
-            ).fetchall()
+            rows = conn.execute(queries["bench_dagster_step_events"], {"run_ids": run_ids}).fetchall()
         started: dict[tuple[str, str], Any] = {}
         out: dict[str, list[float]] = {}
         for run_id, step, kind, at in rows:
@@ -411,15 +389,7 @@ class Bench:
         from resources.embedder import tokenizer_for_model
 
         blobs = BlobStore(self.dagster.env["KBINDEX_BLOB_URL"])
-        rows = self.sql(
-            "SELECT t.document_id, t.version_number, t.profile, v.content_hash, v.filename, v.media_type,"
-            "       p.model, p.chunk_tokens, p.chunk_overlap, p.ocr"
-            " FROM index_task t"
-            " JOIN document_version v USING (tenant_id, document_id, version_number)"
-            " JOIN index_profile p ON p.name = t.profile"
-            " WHERE t.tenant_id = %s AND t.status = 'SUCCEEDED' ORDER BY t.task_id",
-            [tenant],
-        )
+        rows = self.sql("bench_pipeline_embedded_versions", {"tenant": tenant})
         texts: list[str] = []
         for document_id, version, profile, content_hash, filename, media_type, model, tokens, overlap, ocr in rows:
             parsed = parse_document(blobs.get(content_hash), filename=filename, media_type=media_type, ocr=ocr)
@@ -438,11 +408,8 @@ class Bench:
         if not run_ids:
             return totals
         with psycopg.connect(self.dg_url, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT event FROM event_logs WHERE run_id = ANY(%s) AND dagster_event_type = 'ASSET_MATERIALIZATION'"
-                " AND asset_key LIKE %s",
-                [run_ids, '%"chunk_embeddings"%'],
-            ).fetchall()
+            rows = conn.execute(queries["bench_dagster_materializations_of_runs"],
+                                {"run_ids": run_ids, "asset_key": '%"chunk_embeddings"%'}).fetchall()
         for (event,) in rows:
             metadata = deserialize_value(event).dagster_event.event_specific_data.materialization.metadata
             for name in totals:
@@ -452,7 +419,7 @@ class Bench:
 
     def runs_of(self, tenant: str) -> list[str]:
         """Ids of the Dagster runs whose leases name one of this tenant's tasks."""
-        task_ids = {r[0] for r in self.sql("SELECT task_id FROM index_task WHERE tenant_id = %s", [tenant])}
+        task_ids = {r[0] for r in self.sql("bench_pipeline_tenant_task_ids", {"tenant": tenant})}
         return [run_id for run_id, pairs in self._run_leases().items() if any(p[0] in task_ids for p in pairs)]
 
     def _run_leases(self) -> dict[str, list[tuple[int, int]]]:
@@ -460,15 +427,15 @@ class Bench:
         from resources.dagster_resources import LEASES_TAG, leases_of
 
         with psycopg.connect(self.dg_url, autocommit=True) as conn:
-            rows = conn.execute("SELECT run_id, key, value FROM run_tags WHERE key = %s OR key LIKE %s",
-                                [LEASES_TAG, LEASES_TAG + ".%"]).fetchall()
+            rows = conn.execute(queries["bench_dagster_tags_named"],
+                                {"key": LEASES_TAG, "key_like": LEASES_TAG + ".%"}).fetchall()
         tags: dict[str, dict[str, str]] = {}
         for run_id, key, value in rows:
             tags.setdefault(run_id, {})[key] = value
         return {run_id: leases_of(t) for run_id, t in tags.items()}
 
     def model_name(self) -> str:
-        return self.sql("SELECT model FROM index_profile WHERE is_active")[0][0]
+        return self.sql("bench_active_model")[0][0]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -519,7 +486,7 @@ def run(
     with server_url() as admin_url, scratch_databases(admin_url) as (kb_url, dg_url):
         if fake_model:
             with psycopg.connect(kb_url, autocommit=True) as conn:
-                conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+                conn.execute(queries["bench_set_active_model"], {"model": "fake-384"})
         root = Path(tempfile.mkdtemp(prefix="kbindex-bench-pipeline-"))
         dagster = dagster_dev(kb_url, dg_url, root)
         bench = Bench(kb_url, dg_url, dagster, out, publish_batch=publish_batch)

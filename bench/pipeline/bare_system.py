@@ -39,6 +39,7 @@ import psycopg
 from psycopg import sql as pgsql
 
 from bench.cpu import own_seconds, postgres_pid, tree_seconds
+from sql import queries
 
 # --------------------------------------------------------------------------------------------------
 # the encoder: the embedding service's layout without its socket
@@ -136,9 +137,8 @@ class BareSystem:
         try:
             migrate(self.url)
             with psycopg.connect(self.url, autocommit=True) as conn:
-                conn.execute("UPDATE index_profile SET model = %s WHERE is_active AND model <> %s", [model, model])
-                row = conn.execute("SELECT name, model, chunk_tokens, chunk_overlap, ocr, lexical_analyzer"
-                                   " FROM index_profile WHERE is_active").fetchone()
+                conn.execute(queries["bench_bare_set_model"], {"model": model})
+                row = conn.execute(queries["bench_bare_active_profile"]).fetchone()
             self.profile = dict(zip(("name", "model", "chunk_tokens", "chunk_overlap", "ocr", "lexical_analyzer"), row,
                                     strict=True))
             self.db = Database(self.url, max_size=1)

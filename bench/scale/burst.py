@@ -121,7 +121,7 @@ def burst_round(label: str, docs: list[tuple[str, bytes]], *, seeded: int, chunk
     with (nullcontext(admin_url) if admin_url else server_url()) as admin, \
             scratch_databases(admin) as (kb_url, dg_url):
         with psycopg.connect(kb_url, autocommit=True) as conn:
-            conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+            conn.execute(queries["bench_set_active_model"], {"model": "fake-384"})
         if seeded:
             out(f"seeding {seeded:,} indexed versions ({chunks} chunks each), {live_keys:,} live partition keys…")
             result["seed_seconds"] = seed_index(kb_url, dg_url, seeded, chunks, live_keys, out)

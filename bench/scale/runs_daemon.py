@@ -168,10 +168,9 @@ class Stack:
         deadline, last_note = time.monotonic() + timeout, time.monotonic()
         while True:
             self.dagster.check_alive()
-            states = dict(_sql(self.kb_url, "SELECT status, count(*) FROM index_task WHERE task_id = ANY(%s) GROUP BY 1",
-                               [task_ids]))
-            live = _sql(self.dg_sql_url, "SELECT count(*) FROM runs WHERE pipeline_name = %s AND status = ANY(%s)",
-                        [JOB_NAME, LIVE_STATUSES])[0][0]
+            states = dict(_sql(self.kb_url, "bench_runs_daemon_task_states", {"task_ids": task_ids}))
+            live = _sql(self.dg_sql_url, "bench_dagster_count_job_runs_in_status",
+                        {"job": JOB_NAME, "statuses": LIVE_STATUSES})[0][0]
             ended = sum(n for s, n in states.items() if s in ("SUCCEEDED", "DEAD", "CANCELLED"))
             if ended == versions and live == 0:
                 break
@@ -184,9 +183,7 @@ class Stack:
                      f"{time.time() - started:.0f} s")
             time.sleep(0.5)
         cpu_after = self._cpu()
-        done = _sql(self.kb_url, "SELECT max(extract(epoch FROM created_at))::float8 FROM task_event"
-                                 " WHERE task_id = ANY(%s) AND kind = 'transition' AND to_status = 'SUCCEEDED'",
-                    [task_ids])[0][0] or time.time()
+        done = _sql(self.kb_url, "bench_runs_daemon_last_success", {"task_ids": task_ids})[0][0] or time.time()
         runs, others, first_claim = self._runs(task_ids)
         first_claim = first_claim or started
         return Batch(label=label, keys=self.keys, seconds=done - started, publish_seconds=publish_seconds,
@@ -202,10 +199,7 @@ class Stack:
 
         # create_timestamp: CURRENT_TIMESTAMP into a timestamp without time zone, so in the session's zone;
         # event_logs.timestamp: naive UTC, as Dagster writes it.
-        rows = _sql(self.dg_sql_url,
-                    "SELECT id, run_id, pipeline_name, status, extract(epoch FROM create_timestamp AT TIME ZONE"
-                    " current_setting('TimeZone'))::float8, start_time, end_time FROM runs WHERE id > %s ORDER BY id",
-                    [self.last_run_row])
+        rows = _sql(self.dg_sql_url, "bench_dagster_runs_since", {"after": self.last_run_row})
         new = [r[1:] for r in rows]  # only the runs created since the last batch: not every run of the bench
         self.last_run_row = max((r[0] for r in rows), default=self.last_run_row)
         others = [r[1] for r in new if r[1] != JOB_NAME]
@@ -214,16 +208,11 @@ class Stack:
         tags: dict[str, dict[str, str]] = {}
         events: dict[tuple[str, str], float] = {}
         if ids:
-            for run_id, key, value in _sql(self.dg_sql_url, "SELECT run_id, key, value FROM run_tags WHERE run_id = ANY(%s)",
-                                           [ids]):
+            for run_id, key, value in _sql(self.dg_sql_url, "bench_dagster_tags_of_runs", {"run_ids": ids}):
                 tags.setdefault(run_id, {})[key] = value
             events = {(run_id, kind): at for run_id, kind, at in _sql(
-                self.dg_sql_url, "SELECT run_id, dagster_event_type, min(extract(epoch FROM timestamp))::float8"
-                                 " FROM event_logs WHERE run_id = ANY(%s)"
-                                 " AND dagster_event_type IN ('PIPELINE_ENQUEUED', 'PIPELINE_STARTING') GROUP BY 1, 2", [ids])}
-        claims = {(t, a): at for t, a, at in _sql(
-            self.kb_url, "SELECT task_id, attempt, extract(epoch FROM created_at)::float8 FROM task_event"
-                         " WHERE task_id = ANY(%s) AND kind = 'transition' AND to_status = 'RUNNING'", [task_ids])}
+                self.dg_sql_url, "bench_dagster_run_queue_events", {"run_ids": ids})}
+        claims = {(t, a): at for t, a, at in _sql(self.kb_url, "bench_runs_daemon_claims", {"task_ids": task_ids})}
         nan = float("nan")
         samples = []
         for run_id, _, status, created, start, end in index_runs:

@@ -72,6 +72,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import psycopg
+from psycopg import sql as pgsql
 
 from bench import exit_on_sigterm, server_url
 from bench.queue.__main__ import scratch_database
@@ -778,8 +779,8 @@ def bench_database(admin_url: str, keep: bool, seeded: bool) -> Iterator[str]:
     url = with_database(admin_url, SCRATCH)
     if not seeded:
         with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {SCRATCH} WITH (FORCE)")
-            conn.execute(f"CREATE DATABASE {SCRATCH}")
+            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(SCRATCH)))
+            conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(SCRATCH)))
     migrate(url)
     yield url
 

@@ -34,6 +34,7 @@ from bench import exit_on_sigterm
 from bench.cpu import budget as cpu_budget
 from bench.cpu import render as render_cpu
 from bench.warm_service import warm_embedding_service
+from sql import queries
 
 TENANT = "bench"  # bench.pipeline.Bench measures this tenant
 
@@ -82,7 +83,7 @@ def run_documents(documents: list[tuple[str, bytes]], *, fake_model: bool = Fals
     with server_url() as admin_url, scratch_databases(admin_url) as (kb_url, dg_url):
         if fake_model:
             with psycopg.connect(kb_url, autocommit=True) as conn:
-                conn.execute("UPDATE index_profile SET model = 'fake-384' WHERE is_active")
+                conn.execute(queries["bench_set_active_model"], {"model": "fake-384"})
         root = Path(tempfile.mkdtemp(prefix="kbindex-bench-small-"))
         dagster = dagster_dev(kb_url, dg_url, root)
         bench = Bench(kb_url, dg_url, dagster, out, publish_batch=publish_batch)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from bench.source_sync import make_tree, measure, seed_ledger
 
+DATABASE = "bench_source"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.source_sync", description=__doc__)
@@ -34,9 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with temporary_server("kbindex-bench-source-pg-", external_env="KBINDEX_DATABASE_URL") as admin_url:
             with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS bench_source WITH (FORCE)"))
-                conn.execute(pgsql.SQL("CREATE DATABASE bench_source"))
-            url = with_database(admin_url, "bench_source")
+                conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(DATABASE)))
+                conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(DATABASE)))
+            url = with_database(admin_url, DATABASE)
             migrate(url)
             root = work / "share"
             started = time.perf_counter()

@@ -126,3 +126,83 @@ SELECT count(*)::int AS versions, count(DISTINCT xmin::text)::int AS transaction
        count(DISTINCT allow_principals)::int AS distinct_allow
 FROM document_version
 WHERE tenant_id = %(tenant_id)s;
+
+-- name: bench_set_active_model
+-- Benchmark only: the active profile embeds with this model (a fake one, e.g. fake-384: the bench measures the
+-- pipeline, not a model; or the model a round names).
+UPDATE index_profile SET model = %(model)s WHERE is_active;
+
+-- name: bench_active_model
+-- Benchmark only: the model the active profile embeds with.
+SELECT model FROM index_profile WHERE is_active;
+
+-- name: bench_client_sessions
+-- Benchmark only (bench/abuse, PostgreSQL's own view): how many client sessions the server holds now.
+SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend';
+
+-- name: bench_max_connections
+-- Benchmark only (bench/abuse): the server's connection limit.
+SHOW max_connections;
+
+-- name: bench_backend_pid
+-- Benchmark only (bench/cpu.py): this connection's server process, whose parent is the postmaster.
+SELECT pg_backend_pid();
+
+-- name: bench_delete_task_phases
+-- Benchmark only (bench/delete): where a task's time went, in seconds: its commit to the claim that made it
+-- RUNNING, and that claim to finished.
+SELECT extract(epoch FROM min(e.created_at) - t.created_at)::float8,
+       extract(epoch FROM t.finished_at - min(e.created_at))::float8
+FROM index_task t
+JOIN task_event e ON e.task_id = t.task_id AND e.to_status = 'RUNNING'
+WHERE t.task_id = %(task_id)s
+GROUP BY t.created_at, t.finished_at;
+
+-- name: bench_http_remote_tasks
+-- Benchmark only (bench/http_provider): the tasks of the profile that embeds through the fake provider.
+SELECT task_id FROM index_task WHERE profile = 'remote';
+
+-- name: bench_http_partition_keys
+-- Benchmark only (bench/http_provider): every version's partition key, in order.
+SELECT partition_key FROM document_version ORDER BY 1;
+
+-- name: bench_http_remote_digests
+-- Benchmark only (bench/http_provider): the embed digest of every chunk the remote profile stored.
+SELECT embed_digest FROM chunk WHERE profile = 'remote';
+
+-- name: bench_http_remote_states
+-- Benchmark only (bench/http_provider): the remote profile's tasks by status.
+SELECT status, count(*) FROM index_task WHERE profile = 'remote' GROUP BY 1;
+
+-- name: bench_idle_old_task_event_notify
+-- Benchmark only (bench/idle.py, the comparison windows only): migration 0001's trigger function, which notified
+-- even for a statement that inserted no task event; migration 0050 replaced it.
+CREATE OR REPLACE FUNCTION task_event_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('kbindex_task_event', (SELECT coalesce(max(event_id), 0)::text FROM new_events));
+    RETURN NULL;
+END $$;
+
+-- name: bench_task_events_by_kind
+-- Benchmark only (bench/per_version.py): task events by kind (taken before and after a run, the difference counts).
+SELECT kind, count(*) FROM task_event GROUP BY kind;
+
+-- name: bench_tenant_succeeded_count
+-- Benchmark only (bench/per_version.py): how many of a tenant's tasks SUCCEEDED.
+SELECT count(*) FROM index_task WHERE tenant_id = %(tenant)s AND status = 'SUCCEEDED';
+
+-- name: bench_runs_daemon_task_states
+-- Benchmark only (bench/scale/runs_daemon.py): these tasks by status.
+SELECT status, count(*) FROM index_task WHERE task_id = ANY(%(task_ids)s) GROUP BY 1;
+
+-- name: bench_runs_daemon_last_success
+-- Benchmark only (bench/scale/runs_daemon.py): when (epoch seconds) the last of these tasks SUCCEEDED.
+SELECT max(extract(epoch FROM created_at))::float8
+FROM task_event
+WHERE task_id = ANY(%(task_ids)s) AND kind = 'transition' AND to_status = 'SUCCEEDED';
+
+-- name: bench_runs_daemon_claims
+-- Benchmark only (bench/scale/runs_daemon.py): every claim of these tasks (task, attempt, epoch seconds).
+SELECT task_id, attempt, extract(epoch FROM created_at)::float8
+FROM task_event
+WHERE task_id = ANY(%(task_ids)s) AND kind = 'transition' AND to_status = 'RUNNING';

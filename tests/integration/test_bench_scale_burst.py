@@ -3,6 +3,7 @@ and on one already holding indexed versions (seeded in SQL, with the pruned Dags
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
 
 from bench.scale.burst import SEED_TENANT, render, run, seed_index
 
@@ -50,7 +51,7 @@ def test_seeding_builds_indexed_versions_and_the_pruned_key_state(db_url, pg_ser
 
     dg_name = f"dg_seed_{db_url.rpartition('/')[2].partition('?')[0]}"
     with psycopg.connect(pg_server_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dg_name}"')
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(dg_name)))
     seed_index(db_url, with_database(pg_server_url, dg_name), versions=50, chunks=3, live_keys=10, out=lambda line: None)
     with psycopg.connect(db_url) as conn:
         counts = conn.execute(

@@ -8,6 +8,7 @@ import subprocess
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
 
 import sql
 from bench.scale import search as scale_search
@@ -20,7 +21,7 @@ def seeded(pg_server_url, monkeypatch):
     assert scale_search.main(["--chunks", "3000", "--queries", "3", "--keep"]) == 0
     yield
     with psycopg.connect(pg_server_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {scale_search.SCRATCH} WITH (FORCE)")
+        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(scale_search.SCRATCH)))
 
 
 def test_statements_missing_or_unchanged_at_the_revision_are_refused_by_name():
@@ -82,6 +83,6 @@ def test_without_a_seeded_database_it_says_how_to_seed_one(pg_server_url, monkey
     monkeypatch.setenv("KBINDEX_DATABASE_URL", pg_server_url)
     monkeypatch.setattr(statement_ab, "statements_at", lambda revision, wanted: {n: "SELECT 1" for n in wanted})
     with psycopg.connect(pg_server_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {scale_search.SCRATCH} WITH (FORCE)")
+        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(scale_search.SCRATCH)))
     with pytest.raises(SystemExit, match="seed one first .* python -m bench.scale.search --chunks 200000 --keep"):
         statement_ab.main(["--against", "REV"])

@@ -84,9 +84,9 @@ def delete_runs_left_behind(instance: dg.DagsterInstance, database: DatabaseReso
 
     Only index_versions runs: their lease tags list every key. The walk resumes where the previous one stopped
     (``walk_resumes_after``), so runs it keeps (each also covers a key added again since) cannot hold its front
-    for good (1,000 of them did, when each walk started at the oldest). Once a walk reaches the end the next starts from the oldest again,
-    which finds a kept run whose key has since been pruned with ``delete_runs`` off (with it on, the
-    key-driven pass deletes it).
+    for good (1,000 of them did, when each walk started at the oldest). Once a walk reaches the end, the next
+    starts from the oldest again: it finds a kept run whose key has since been pruned with ``delete_runs`` off
+    (with it on, the key-driven pass deletes it).
     """
     oldest = oldest_added(database.db)
     before = oldest.astimezone(timezone.utc) if oldest is not None else datetime.now(timezone.utc)

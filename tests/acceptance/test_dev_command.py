@@ -31,6 +31,18 @@ def _as_a_background_job() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _alive(family: list[psutil.Process]) -> list[str]:
+    """The command lines of those still running (not zombies)."""
+    alive = []
+    for p in family:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(" ".join(p.cmdline())[:120])
+        except psutil.Error:
+            pass  # gone meanwhile
+    return alive
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("stop_signal", "started"), [(signal.SIGTERM, None), (signal.SIGHUP, None),
                                                       (signal.SIGTERM, _as_a_background_job)],
@@ -77,14 +89,7 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
         # Within the grace (no SIGKILL: asserted below) and the status's last draw; was 33 s and a SIGKILL (#29).
         assert took < GRACE_SECONDS + 5, f"stopping took {took:.1f} s"
 
-        alive = []
-        for p in family:
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(" ".join(p.cmdline())[:120])
-            except psutil.Error:
-                pass
-        assert alive == []
+        assert _alive(family) == []
         assert not (home / "embedder.sock").exists()  # the service shut down cleanly
         assert not (home / "dagster-stopping").exists()  # the next start's ticks wait for publishes again
 
@@ -136,6 +141,7 @@ def test_a_stop_with_a_run_in_flight_leaves_its_task_for_a_takeover(db_url, dags
         while "runs: 0 in flight" not in out_path.read_text() and time.monotonic() < deadline:
             assert proc.poll() is None, "kbindex dev exited on its own"
             time.sleep(0.5)
+        assert "runs: 0 in flight" in out_path.read_text(), "kbindex dev never reported its runs"
         subprocess.run([*kbindex, "publish", str(document), "--tenant", "acme"], env=env, check=True,
                        capture_output=True, timeout=60)
         queue = TaskQueue(database, lease_seconds=60)
@@ -163,8 +169,7 @@ def test_a_stop_with_a_run_in_flight_leaves_its_task_for_a_takeover(db_url, dags
         assert stopped and "killed" not in stopped[-1], stopped
         assert proc.returncode == 0
         assert took < GRACE_SECONDS + 5, f"stopping took {took:.1f} s"
-        alive = [" ".join(p.cmdline())[:120] for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert alive == []
+        assert _alive(family) == []
 
         left = queue.get(task_id)
         print("left:", {k: left[k] for k in ("status", "stage", "attempts", "error_code")})

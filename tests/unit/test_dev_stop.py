@@ -63,3 +63,18 @@ def test_what_outlives_its_leader_is_named_when_killed():
     (killed,) = report.killed
     assert killed.startswith("the rest of Dagster's process group (") and f"{member} " in killed
     assert "stubborn-group-member" in killed
+
+
+def test_a_member_started_after_the_signal_is_signalled_too():
+    """As dagster dev's code-server proxy does: on SIGTERM the leader starts a new child in its group (which no
+    group signal reached) and waits for it. The stop signals that newcomer, so nothing waits for the SIGKILL."""
+    child = "import time; time.sleep(60)"
+    leader = ("import signal, subprocess, sys, time\n"
+              "def restart(*_):\n"
+              f"    subprocess.Popen([sys.executable, '-c', {child!r}]).wait()\n"
+              "    sys.exit(0)\n"
+              "signal.signal(signal.SIGTERM, restart)\n"
+              f"{POLITE}")
+    group = _start(leader, group=True)
+    report = stop_all(group, None, grace=8.0)
+    assert report.killed == [] and report.dagster_seconds < 5, report.line()

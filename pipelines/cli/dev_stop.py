@@ -21,7 +21,8 @@ GRACE_SECONDS = 20.0
 """Shared by every process; past it, SIGKILL. Measured stops: 4-5 s idle on 2 cores, 5-10 s with both cores busy
 (a CPU hog per core), 7-14 s with the sample corpus's run in flight (three one-off stops; with a bigger batch in
 flight and a busy core, up to 21.6 s and a SIGKILL, until the embedding service stopped finishing the batch first:
-6.3-8.2 s since, tests/acceptance/test_dev_command.py); a loaded CI run went
+6.3-8.2 s since, tests/acceptance/test_dev_command.py; and 20 s with a SIGKILL when dagster dev's code-server
+proxy restarted its code server after the signal, until ``_signal_newcomers``); a loaded CI run went
 past the old 12 s (SIGKILL, a red test) while a claiming tick waited out its wait for a publish, which the stop
 now ends (pipelines/stopping.py). It leaves the warm launcher its own 15 s for the runs (STOP_GRACE_SECONDS).
 The Dagster daemon joins each of its threads for up to 30 s on shutdown (``DagsterDaemonController``), so a daemon

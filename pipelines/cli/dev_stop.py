@@ -38,9 +38,10 @@ class StopReport:
     dagster_seconds: float
     service_seconds: float | None
     killed: list[str] = field(default_factory=list)
+    grace: float = GRACE_SECONDS
 
     def line(self) -> str:
-        killed = f"; killed after the {GRACE_SECONDS:.0f} s grace: {', '.join(self.killed)}" if self.killed else ""
+        killed = f"; killed after the {self.grace:g} s grace: {', '.join(self.killed)}" if self.killed else ""
         service = f", embedding service {self.service_seconds:.1f} s" if self.service_seconds is not None else ""
         return (f"kbindex dev stopped in {self.seconds:.1f} s (Dagster {self.dagster_seconds:.1f} s, "
                 f"exit {self.dagster_exit}{service}){killed}")
@@ -154,4 +155,4 @@ def stop_all(group: subprocess.Popen[bytes], service: subprocess.Popen[bytes] | 
         service.wait()
     return StopReport(dagster_exit=code, seconds=time.monotonic() - started,
                       dagster_seconds=dagster_done if dagster_done is not None else time.monotonic() - started,
-                      service_seconds=service_done if service is not None else None, killed=killed)
+                      service_seconds=service_done if service is not None else None, killed=killed, grace=grace)

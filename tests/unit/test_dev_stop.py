@@ -39,7 +39,7 @@ def test_what_ignores_sigterm_is_killed_after_the_grace_period():
     report = stop_all(group, service, grace=1.0)
     assert time.monotonic() - started < 3
     assert report.dagster_exit == -9 and report.killed == ["dagster dev", "embedding service"]
-    assert "killed after the" in report.line()
+    assert "killed after the 1 s grace: dagster dev, embedding service" in report.line()  # the grace it was given
 
 
 def test_a_group_already_gone_stops_at_once():

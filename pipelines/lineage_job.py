@@ -118,19 +118,43 @@ def old_maintenance_runs(instance: dg.DagsterInstance, window_seconds: float, li
     return found
 
 
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+EVENT_PAGE = 1000
+
+
+def materialized_by(instance: dg.DagsterInstance, run_id: str) -> set[str]:
+    """The partition keys ``run_id`` materialized, from its own events (indexed by run; pages of EVENT_PAGE).
+
+    Only operator-launched range runs need it: a key the run planned but never materialized holds none of its
+    events that the key's lineage needs."""
+    keys: set[str] = set()
+    cursor = None
+    while True:
+        page = instance.get_records_for_run(run_id, cursor=cursor, limit=EVENT_PAGE,
+                                            of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+        keys |= {r.event_log_entry.dagster_event.partition for r in page.records
+                 if r.event_log_entry.dagster_event is not None and r.event_log_entry.dagster_event.partition}
+        if not page.has_more:
+            return keys
+        cursor = page.cursor
+
+
 def delete_unless_live(instance: dg.DagsterInstance, database: DatabaseResource, runs: list[dg.DagsterRun],
                        pruned: set[str]) -> tuple[int, int]:
     """Delete each of ``runs`` that covers no key still live (``pruned`` are going now); (deleted, kept).
 
     A run that also covers a live key is kept: it may hold that key's only materialization. A UI range run
-    without lease tags is kept: its middle keys cannot be listed.
+    (no lease tags) names only its range's ends, and its middle keys cannot be listed once pruned: it covers
+    the keys it materialized, read from its own events.
     """
     covered = keys_by_run(runs, database)
+    for run in runs:
+        if not leases_of(run.tags) and RANGE_START_TAG in run.tags:
+            covered[run.run_id] |= materialized_by(instance, run.run_id)
     still_live = live(database.db, sorted(set().union(*covered.values()) - pruned))
     deleted = 0
     for run in runs:
-        unlisted_range = not leases_of(run.tags) and "dagster/asset_partition_range_start" in run.tags
-        if covered[run.run_id] & still_live or unlisted_range:
+        if covered[run.run_id] & still_live:
             continue
         instance.delete_run(run.run_id)
         deleted += 1

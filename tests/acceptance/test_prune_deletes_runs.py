@@ -106,20 +106,35 @@ def test_an_operator_can_keep_the_runs(kb, db_url):
     assert instance.get_dynamic_partitions(VERSIONS_PARTITIONS_NAME) == []
 
 
-def test_a_ui_range_run_without_lease_tags_is_kept(kb, db_url):
-    """Its middle keys cannot be listed once pruned, so nothing says it covers no live key."""
-    db, publisher, queue, instance = kb
-    run, keys, _ = index(kb, ["one.md", "two.md"])
-    ui_run = instance.add_run(dg.DagsterRun(
-        job_name="__ASSET_JOB", status=dg.DagsterRunStatus.SUCCESS,
-        tags={"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}))
-    with psycopg.connect(db_url, autocommit=True) as conn:  # it claimed a task of the range, as UI runs do
-        conn.execute("INSERT INTO task_event (task_id, attempt, from_status, to_status, lease_owner)"
-                     " SELECT task_id, attempts, 'RUNNING', 'RUNNING', %s FROM index_task"
-                     " WHERE document_id = 'one.md'", (f"run-{ui_run.run_id}",))
-    pruned = prune(kb, db_url)
-    assert (pruned["partition_keys_deleted"], pruned["runs_deleted"], pruned["runs_kept"]) == (2, 1, 1)
-    assert instance.get_run_by_id(run) is None and instance.get_run_by_id(ui_run.run_id) is not None
+def ui_range_run(kb, documents: list[str]) -> tuple[str, list[str]]:
+    """Publish ``documents`` and index them in one range run without lease tags, as a UI backfill starts it."""
+    db, publisher, _, instance = kb
+    for name in documents:
+        publisher.publish("acme", name, TEXT + name.encode(), name)
+    keys = [f"acme/{name}/v1" for name in documents]
+    instance.add_dynamic_partitions(VERSIONS_PARTITIONS_NAME, keys)
+    record_added(db, keys)
+    job = defs.resolve_job_def(index_versions_job.name)
+    result = job.execute_in_process(instance=instance, resources=default_resources(), tags={
+        "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]})
+    assert result.success
+    return result.run_id, keys
+
+
+def test_a_ui_range_run_goes_once_no_key_it_materialized_is_live(kb, db_url):
+    """Its tags name only the range's ends: a live key in the middle keeps it, read from the run's own events."""
+    instance = kb[3]
+    run, (first, middle, last) = ui_range_run(kb, ["one.md", "two.md", "three.md"])
+    assert materialized_keys(instance) == {first, middle, last}
+    age(db_url, [first, last, middle])
+
+    ends = prune(kb, db_url, batch=2)  # both ends go, the middle stays live: the run holds its only lineage
+    assert (ends["partition_keys_deleted"], ends["runs_deleted"], ends["runs_kept"]) == (2, 0, 1)
+    assert instance.get_run_by_id(run) is not None and middle in materialized_keys(instance)
+
+    rest = prune(kb, db_url, batch=2)
+    assert (rest["partition_keys_deleted"], rest["runs_deleted"], rest["runs_kept"]) == (1, 1, 0)
+    assert instance.get_run_by_id(run) is None and materialized_keys(instance) == set()
 
 
 def test_runs_left_by_keys_pruned_earlier_go_oldest_first(kb, db_url):

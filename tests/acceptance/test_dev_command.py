@@ -13,6 +13,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -24,6 +27,51 @@ from pipelines.cli.dev_stop import GRACE_SECONDS
 from pipelines.stopping import STOP_FILE_ENV
 
 pytestmark = pytest.mark.slow
+
+KBINDEX = [sys.executable, "-c", "from pipelines.cli import main; main()"]
+
+
+@dataclass
+class Dev:
+    """A `kbindex dev` started by a test: its process, home, UI port and environment."""
+
+    proc: subprocess.Popen[bytes]
+    home: Path
+    port: int
+    env: dict[str, str]
+
+    @property
+    def terminal(self) -> Path:
+        """Its stdout and stderr: not a TTY, so the status prints plain lines when they change."""
+        return self.home / "terminal.txt"
+
+    def wait_for_status(self, deadline: float) -> None:
+        """Until the status has seen the webserver answer ("runs: 0 in flight, 0 queued")."""
+        while "runs: 0 in flight" not in self.terminal.read_text() and time.monotonic() < deadline:
+            assert self.proc.poll() is None, "kbindex dev exited on its own"
+            time.sleep(0.5)
+        assert "runs: 0 in flight, 0 queued" in self.terminal.read_text(), "kbindex dev never reported its runs"
+
+
+@contextmanager
+def kbindex_dev(db_url: str, dagster_pg_url: str, extra_env: dict[str, str] | None = None,
+                started: Callable[[], None] | None = None) -> Iterator[Dev]:
+    """`kbindex dev --no-sample` on a fresh short home (the service's Unix socket lives there); killed and its
+    home removed if the test left it running."""
+    home = Path(tempfile.mkdtemp(prefix="kbdev-"))
+    port = free_port()
+    env = {**os.environ, "KBINDEX_DATABASE_URL": db_url, "DAGSTER_PG_URL": dagster_pg_url, "KBINDEX_HOME": str(home),
+           "KBINDEX_EMBED_SERVICE_PRELOAD": "", "HF_HUB_OFFLINE": "1", **(extra_env or {})}
+    with open(home / "terminal.txt", "wb") as out:
+        proc = subprocess.Popen([*KBINDEX, "dev", "--no-sample", "--port", str(port)], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, preexec_fn=started)
+    try:
+        yield Dev(proc, home, port, env)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _as_a_background_job() -> None:
@@ -48,16 +96,8 @@ def _alive(family: list[psutil.Process]) -> list[str]:
                                                       (signal.SIGTERM, _as_a_background_job)],
                          ids=["sigterm", "sighup-terminal-closed", "sigterm-started-with-sigint-ignored"])
 def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster_pg_url, stop_signal, started):
-    home = Path(tempfile.mkdtemp(prefix="kbdev-"))  # short: the service's Unix socket lives here
-    port = free_port()
-    env = {**os.environ, "KBINDEX_DATABASE_URL": db_url, "DAGSTER_PG_URL": dagster_pg_url, "KBINDEX_HOME": str(home),
-           "KBINDEX_EMBED_SERVICE_PRELOAD": "", "HF_HUB_OFFLINE": "1"}
-    out_path = home / "terminal.txt"
-    with open(out_path, "wb") as out:  # not a TTY: the status prints plain lines when they change
-        proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import main; main()", "dev", "--no-sample",
-                                 "--port", str(port)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=started)
-    try:
+    with kbindex_dev(db_url, dagster_pg_url, started=started) as dev:
+        proc, home, port, out_path = dev.proc, dev.home, dev.port, dev.terminal
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
             assert proc.poll() is None, "kbindex dev exited on its own"
@@ -71,9 +111,7 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
         while not (home / "embedder.sock").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert (home / "embedder.sock").exists(), "kbindex dev did not start the embedding service"
-        while "runs: 0 in flight" not in out_path.read_text() and time.monotonic() < deadline:
-            time.sleep(0.5)  # the status has seen the webserver answer
-        assert "runs: 0 in flight, 0 queued" in out_path.read_text()
+        dev.wait_for_status(deadline)
         family = psutil.Process(proc.pid).children(recursive=True)
         assert len(family) >= 4  # dagster dev, webserver, daemon, code server(s), embedding service
         # The code server, where claiming ticks wait for a publish, knows the file that ends the wait at a stop.
@@ -105,11 +143,6 @@ def test_sigterm_stops_dagster_and_the_embedding_service_with_it(db_url, dagster
         assert "(Dagster stopped in " in terminal and ", exit 0)" in terminal
         assert "dagster.daemon" not in terminal and "Serving dagster-webserver" not in terminal
         assert len(terminal.splitlines()) < 25, terminal
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(home, ignore_errors=True)
 
 
 LEASE_SECONDS = 15
@@ -123,26 +156,15 @@ def test_a_stop_with_a_run_in_flight_leaves_its_task_for_a_takeover(db_url, dags
     from resources.database import Database
     from resources.task_queue import TaskQueue
 
-    home = Path(tempfile.mkdtemp(prefix="kbdev-"))
-    port = free_port()
-    env = {**os.environ, "KBINDEX_DATABASE_URL": db_url, "DAGSTER_PG_URL": dagster_pg_url, "KBINDEX_HOME": str(home),
-           "KBINDEX_EMBED_SERVICE_PRELOAD": "", "HF_HUB_OFFLINE": "1", "KBINDEX_LEASE_SECONDS": str(LEASE_SECONDS)}
-    kbindex = [sys.executable, "-c", "from pipelines.cli import main; main()"]
-    out_path = home / "terminal.txt"
     document = tmp_path / "retention-schedule.md"  # long enough that its run is still embedding when stopped
     document.write_text("\n\n".join(f"Paragraph {i}: the retention schedule keeps record class {i} for "
                                     f"{i % 7 + 1} years before review." for i in range(600)))
-    with open(out_path, "wb") as out:
-        proc = subprocess.Popen([*kbindex, "dev", "--no-sample", "--port", str(port)], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
     database = Database(db_url)
-    try:
+    with closing(database), kbindex_dev(db_url, dagster_pg_url, {"KBINDEX_LEASE_SECONDS": str(LEASE_SECONDS)}) as dev:
+        proc, home, env = dev.proc, dev.home, dev.env
         deadline = time.monotonic() + 150
-        while "runs: 0 in flight" not in out_path.read_text() and time.monotonic() < deadline:
-            assert proc.poll() is None, "kbindex dev exited on its own"
-            time.sleep(0.5)
-        assert "runs: 0 in flight" in out_path.read_text(), "kbindex dev never reported its runs"
-        subprocess.run([*kbindex, "publish", str(document), "--tenant", "acme"], env=env, check=True,
+        dev.wait_for_status(deadline)
+        subprocess.run([*KBINDEX, "publish", str(document), "--tenant", "acme"], env=env, check=True,
                        capture_output=True, timeout=60)
         queue = TaskQueue(database, lease_seconds=60)
         with psycopg.connect(db_url) as conn:
@@ -175,16 +197,10 @@ def test_a_stop_with_a_run_in_flight_leaves_its_task_for_a_takeover(db_url, dags
         print("left:", {k: left[k] for k in ("status", "stage", "attempts", "error_code")})
         # Given back by the run on its way out (RETRY_WAIT), or still leased until the lease runs out
         assert left["status"] in ("RETRY_WAIT", "RUNNING"), left
-        verify = subprocess.run([*kbindex, "verify"], env=env, capture_output=True, text=True, timeout=120)
+        verify = subprocess.run([*KBINDEX, "verify"], env=env, capture_output=True, text=True, timeout=120)
         assert verify.returncode == 0, verify.stdout + verify.stderr  # nothing half-visible
         taken = None
         while taken is None and time.monotonic() < sent + LEASE_SECONDS + 30:
             taken = queue.claim_task(task_id, "after-the-stop")
             time.sleep(0.5)
         assert taken is not None and taken.lease.attempt == left["attempts"] + 1, (taken, left)
-    finally:
-        database.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(home, ignore_errors=True)

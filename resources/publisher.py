@@ -306,10 +306,13 @@ class Publisher:
         try:
             with self.db.transaction() as tx:
                 # Locks in the order every publish takes them: the bytes, the documents, then the tenant's totals.
-                for digest in sorted(blobs):
-                    self._hold_blob(tx, digest, blobs[digest])
-                for document_id in dict.fromkeys(item.document_id for _, item in items):
-                    tx.fetch_one("document_lock", {"tenant_id": tenant_id, "document_id": document_id})
+                # Each kind in one pipelined batch (execute_many), in that order: one round trip, not one each.
+                digests = sorted(blobs)
+                tx.execute_many("blob_hold", [{"content_hash": digest} for digest in digests])
+                for digest in digests:
+                    self._store_if_collected(digest, blobs[digest])
+                tx.execute_many("document_lock", [{"tenant_id": tenant_id, "document_id": document_id}
+                                                  for document_id in dict.fromkeys(item.document_id for _, item in items)])
                 totals = tx.fetch_one("tenant_storage_lock", {"tenant_id": tenant_id})
                 added = {"byte_size": 0, "versions": 0}
 
@@ -389,6 +392,10 @@ class Publisher:
         (resources/blob_gc.py takes the same lock, exclusive, around its re-check and delete). It may have
         deleted them before the lock: then they are stored again, under it."""
         tx.fetch_one("blob_hold", {"content_hash": digest})
+        self._store_if_collected(digest, data)
+
+    def _store_if_collected(self, digest: str, data: bytes) -> None:
+        """Under the hold: store the bytes again if garbage collection deleted them before it."""
         if not self.blobs.exists(digest):
             self.blobs.put(data)
 

@@ -140,9 +140,22 @@ class Session:
         return self._run(name, params).rowcount
 
     def execute_many(self, name: str, rows: list[Mapping[str, Any]]) -> None:
+        """The statement once per row, pipelined by psycopg: one round trip for the lot, in order."""
         with translate_errors(name):
             with self.conn.cursor() as cur:
                 cur.executemany(queries[name], rows)
+
+    def fetch_many(self, name: str, rows: list[Mapping[str, Any]]) -> list[list[dict[str, Any]]]:
+        """``execute_many`` that keeps each row's result: one list of result rows per input row, in order."""
+        if not rows:
+            return []
+        with translate_errors(name):
+            with self.conn.cursor(row_factory=dict_row) as cur:
+                cur.executemany(queries[name], rows, returning=True)
+                results = [cur.fetchall()]
+                while cur.nextset():
+                    results.append(cur.fetchall())
+                return results
 
 
 def _retry_while_waited_for(pool: ConnectionPool) -> None:

@@ -14,6 +14,20 @@ WHERE tenant_id = %(tenant_id)s AND document_id = %(document_id)s
 ORDER BY version_number DESC
 LIMIT 1;
 
+-- name: document_version_latest_many
+-- document_version_latest for each of a batch's documents (publish_many), in one statement: one backward
+-- primary-key step per document, as the single statement takes; a document without versions has no row.
+SELECT ids.document_id, v.version_number, v.content_hash, v.kind, v.filename, v.media_type, v.metadata,
+       v.allow_principals
+FROM unnest(%(document_ids)s::text[]) AS ids(document_id)
+CROSS JOIN LATERAL (
+    SELECT version_number, content_hash, kind, filename, media_type, metadata, allow_principals
+    FROM document_version
+    WHERE tenant_id = %(tenant_id)s AND document_id = ids.document_id
+    ORDER BY version_number DESC
+    LIMIT 1
+) v;
+
 -- name: document_version_insert
 -- Record a new immutable version (%(kind)s: content, or a tombstone without bytes) with its canonical metadata
 -- (JSON) and allow list (NULL: the whole tenant), and move the document's latest_version to it.

@@ -44,15 +44,13 @@ def test_a_batch_records_what_one_publish_at_a_time_would(publisher, db_url):
 def test_the_batch_commits_at_once(publisher, db, db_url):
     """Every version and task commits in one transaction: a reader never sees part of a batch."""
     seen: list[int] = []
-    real = publisher._tasks_for
 
-    def tasks_for(tx, tenant_id, item, version):
+    def look(tx):  # each document's hook runs inside the batch's transaction, after its version and tasks
         with psycopg.connect(db_url) as other:  # another session, mid-batch
             seen.append(other.execute("SELECT count(*) FROM index_task").fetchone()[0])
-        return real(tx, tenant_id, item, version)
 
-    publisher._tasks_for = tasks_for
-    publisher.publish_many("acme", [PublishRequest(f"d{i}", f"text {i}".encode(), "d.txt") for i in range(3)])
+    publisher.publish_many("acme", [PublishRequest(f"d{i}", f"text {i}".encode(), "d.txt", with_commit=look)
+                                    for i in range(3)])
     assert seen == [0, 0, 0]
     assert _rows(db_url, "SELECT count(*) FROM index_task") == [(3,)]
 
@@ -112,20 +110,31 @@ def test_the_same_document_twice_makes_consecutive_versions(publisher):
     assert out[2].task_id == out[3].task_id
 
 
+def test_a_repeat_with_the_same_metadata_and_allow_list_adds_nothing_in_a_batch_or_across_batches(publisher):
+    """The repeat check reads the stored version once per batch, then the batch's own new versions from memory:
+    both must compare metadata and allow lists as the database returns them."""
+    meta, allow = {"title": "Refunds", "pages": 3, "score": 1.5, "tags": ["a", "b"]}, ["user:alice", "group:ops"]
+
+    def request(data: bytes = b"body", **changed) -> PublishRequest:
+        return PublishRequest("doc", data, "a.txt", metadata=changed.get("metadata", meta),
+                              allow=changed.get("allow", allow))
+
+    first = publisher.publish_many("acme", [request(), request()])
+    assert [(o.version, o.created) for o in first] == [(1, True), (1, False)]
+    again = publisher.publish_many("acme", [request(), request(metadata={**meta, "pages": 4}), request(allow=None),
+                                            request(allow=None)])
+    assert [(o.version, o.created) for o in again] == [(1, False), (2, True), (3, True), (3, False)]
+    assert publisher.publish("acme", "doc", b"body", "a.txt", metadata={**meta, "pages": 4}).version == 4
+
+
 def test_a_database_failure_fails_the_whole_batch(publisher, db_url):
-    """The second document's statement fails: the first, already recorded, is rolled back with it."""
-    real = publisher._ensure_tasks
-    calls = []
+    """A statement fails at the second document: the first, already recorded, is rolled back with it."""
+    def failing(tx):
+        raise DatabaseError("database error OperationalError (08006)", sqlstate="08006")  # as translate_errors raises
 
-    def failing(tx, key, version):
-        calls.append(key["document_id"])
-        if len(calls) == 2:
-            raise DatabaseError("database error OperationalError (08006)", sqlstate="08006")  # as translate_errors raises
-        return real(tx, key, version)
-
-    publisher._ensure_tasks = failing
     with pytest.raises(IndexWriteFailed):
-        publisher.publish_many("acme", [PublishRequest(f"d{i}", f"t{i}".encode(), "d.txt") for i in range(3)])
+        publisher.publish_many("acme", [PublishRequest(f"d{i}", f"t{i}".encode(), "d.txt",
+                                                       with_commit=failing if i == 1 else None) for i in range(3)])
     assert _rows(db_url, "SELECT count(*) FROM document_version") == [(0,)]
     assert _rows(db_url, "SELECT count(*) FROM index_task") == [(0,)]
 

@@ -14,6 +14,7 @@ import typer
 
 from pipelines import event_batching
 from pipelines.cli.app import app, console, errors_to_exit
+from pipelines.cli.dev_lock import hold_dev_lock
 from pipelines.cli.dev_status import DevStatus, StatusReader, show_status
 from pipelines.cli.dev_stop import stop_all
 from pipelines.stopping import STOP_FILE_ENV, request_stop
@@ -68,6 +69,7 @@ def dev_command(
     settings = Settings.from_env()
     with errors_to_exit():
         private_home(settings.home)
+        dev_lock = hold_dev_lock(settings.home)  # held until this process exits: one kbindex dev per home
         with console.status("starting PostgreSQL…"):
             local = prepare_local_databases(on_apply=lambda v: console.print(f"applied migration {v}"))
         env = dagster_environment(settings.home, local)
@@ -130,6 +132,7 @@ def dev_command(
         status.dagster_exit, status.stopped_in, status.killed = report.dagster_exit, report.seconds, report.killed
         stop.set()
         board.join(timeout=3)  # it draws the final state; a database call stuck past this is not worth waiting for
+    dev_lock.close()
     code = report.dagster_exit
     raise typer.Exit(code if code > 0 else 0)
 

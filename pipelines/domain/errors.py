@@ -267,6 +267,14 @@ class ArtifactUntrusted(KbindexError):
     code = "ARTIFACT_UNTRUSTED"
 
 
+class DevAlreadyRunning(KbindexError):
+    """Another `kbindex dev` holds this KBINDEX_HOME: a second would start a second Dagster daemon on the same
+    instance and take over the embedding service's socket."""
+
+    code = "DEV_ALREADY_RUNNING"
+    retryable = False
+
+
 class QueueError(KbindexError):
     """The task queue refused an operation (not a task failure)."""
 

@@ -152,7 +152,8 @@ LEASE_SECONDS = 15
 @pytest.mark.timeout(300)
 def test_a_stop_with_a_run_in_flight_leaves_its_task_for_a_takeover(db_url, dagster_pg_url, tmp_path):
     """SIGTERM while a run embeds: everything exits within the grace without a SIGKILL, nothing is half-visible
-    (`kbindex verify`), and the task is not lost: given back, or once its lease runs out, a claim takes it over."""
+    (`kbindex verify`), and the task is not lost: given back, or once its lease runs out, a claim takes it over.
+    Before that, a second kbindex dev on the same home is refused (DEV_ALREADY_RUNNING)."""
     from resources.database import Database
     from resources.task_queue import TaskQueue
 
@@ -164,6 +165,11 @@ def test_a_stop_with_a_run_in_flight_leaves_its_task_for_a_takeover(db_url, dags
         proc, home, env = dev.proc, dev.home, dev.env
         deadline = time.monotonic() + 150
         dev.wait_for_status(deadline)
+        # A second kbindex dev on this home is refused before it starts anything; the first keeps running.
+        second = subprocess.run([*KBINDEX, "dev", "--no-sample", "--port", str(free_port())], env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and "DEV_ALREADY_RUNNING" in second.stderr, second.stderr
+        assert f"pid {proc.pid}" in second.stderr and proc.poll() is None
         subprocess.run([*KBINDEX, "publish", str(document), "--tenant", "acme"], env=env, check=True,
                        capture_output=True, timeout=60)
         queue = TaskQueue(database, lease_seconds=60)

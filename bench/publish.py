@@ -2,7 +2,11 @@
 ``Publisher.publish`` called once per document, on the same documents, interleaved.
 
 ``python -m bench.publish [--corpus ../shared/corpus] [--docs 1000] [--rounds 3] [--http | --manifest [--metadata-bytes B]]
-[--json out.json]``
+[--delay-ms D] [--json out.json]``
+
+``--delay-ms D`` puts a slow link between the publisher and PostgreSQL (issue #32): bench/relay.py on 127.0.0.1,
+D ms each way, in front of the scratch server's Unix socket (the embedded server only), so every round trip a
+side makes costs 2 x D more. The tenant lookups that time each side go to the server directly.
 
 ``--http`` publishes through the API instead, served by uvicorn on 127.0.0.1 in this process: ``POST /documents``
 (the batch endpoint, batches cut as the CLI cuts them) beside ``POST /documents/{id}/versions`` once per document.
@@ -111,8 +115,25 @@ def _tenant(r: int, side: str) -> str:
     return f"r{r}-{'many' if side in ('publish_many', 'POST /documents', 'shared metadata') else 'each'}"
 
 
+def _through_relay(url: str, delay_ms: float, stack: ExitStack) -> str:
+    """``url`` (a Unix-socket URL of the embedded server) reached through a local relay adding ``delay_ms`` each way."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from bench.dagster_dev import free_port
+    from bench.relay import start_local_relay
+
+    parts = urlsplit(url)
+    socket_dir = parse_qs(parts.query).get("host", [""])[0]
+    if not socket_dir.startswith("/"):
+        raise SystemExit("--delay-ms needs the embedded server (a Unix socket): unset KBINDEX_DATABASE_URL")
+    port = free_port()
+    relay = start_local_relay(f"{socket_dir}/.s.PGSQL.{parts.port or 5432}", delay_ms, port)
+    stack.callback(relay.kill)
+    return f"postgresql://{parts.username or 'postgres'}@127.0.0.1:{port}{parts.path}"
+
+
 def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool = False,
-        manifest: bool = False, metadata_bytes: int = 0) -> dict[str, Any]:
+        manifest: bool = False, metadata_bytes: int = 0, delay_ms: float = 0) -> dict[str, Any]:
     from rich.progress import Progress
 
     from bench.pipeline.__main__ import scratch_databases
@@ -140,7 +161,9 @@ def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool =
             client = stack.enter_context(httpx.Client(base_url=url, timeout=300))
             publish = partial(_post, client, metadata_bytes=metadata_bytes)
         else:
-            publish = partial(_publish, Publisher(db, BlobStore(blobs)))
+            publish_url = _through_relay(kb_url, delay_ms, stack) if delay_ms else kb_url
+            publish_db = stack.enter_context(Database(publish_url, max_size=2)) if delay_ms else db
+            publish = partial(_publish, Publisher(publish_db, BlobStore(blobs)))
         with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
             job = bar.add_task("publishing", total=rounds * len(sides))
             for r in range(rounds):
@@ -156,7 +179,8 @@ def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool =
                     out(f"round {r + 1}/{rounds} {side:<13} {seconds:6.2f} s  {row['transactions']} transaction(s)"
                         + (f", largest metadata part {sent:,} bytes" if manifest else ""))
                     bar.advance(job)
-    report: dict[str, Any] = {"docs": len(docs), "rounds": rounds, "samples": samples, "sides": list(sides)}
+    report: dict[str, Any] = {"docs": len(docs), "rounds": rounds, "samples": samples, "sides": list(sides),
+                              "delay_ms": delay_ms}
     report["median_seconds"] = {side: statistics.median(s["seconds"] for s in samples[side]) for side in sides}
     report["ratio"] = report["median_seconds"][sides[1]] / report["median_seconds"][sides[0]]
     report["metadata"] = {side: [s["with_metadata"] for s in samples[side]] for side in sides}
@@ -166,7 +190,8 @@ def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool =
 
 def render(report: dict[str, Any]) -> str:
     sides = report.get("sides", SIDES)
-    lines = [f"{report['docs']} one-paragraph documents, {report['rounds']} interleaved round(s)"]
+    link = f", through a relay adding {report['delay_ms']:g} ms each way" if report.get("delay_ms") else ""
+    lines = [f"{report['docs']} one-paragraph documents, {report['rounds']} interleaved round(s){link}"]
     for side in sides:
         s = report["samples"][side]
         secs = [x["seconds"] for x in s]
@@ -188,13 +213,17 @@ def main(argv: list[str] | None = None) -> int:
                      help="through the API, POST /documents both ways: per-document manifest vs shared metadata")
     parser.add_argument("--metadata-bytes", type=int, default=0,
                         help="with --manifest: each version's metadata padded to about this many bytes (both sides)")
+    parser.add_argument("--delay-ms", type=float, default=0,
+                        help="in process only: publish through a local relay adding this many ms each way")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.metadata_bytes and not args.manifest:
         parser.error("--metadata-bytes goes with --manifest")
+    if args.delay_ms and (args.http or args.manifest):
+        parser.error("--delay-ms goes with the in-process sides (not --http or --manifest)")
     exit_on_sigterm()
     report = run(args.corpus, args.docs, args.rounds, out=lambda line: print(line, flush=True), http=args.http,
-                 manifest=args.manifest, metadata_bytes=args.metadata_bytes)
+                 manifest=args.manifest, metadata_bytes=args.metadata_bytes, delay_ms=args.delay_ms)
     print(render(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

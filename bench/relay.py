@@ -103,10 +103,19 @@ def start_relay(hosts, delay_ms: float, port: int = RELAY_PORT, initial_ms: floa
 
     socket_path = str(hosts.socket_dir / f".s.PGSQL.{PORT}")
     initial = delay_ms if initial_ms is None else initial_ms
-    proc = subprocess.Popen(  # ip netns exec execs the command: the pid is the relay's own (signals reach it)
-        ["ip", "netns", "exec", hosts.ns_db, sys.executable, "-m", "bench.relay", SERVER_ADDR,
-         str(port), socket_path, str(delay_ms), str(initial)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=_project_root())
+    # ip netns exec execs the command: the pid is the relay's own (signals reach it)
+    return _launch(["ip", "netns", "exec", hosts.ns_db, sys.executable, "-m", "bench.relay", SERVER_ADDR,
+                    str(port), socket_path, str(delay_ms), str(initial)])
+
+
+def start_local_relay(socket_path: str, delay_ms: float, port: int) -> Relay:
+    """The relay on 127.0.0.1:``port`` in front of the Unix socket ``socket_path``, ``delay_ms`` each way, with no
+    namespaces (benches that time round trips, not faults); returns once it listens."""
+    return _launch([sys.executable, "-m", "bench.relay", "127.0.0.1", str(port), socket_path, str(delay_ms)])
+
+
+def _launch(cmd: list[str]) -> Relay:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=_project_root())
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if line.strip() != "LISTENING":

@@ -24,6 +24,8 @@ A setting already in the URL (``?keepalives_idle=...``, ``options=-c statement_t
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -129,6 +131,12 @@ class Session:
             cur.execute(queries[name], params)
             return cur
 
+    def submit(self, name: str, params: Params = None) -> psycopg.Cursor:
+        """Send a statement and return its cursor without reading its result: in a pipelined transaction
+        (``Database.transaction(pipelined=True)``) it waits for nothing until a later fetch; elsewhere it is
+        ``execute``. Read the cursor (``fetchone``) only after a fetch has waited for it."""
+        return self._run(name, params)
+
     def fetch_all(self, name: str, params: Params = None) -> list[dict[str, Any]]:
         return self._run(name, params).fetchall()
 
@@ -158,6 +166,53 @@ class Session:
                 return results
 
 
+CHECK_AFTER_IDLE_S = 1.0
+"""A pooled connection is checked (an empty query, one round trip) as it leaves the pool only if it sat there this
+long; 0 checks every checkout. The same rule as Dagster's storage (resources/dagster_storage.py,
+PING_AFTER_IDLE_S): a connection a PostgreSQL restart or a partition closed sat unused at least as long as the
+server was away, so it is still checked and replaced; one in steady use skips the round trip, which was one of
+the ~13 a single publish made over a slow link (``python -m bench.publish --delay-ms``)."""
+
+
+class IdleCheck:
+    """The pool's ``check`` and ``reset`` callbacks: ``reset`` notes when a connection came back, ``check`` tests it
+    as it leaves only if it sat in the pool ``after_s`` or more (or was never returned: a new connection)."""
+
+    def __init__(self, after_s: float = CHECK_AFTER_IDLE_S) -> None:
+        self.after_s = after_s
+        self._returned: weakref.WeakKeyDictionary[psycopg.Connection, float] = weakref.WeakKeyDictionary()
+
+    def reset(self, conn: psycopg.Connection) -> None:
+        self._returned[conn] = time.monotonic()
+
+    def check(self, conn: psycopg.Connection) -> None:
+        returned = self._returned.get(conn)
+        if returned is not None and time.monotonic() - returned < self.after_s:
+            return
+        ConnectionPool.check_connection(conn)
+
+
+@contextmanager
+def _pipelined_transaction(conn: psycopg.Connection) -> Iterator[Session]:
+    """A transaction in pipeline mode on an autocommit connection: BEGIN and COMMIT are queued with the statements,
+    so the block waits only where it fetches, plus once at the end. (psycopg's ``transaction()`` in pipeline mode
+    syncs as it enters and twice as it leaves: four round trips more, measured through bench/relay.py.) On any
+    error, what the pipeline held is sent, then the transaction is rolled back (one round trip more)."""
+    try:
+        with conn.pipeline():
+            conn.execute(queries["transaction_begin"])
+            yield Session(conn)
+            conn.execute(queries["transaction_commit"])
+    except BaseException:
+        if conn.pgconn.transaction_status in (psycopg.pq.TransactionStatus.INTRANS,
+                                              psycopg.pq.TransactionStatus.INERROR):
+            try:
+                conn.execute(queries["transaction_rollback"])
+            except psycopg.Error:
+                pass  # a broken connection: the pool discards it
+        raise
+
+
 def _retry_while_waited_for(pool: ConnectionPool) -> None:
     """psycopg_pool's ``reconnect_failed``: it gave up a series of reconnection attempts. It tries again only
     when the next request arrives, so a request already waiting (a claiming tick's, for up to 30 s) waited out its
@@ -172,8 +227,8 @@ class Database:
 
     ``role`` picks the connection bounds (``connection_params``); ``timeout`` bounds waiting for a pooled
     connection (each new one's connect is bounded by ``connect_timeout``); by default 30 s, for ``api``
-    KBINDEX_PG_API_POOL_TIMEOUT_S (4 s). Every connection is checked as it leaves the pool, so one that died
-    with its server is replaced, not handed out; a lost one is retried for KBINDEX_PG_RECONNECT_S (10 s) at
+    KBINDEX_PG_API_POOL_TIMEOUT_S (4 s). A connection that sat in the pool is checked as it leaves it
+    (``IdleCheck``), so one that died with its server is replaced, not handed out; a lost one is retried for KBINDEX_PG_RECONNECT_S (10 s) at
     most, after which the next request connects afresh, and a request already waiting starts the next series
     (``_retry_while_waited_for``): after PostgreSQL restarts or a partition heals, the pool works again within
     about that long, however long it was away."""
@@ -185,6 +240,7 @@ class Database:
         bounds = ConnectionBounds.from_env()
         if timeout is None:
             timeout = (bounds.api_pool_timeout_s or 30.0) if role == "api" else 30.0  # 0: the bound off
+        idle_check = IdleCheck()
         with translate_errors():
             self.pool = ConnectionPool(
                 url,
@@ -194,7 +250,8 @@ class Database:
                 kwargs={"autocommit": True, **connection_params(url, role, bounds)},
                 configure=_configure,
                 open=True,
-                check=ConnectionPool.check_connection,
+                check=idle_check.check,
+                reset=idle_check.reset,
                 reconnect_timeout=bounds.reconnect_s or 300.0,
                 reconnect_failed=_retry_while_waited_for,
             )
@@ -215,10 +272,19 @@ class Database:
             yield Session(conn)
 
     @contextmanager
-    def transaction(self) -> Iterator[Session]:
-        """One pooled connection inside a transaction: commits on success, rolls back on any error."""
-        with translate_errors(), self.pool.connection() as conn, conn.transaction():
-            yield Session(conn)
+    def transaction(self, *, pipelined: bool = False) -> Iterator[Session]:
+        """One pooled connection inside a transaction: commits on success, rolls back on any error.
+
+        ``pipelined``: in psycopg's pipeline mode, so BEGIN, the statements ``Session.submit`` sends and COMMIT
+        wait for nothing; each fetch waits once for everything sent before it (a slow link pays one round trip
+        per fetch, not per statement). An error surfaces at the next fetch or at the end."""
+        with translate_errors(), self.pool.connection() as conn:
+            if not pipelined:
+                with conn.transaction():
+                    yield Session(conn)
+                return
+            with _pipelined_transaction(conn) as session:
+                yield session
 
     def fetch_all(self, name: str, params: Params = None) -> list[dict[str, Any]]:
         with self.session() as s:

@@ -251,7 +251,7 @@ class Publisher:
         # Bytes first, outside the transaction (a slow store never holds a connection or nears the server's
         # idle-in-transaction limit): a failed transaction leaves only an unreferenced blob.
         self.blobs.put(data)
-        with self.db.transaction() as tx:
+        with self.db.transaction(pipelined=True) as tx:  # three round trips and a checkout, not eight
             version, tasks = self._record(tx, tenant_id, item)
         return self._result(tenant_id, item, version,
                             self._fast_publish(tenant_id, item.document_id, version, tasks, tombstone=False))
@@ -371,17 +371,33 @@ class Publisher:
 
     def _record(self, tx: Session, tenant_id: str, item: _Item) -> tuple[int, list[dict[str, Any]]]:
         """``publish``'s transaction: version n+1 of the document and its task(s), or the latest version's if it has
-        the same bytes, metadata and allow list. Returns the version and its tasks."""
-        self._hold_blob(tx, item.digest, item.data)
-        tx.fetch_one("document_lock", {"tenant_id": tenant_id, "document_id": item.document_id})
+        the same bytes, metadata and allow list. Returns the version and its tasks.
 
-        def charge(size: int) -> None:  # raised inside the transaction: rolls the version back
-            charged = tx.fetch_one("tenant_storage_charge", {"tenant_id": tenant_id, "byte_size": size})
-            if charged:
-                self._check_quotas(tenant_id, int(charged["stored_bytes"]), int(charged["live_versions"]))
-
-        version = self._version_for(tx, tenant_id, item, charge)
-        return version, self._tasks_for(tx, tenant_id, item, version)
+        In a pipelined transaction the statements go in two waits: the locks with the latest version, then the
+        charge, the version row and the tasks. The quota is checked on the charge's totals after the row is
+        written: a refusal raises inside the transaction, so nothing of it commits."""
+        key = {"tenant_id": tenant_id, "document_id": item.document_id}
+        tx.submit("blob_hold", {"content_hash": item.digest})
+        tx.submit("document_lock", key)
+        latest = tx.fetch_one("document_version_latest", key)  # waits for the locks too
+        self._store_if_collected(item.digest, item.data)  # under the hold
+        charged = None
+        if self._is_repeat(latest, item):
+            version = latest["version_number"]
+        else:
+            charged = tx.submit("tenant_storage_charge", {"tenant_id": tenant_id, "byte_size": len(item.data)})
+            row = self._version_row(key, latest, kind="content", content_hash=item.digest, byte_size=len(item.data),
+                                    filename=item.name, media_type=item.media_type, metadata=item.meta,
+                                    allow=item.allowed)
+            tx.submit("document_version_insert", row)
+            version = row["version"]
+        tasks = self._ensure_tasks(tx, key, version)  # waits for the charge and the row too
+        totals = charged.fetchone() if charged is not None else None
+        if totals:
+            self._check_quotas(tenant_id, int(totals["stored_bytes"]), int(totals["live_versions"]))
+        if item.with_commit is not None:
+            item.with_commit(tx)
+        return version, tasks
 
     def _record_many(self, tx: Session, tenant_id: str, items: list[tuple[int, _Item]], charge: Callable[[int], None],
                      outcomes: list[Any]) -> list[tuple[int, _Item, int, list[dict[str, Any]]]]:
@@ -425,36 +441,12 @@ class Publisher:
             recorded.append((i, item, version, version_tasks))
         return recorded
 
-    def _hold_blob(self, tx: Session, digest: str, data: bytes) -> None:
-        """Hold the bytes until the version commits: blob garbage collection cannot delete them in between
-        (resources/blob_gc.py takes the same lock, exclusive, around its re-check and delete). It may have
-        deleted them before the lock: then they are stored again, under it."""
-        tx.fetch_one("blob_hold", {"content_hash": digest})
-        self._store_if_collected(digest, data)
-
     def _store_if_collected(self, digest: str, data: bytes) -> None:
-        """Under the hold: store the bytes again if garbage collection deleted them before it."""
+        """Under ``blob_hold``: store the bytes again if garbage collection deleted them before it. The hold keeps
+        them until the version commits (resources/blob_gc.py takes the same lock, exclusive, around its re-check
+        and delete)."""
         if not self.blobs.exists(digest):
             self.blobs.put(data)
-
-    def _version_for(self, tx: Session, tenant_id: str, item: _Item, charge: Callable[[int], None]) -> int:
-        """The locked document's version for ``item``: its latest if that has the same bytes, metadata and allow
-        list, else a new one, charged first (``charge`` raises QuotaExceeded before anything is written)."""
-        key = {"tenant_id": tenant_id, "document_id": item.document_id}
-        latest = tx.fetch_one("document_version_latest", key)
-        if self._is_repeat(latest, item):
-            return latest["version_number"]
-        charge(len(item.data))
-        return self._new_version(tx, key, latest, kind="content", content_hash=item.digest, byte_size=len(item.data),
-                                 filename=item.name, media_type=item.media_type, metadata=item.meta,
-                                 allow=item.allowed)
-
-    def _tasks_for(self, tx: Session, tenant_id: str, item: _Item, version: int) -> list[dict[str, Any]]:
-        """The version's task(s), then the request's own hook (source sync's ledger row) in the same transaction."""
-        tasks = self._ensure_tasks(tx, {"tenant_id": tenant_id, "document_id": item.document_id}, version)
-        if item.with_commit is not None:
-            item.with_commit(tx)
-        return tasks
 
     @staticmethod
     def _result(tenant_id: str, item: _Item, version: int, tasks: list[dict[str, Any]]) -> PublishResult:

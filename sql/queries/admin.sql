@@ -32,3 +32,16 @@ SELECT 1 FROM lexical_backfill;
 -- name: connection_test
 -- A pooled Dagster storage connection that sat idle, tested before use (resources/dagster_storage.py ping_when_idle).
 SELECT 1;
+
+-- name: transaction_begin
+-- Opens a pipelined transaction (resources/database.py): psycopg's own transaction block waits for the server
+-- around itself in pipeline mode, these wait for nothing.
+BEGIN;
+
+-- name: transaction_commit
+-- Ends a pipelined transaction; the pipeline's last sync waits for it.
+COMMIT;
+
+-- name: transaction_rollback
+-- Ends a pipelined transaction that failed or was left by an error, after the pipeline's last sync.
+ROLLBACK;

@@ -34,26 +34,13 @@ def test_a_publish_that_fails_after_storing_its_bytes_leaves_no_file_for_long(db
     publisher = Publisher(db, BlobStore(str(root)))
     blobs = publisher.blobs
 
-    # The database refuses the version after the bytes were stored.
-    from contextlib import contextmanager
+    # The database refuses the version after the bytes were stored (inside its transaction: nothing commits).
+    def refuse(tx):
+        raise DatabaseError("database error UndefinedColumn (54000)")
 
-    class Refusing:
-        def __init__(self, tx):
-            self.tx = tx
-
-        def fetch_one(self, name, params=None):
-            if name == "document_lock":
-                raise DatabaseError("database error UndefinedColumn (54000)")
-            return self.tx.fetch_one(name, params)
-
-    @contextmanager
-    def refused():
-        with db.transaction() as tx:
-            yield Refusing(tx)
-
-    publisher.db = type("RefusingDb", (), {"transaction": staticmethod(refused), "fetch_one": db.fetch_one})()
     with pytest.raises(DatabaseError):
-        publisher.publish("acme", "doc.md", b"orphaned bytes", "doc.md")
+        publisher.publish("acme", "doc.md", b"orphaned bytes", "doc.md", with_commit=refuse)
+    assert db.fetch_one("document_version_latest", {"tenant_id": "acme", "document_id": "doc.md"}) is None
     orphan = content_hash(b"orphaned bytes")
     assert orphan in _blob_files(root)
 

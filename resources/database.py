@@ -200,14 +200,14 @@ def _pipelined_transaction(conn: psycopg.Connection) -> Iterator[Session]:
     error, what the pipeline held is sent, then the transaction is rolled back (one round trip more)."""
     try:
         with conn.pipeline():
-            conn.execute(queries["transaction_begin"])
+            conn.execute(queries["transaction_begin"], prepare=False)  # never a server-side prepared statement
             yield Session(conn)
-            conn.execute(queries["transaction_commit"])
+            conn.execute(queries["transaction_commit"], prepare=False)
     except BaseException:
         if conn.pgconn.transaction_status in (psycopg.pq.TransactionStatus.INTRANS,
                                               psycopg.pq.TransactionStatus.INERROR):
             try:
-                conn.execute(queries["transaction_rollback"])
+                conn.execute(queries["transaction_rollback"], prepare=False)
             except psycopg.Error:
                 pass  # a broken connection: the pool discards it
         raise

@@ -224,12 +224,13 @@ def search(
     visible = (read or ReadScope()).params()
     visible_key = scope_key(db, scope, visible) if visible["filters"] != NO_FILTERS else None
     analyze = profile_analyzer(profile) if mode != "dense" else None  # the analysis its lexical rows were made with
-    with db.transaction() as tx:
-        tx.execute("search_snapshot")
+    # Pipelined: BEGIN, the snapshot and the settings wait for nothing; the first fetch waits for them all.
+    with db.transaction(pipelined=True) as tx:
+        tx.submit("search_snapshot")
         # Before any other statement of the transaction, so each is planned for its own parameters: without it
         # lexical_stats_get ran psycopg's prepared generic plan 30 times in 35 (tests/integration/test_search_plan_cache.py).
         depth = fetch if mode != "hybrid" else hybrid_depth(fetch)
-        tx.fetch_one("search_settings", {"ef_search": ef_search_for(depth), "max_scan_tuples": max(1, int(max_scan_tuples))})
+        tx.submit("search_settings", {"ef_search": ef_search_for(depth), "max_scan_tuples": max(1, int(max_scan_tuples))})
         weights = query_weights(tx, analyze, query, **scope) if analyze is not None else None
         if mode == "dense":
             rows = _dense_rows(tx, vector, scope, visible, fetch, visible_key)
@@ -314,9 +315,9 @@ def walk_rows(tx: Session, params: dict[str, Any], *, walk: bool) -> list[dict[s
     """``search_hits``: the planner's plan, or (``walk``) with sorts forbidden for it alone, so it walks the graph."""
     if not walk:
         return tx.fetch_all("search_hits", params)
-    tx.fetch_one("search_sort_enabled", {"enable_sort": "off"})
+    tx.submit("search_sort_enabled", {"enable_sort": "off"})  # waited for with search_hits, in a pipelined search
     rows = tx.fetch_all("search_hits", params)
-    tx.fetch_one("search_sort_enabled", {"enable_sort": "on"})
+    tx.submit("search_sort_enabled", {"enable_sort": "on"})
     return rows
 
 

@@ -400,7 +400,8 @@ class _SnapshotDb:
     """A Database stand-in bound to one connection inside one REPEATABLE READ transaction.
 
     ``search()`` uses ``fetch_one`` and ``transaction()``; here every statement runs in the reader's
-    snapshot, and ``transaction()`` is a savepoint of it.
+    snapshot, and ``transaction()`` is a savepoint of it (``pipelined`` is ignored: the reader's own
+    transaction is not pipelined, and ``Session.submit`` then waits like ``execute``).
     """
 
     def __init__(self, conn: psycopg.Connection) -> None:
@@ -415,7 +416,7 @@ class _SnapshotDb:
         return self.session.fetch_all(name, params)
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def transaction(self, *, pipelined: bool = False) -> Iterator[Any]:
         with self.conn.transaction():
             yield self.session
 

@@ -228,9 +228,9 @@ class Database:
     ``role`` picks the connection bounds (``connection_params``); ``timeout`` bounds waiting for a pooled
     connection (each new one's connect is bounded by ``connect_timeout``); by default 30 s, for ``api``
     KBINDEX_PG_API_POOL_TIMEOUT_S (4 s). A connection that sat in the pool is checked as it leaves it
-    (``IdleCheck``), so one that died with its server is replaced, not handed out; a lost one is retried for KBINDEX_PG_RECONNECT_S (10 s) at
-    most, after which the next request connects afresh, and a request already waiting starts the next series
-    (``_retry_while_waited_for``): after PostgreSQL restarts or a partition heals, the pool works again within
+    (``IdleCheck``), so one that died with its server is replaced, not handed out; a lost one is retried for
+    KBINDEX_PG_RECONNECT_S (10 s) at most, after which the next request connects afresh, and a request already
+    waiting starts the next series (``_retry_while_waited_for``): after PostgreSQL restarts or a partition heals, the pool works again within
     about that long, however long it was away."""
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, timeout: float | None = None,

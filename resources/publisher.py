@@ -313,8 +313,9 @@ class Publisher:
                 tx.execute_many("blob_hold", [{"content_hash": digest} for digest in digests])
                 for digest in digests:
                     self._store_if_collected(digest, blobs[digest])
+                documents = dict.fromkeys(item.document_id for _, item in items)
                 tx.execute_many("document_lock", [{"tenant_id": tenant_id, "document_id": document_id}
-                                                  for document_id in dict.fromkeys(item.document_id for _, item in items)])
+                                                  for document_id in documents])
                 totals = tx.fetch_one("tenant_storage_lock", {"tenant_id": tenant_id})
                 added = {"byte_size": 0, "versions": 0}
 

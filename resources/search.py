@@ -230,7 +230,8 @@ def search(
         # Before any other statement of the transaction, so each is planned for its own parameters: without it
         # lexical_stats_get ran psycopg's prepared generic plan 30 times in 35 (tests/integration/test_search_plan_cache.py).
         depth = fetch if mode != "hybrid" else hybrid_depth(fetch)
-        tx.submit("search_settings", {"ef_search": ef_search_for(depth), "max_scan_tuples": max(1, int(max_scan_tuples))})
+        tx.submit("search_settings", {"ef_search": ef_search_for(depth),
+                                      "max_scan_tuples": max(1, int(max_scan_tuples))})
         weights = query_weights(tx, analyze, query, **scope) if analyze is not None else None
         if mode == "dense":
             rows = _dense_rows(tx, vector, scope, visible, fetch, visible_key)

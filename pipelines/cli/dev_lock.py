@@ -34,7 +34,8 @@ def hold_dev_lock(home: Path) -> ExitStack:
     def refused() -> DevAlreadyRunning:
         pid = _holder(path)
         return DevAlreadyRunning(f"kbindex dev is already running on this KBINDEX_HOME (pid {pid}): stop it "
-                                 f"(Ctrl-C in its terminal, or kill -TERM {pid}), or set KBINDEX_HOME to another folder")
+                                 f"(Ctrl-C in its terminal, or kill -TERM {pid}), "
+                                 "or set KBINDEX_HOME to another folder")
 
     held.enter_context(exclusive_file_lock(path, 0, refused))
     path.write_text(f"{os.getpid()}\n")  # the lock is on the open file, not its contents: rewriting it keeps it

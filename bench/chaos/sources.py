@@ -157,6 +157,22 @@ class SourceDriver:
             time.sleep(0.5)
         return state
 
+    def _again_after_outage(self, state: str, tries: int = 3) -> str:
+        """A scheduled pass that failed with PostgreSQL down, run again once it is back (up to ``tries`` times).
+
+        It waited for the lock the pass under the outage held, so it ran the moment that one failed, with
+        PostgreSQL still down (the fresh-clone suite at ad6aa9d: 3 passes counted of 4). Failing under the outage
+        is that pass's job, not the schedule's."""
+        chaos = self.chaos
+        for _ in range(tries):
+            if state != "failed" or chaos.stop_event.is_set():
+                break
+            while chaos.outage() and not chaos.stop_event.is_set():
+                time.sleep(0.3)
+            with self.lock:
+                state = self._pass_past_lock()
+        return state
+
     def _due(self, i: int, n: int) -> bool:
         """Wait for pass i of n: the first at once, the middle ones spread over the target's progress, the last once
         every fault has happened (and the pass under an outage has ended). False if the soak is stopping."""
@@ -196,6 +212,7 @@ class SourceDriver:
                     if i:
                         self.mutate()
                     state = self._pass_past_lock()
+                state = self._again_after_outage(state)
             deadline = time.monotonic() + CLEAN_PASS_SECONDS
             while state != "clean" and not chaos.stop_event.is_set():  # the folder as it ends, synced cleanly
                 if time.monotonic() > deadline:

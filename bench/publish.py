@@ -116,20 +116,12 @@ def _tenant(r: int, side: str) -> str:
 
 
 def _through_relay(url: str, delay_ms: float, stack: ExitStack) -> str:
-    """``url`` (a Unix-socket URL of the embedded server) reached through a local relay adding ``delay_ms`` each way."""
-    from urllib.parse import parse_qs, urlsplit
+    """``url`` (the embedded server's) reached through a local relay adding ``delay_ms`` each way."""
+    from psycopg.conninfo import make_conninfo
 
-    from bench.dagster_dev import free_port
-    from bench.relay import start_local_relay
+    from bench.relay import local_relay
 
-    parts = urlsplit(url)
-    socket_dir = parse_qs(parts.query).get("host", [""])[0]
-    if not socket_dir.startswith("/"):
-        raise SystemExit("--delay-ms needs the embedded server (a Unix socket): unset KBINDEX_DATABASE_URL")
-    port = free_port()
-    relay = start_local_relay(f"{socket_dir}/.s.PGSQL.{parts.port or 5432}", delay_ms, port)
-    stack.callback(relay.kill)
-    return f"postgresql://{parts.username or 'postgres'}@127.0.0.1:{port}{parts.path}"
+    return make_conninfo(url, host="127.0.0.1", port=stack.enter_context(local_relay(url, delay_ms)))
 
 
 def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool = False,

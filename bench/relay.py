@@ -23,6 +23,8 @@ import asyncio
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 RELAY_PORT = 6432
 
@@ -108,10 +110,25 @@ def start_relay(hosts, delay_ms: float, port: int = RELAY_PORT, initial_ms: floa
                     str(port), socket_path, str(delay_ms), str(initial)])
 
 
-def start_local_relay(socket_path: str, delay_ms: float, port: int) -> Relay:
-    """The relay on 127.0.0.1:``port`` in front of the Unix socket ``socket_path``, ``delay_ms`` each way, with no
-    namespaces (benches that time round trips, not faults); returns once it listens."""
-    return _launch([sys.executable, "-m", "bench.relay", "127.0.0.1", str(port), socket_path, str(delay_ms)])
+@contextmanager
+def local_relay(url: str, delay_ms: float) -> Iterator[int]:
+    """A relay on 127.0.0.1 in front of ``url``'s Unix socket (the embedded server), ``delay_ms`` each way, with no
+    namespaces (benches that time round trips, not faults); yields its port once it listens, kills it after."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from bench.dagster_dev import free_port
+
+    info = conninfo_to_dict(url)
+    socket_dir = str(info.get("host") or "")
+    if not socket_dir.startswith("/"):
+        raise SystemExit("a delayed link needs the embedded server (a Unix socket): unset KBINDEX_DATABASE_URL")
+    port = free_port()
+    relay = _launch([sys.executable, "-m", "bench.relay", "127.0.0.1", str(port),
+                     f"{socket_dir}/.s.PGSQL.{info.get('port') or 5432}", str(delay_ms)])
+    try:
+        yield port
+    finally:
+        relay.kill()
 
 
 def _launch(cmd: list[str]) -> Relay:

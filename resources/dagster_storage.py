@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from dagster_postgres import DagsterPostgresStorage
 
 from resources import dagster_private
-from resources.database import connection_params
+from resources.database import CHECK_AFTER_IDLE_S, connection_params
 from resources.local_databases import prepare_local_databases
 from sql import queries
 
@@ -52,7 +52,7 @@ POOL_MAX_OVERFLOW = 8
 """Extra connections a burst of concurrent calls may open (closed again when returned)."""
 POOL_RECYCLE_S = 1800
 """A connection older than this is replaced at its next checkout."""
-PING_AFTER_IDLE_S = 1.0
+PING_AFTER_IDLE_S = CHECK_AFTER_IDLE_S
 """A pooled connection is tested (``SELECT 1``) at checkout only if it sat unused this long; 0 tests every
 checkout (SQLAlchemy's ``pool_pre_ping``). A connection a PostgreSQL restart closed sat unused at least as
 long as PostgreSQL was down (a restart takes seconds), so it is still tested and replaced; one in steady use

@@ -168,7 +168,7 @@ class Session:
 
 CHECK_AFTER_IDLE_S = 1.0
 """A pooled connection is checked (an empty query, one round trip) as it leaves the pool only if it sat there this
-long; 0 checks every checkout. The same rule as Dagster's storage (resources/dagster_storage.py,
+long; 0 checks every checkout. Dagster's storage follows it too (resources/dagster_storage.py,
 PING_AFTER_IDLE_S): a connection a PostgreSQL restart or a partition closed sat unused at least as long as the
 server was away, so it is still checked and replaced; one in steady use skips the round trip, which was one of
 the ~13 a single publish made over a slow link (``python -m bench.publish --delay-ms``)."""
@@ -197,20 +197,12 @@ def _pipelined_transaction(conn: psycopg.Connection) -> Iterator[Session]:
     """A transaction in pipeline mode on an autocommit connection: BEGIN and COMMIT are queued with the statements,
     so the block waits only where it fetches, plus once at the end. (psycopg's ``transaction()`` in pipeline mode
     syncs as it enters and twice as it leaves: four round trips more, measured through bench/relay.py.) On any
-    error, what the pipeline held is sent, then the transaction is rolled back (one round trip more)."""
-    try:
-        with conn.pipeline():
-            conn.execute(queries["transaction_begin"], prepare=False)  # never a server-side prepared statement
-            yield Session(conn)
-            conn.execute(queries["transaction_commit"], prepare=False)
-    except BaseException:
-        if conn.pgconn.transaction_status in (psycopg.pq.TransactionStatus.INTRANS,
-                                              psycopg.pq.TransactionStatus.INERROR):
-            try:
-                conn.execute(queries["transaction_rollback"], prepare=False)
-            except psycopg.Error:
-                pass  # a broken connection: the pool discards it
-        raise
+    error COMMIT is never sent: the pool's connection context (``Connection.__exit__``) rolls the transaction back
+    as the error leaves ``Database.transaction``."""
+    with conn.pipeline():
+        conn.execute(queries["transaction_begin"], prepare=False)  # never a server-side prepared statement
+        yield Session(conn)
+        conn.execute(queries["transaction_commit"], prepare=False)
 
 
 def _retry_while_waited_for(pool: ConnectionPool) -> None:

@@ -29,8 +29,6 @@ import argparse
 import contextlib
 import logging
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -183,18 +181,10 @@ def _relayed(admin_url: str, url: str, delay_ms: int) -> Iterator[str]:
         return
     from sqlalchemy.engine import make_url
 
-    info = psycopg.conninfo.conninfo_to_dict(admin_url)
-    socket_path = f"{info['host']}/.s.PGSQL.{info.get('port') or 5432}"
-    port = 6500 + os.getpid() % 1000
-    relay = subprocess.Popen([sys.executable, "-m", "bench.relay", "127.0.0.1", str(port), socket_path, str(delay_ms)],
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        assert relay.stdout is not None and "LISTENING" in relay.stdout.readline()
-        parsed = make_url(url)
-        yield parsed.set(host="127.0.0.1", port=port, query={}).render_as_string(hide_password=False)
-    finally:
-        relay.kill()
-        relay.wait()
+    from bench.relay import local_relay
+
+    with local_relay(admin_url, delay_ms) as port:
+        yield make_url(url).set(host="127.0.0.1", port=port, query={}).render_as_string(hide_password=False)
 
 
 def measure(side: str, admin_url: str, counts: dict[str, int], delay_ms: int = 0) -> list[Result]:

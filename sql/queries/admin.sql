@@ -41,7 +41,3 @@ BEGIN;
 -- name: transaction_commit
 -- Ends a pipelined transaction; the pipeline's last sync waits for it.
 COMMIT;
-
--- name: transaction_rollback
--- Ends a pipelined transaction that failed or was left by an error, after the pipeline's last sync.
-ROLLBACK;

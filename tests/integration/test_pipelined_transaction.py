@@ -24,7 +24,13 @@ def test_submitted_statements_commit_together_at_the_end(db, db_url):
     assert _stored(db_url, "acme") == [(15,)]
 
 
-def test_a_server_error_in_a_queued_statement_rolls_everything_back_and_the_connection_serves_again(db, db_url):
+def _pool_rolled_back(caplog) -> list[str]:
+    """What psycopg's pool had to roll back itself: a connection handed back still inside a transaction."""
+    return [r.getMessage() for r in caplog.records if r.name.startswith("psycopg.pool") and "rolling back" in r.getMessage()]
+
+
+def test_a_server_error_in_a_queued_statement_rolls_everything_back_and_the_connection_serves_again(db, db_url,
+                                                                                                    caplog):
     with pytest.raises(IndexWriteFailed) as failed:  # numeric_value_out_of_range, raised at the next wait
         with db.transaction(pipelined=True) as tx:
             tx.submit("tenant_storage_charge", {"tenant_id": "acme", "byte_size": 10})
@@ -32,18 +38,20 @@ def test_a_server_error_in_a_queued_statement_rolls_everything_back_and_the_conn
             tx.fetch_one("tenant_storage_get", {"tenant_id": "acme"})
     assert failed.value.data.get("sqlstate") == "22003"
     assert _stored(db_url, "acme") == []
+    assert _pool_rolled_back(caplog) == []  # the transaction rolled itself back before the connection went back
     for _ in range(3):  # every pooled connection is back in a usable state
         with db.transaction(pipelined=True) as tx:
             tx.fetch_one("tenant_storage_charge", {"tenant_id": "acme", "byte_size": 1})
     assert _stored(db_url, "acme") == [(3,)]
 
 
-def test_an_exception_in_the_block_after_good_statements_rolls_them_back(db, db_url):
+def test_an_exception_in_the_block_after_good_statements_rolls_them_back(db, db_url, caplog):
     with pytest.raises(RuntimeError):
         with db.transaction(pipelined=True) as tx:
             tx.submit("tenant_storage_charge", {"tenant_id": "acme", "byte_size": 10})  # sent, never waited for
             raise RuntimeError("refused in Python, as a quota is")
     assert _stored(db_url, "acme") == []
+    assert _pool_rolled_back(caplog) == []
     assert db.fetch_one("tenant_storage_get", {"tenant_id": "acme"}) is not None  # the connection serves again
 
 

@@ -187,3 +187,38 @@ def test_an_invalid_tenant_refuses_every_document(publisher, db_url):
     out = publisher.publish_many("acme corp", [PublishRequest("a", b"x", "a.txt"), PublishRequest("b", b"y", "b.txt")])
     assert [o.code for o in out] == ["INVALID_REQUEST", "INVALID_REQUEST"]
     assert _rows(db_url, "SELECT count(*) FROM document_version") == [(0,)]
+
+
+def test_the_batch_reads_latest_versions_by_key_whatever_the_table_holds(publisher, db_url):
+    """document_version_latest_many reads one backward primary-key step per document of the batch, custom and
+    generic plan alike: beside 3,000 versions of other documents, 3 pages a document (index root, leaf, heap),
+    against 1 in a table of three rows, and far fewer than the table holds."""
+    import json as _json
+
+    statement = __import__("sql").queries["document_version_latest_many"]
+    params = {"tenant_id": "acme", "document_ids": ["a", "b", "c"]}
+
+    def buffers(generic: bool) -> int:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("ANALYZE document_version")
+            conn.execute("SET plan_cache_mode = " + ("force_generic_plan" if generic else "force_custom_plan"))
+            query = statement.replace("%(tenant_id)s", "$1").replace("%(document_ids)s", "$2")
+            cur = psycopg.ClientCursor(conn)  # parameters bound client-side: the server sees only PREPARE's own $n
+            cur.execute(f"PREPARE latest_many(text, text[]) AS {query}")
+            (plan,) = cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE latest_many(%s, %s)",
+                                  (params["tenant_id"], params["document_ids"])).fetchone()
+            plan = plan if isinstance(plan, list) else _json.loads(plan)
+            top = plan[0]["Plan"]
+            return top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0)
+
+    publisher.publish_many("acme", [PublishRequest(d, f"text {d}".encode(), "d.txt") for d in "abc"])
+    alone = [buffers(False), buffers(True)]
+    for start in range(0, 3000, 1000):
+        publisher.publish_many("other", [PublishRequest(f"o{i}", f"other {i}".encode(), "o.txt")
+                                         for i in range(start, start + 1000)])
+    beside = [buffers(False), buffers(True)]
+    with psycopg.connect(db_url) as conn:
+        (pages,) = conn.execute("SELECT pg_relation_size('document_version') / 8192").fetchone()
+    print("latest_many buffers, custom / generic, alone and beside 3,000:", alone, beside, "table pages:", pages)
+    # Per document an index root and leaf and its heap page (a scan of the versions would read ~all pages)
+    assert all(b <= 3 * len(params["document_ids"]) < pages for b in beside), (alone, beside, pages)

@@ -306,17 +306,21 @@ class Publisher:
         items.sort(key=lambda pair: pair[1].document_id)  # stable: one document's requests keep their order
         recorded: list[tuple[int, _Item, int, list[dict[str, Any]]]] = []
         try:
-            with self.db.transaction() as tx:
+            # Pipelined (issue #32): BEGIN, the locks and the latest versions go in one wait, the rows and the tasks
+            # in a second, the totals and COMMIT in a third, whatever the batch holds.
+            with self.db.transaction(pipelined=True) as tx:
                 # Locks in the order every publish takes them: the bytes, the documents, then the tenant's totals.
-                # Each kind in one pipelined batch (execute_many), in that order: one round trip, not one each.
                 digests = sorted(blobs)
                 tx.execute_many("blob_hold", [{"content_hash": digest} for digest in digests])
-                for digest in digests:
-                    self._store_if_collected(digest, blobs[digest])
-                documents = dict.fromkeys(item.document_id for _, item in items)
+                documents = list(dict.fromkeys(item.document_id for _, item in items))
                 tx.execute_many("document_lock", [{"tenant_id": tenant_id, "document_id": document_id}
                                                   for document_id in documents])
-                totals = tx.fetch_one("tenant_storage_lock", {"tenant_id": tenant_id})
+                locked = tx.submit("tenant_storage_lock", {"tenant_id": tenant_id})
+                latest = tx.fetch_all("document_version_latest_many",  # waits for the locks too
+                                      {"tenant_id": tenant_id, "document_ids": documents})
+                totals = locked.fetchone()
+                for digest in digests:  # under the holds
+                    self._store_if_collected(digest, blobs[digest])
                 added = {"byte_size": 0, "versions": 0}
 
                 def charge(size: int) -> None:  # the row is locked: these totals are exact
@@ -325,9 +329,9 @@ class Publisher:
                     added["byte_size"] += size
                     added["versions"] += 1
 
-                recorded = self._record_many(tx, tenant_id, items, charge, outcomes)
+                recorded = self._record_many(tx, tenant_id, items, latest, charge, outcomes)
                 if added["versions"]:
-                    tx.execute("tenant_storage_add", {"tenant_id": tenant_id, **added})
+                    tx.submit("tenant_storage_add", {"tenant_id": tenant_id, **added})  # waits with the COMMIT
         except IndexWriteFailed:
             raise
         except KbindexError as exc:  # no active profile, a with_commit hook's refusal: the batch is rolled back
@@ -400,15 +404,14 @@ class Publisher:
             item.with_commit(tx)
         return version, tasks
 
-    def _record_many(self, tx: Session, tenant_id: str, items: list[tuple[int, _Item]], charge: Callable[[int], None],
+    def _record_many(self, tx: Session, tenant_id: str, items: list[tuple[int, _Item]],
+                     latest_rows: list[dict[str, Any]], charge: Callable[[int], None],
                      outcomes: list[Any]) -> list[tuple[int, _Item, int, list[dict[str, Any]]]]:
-        """``_record`` for a locked batch, a few round trips in all instead of three a document: the latest
-        versions in one statement, then every new version's row, then every version's tasks, each kind pipelined
-        (``execute_many``). Versions are decided in request order before anything is written, so the same
-        document twice makes consecutive versions and a quota refusal (into ``outcomes``) writes nothing."""
-        ids = list(dict.fromkeys(item.document_id for _, item in items))
-        latest = {r["document_id"]: r for r in tx.fetch_all("document_version_latest_many",
-                                                             {"tenant_id": tenant_id, "document_ids": ids})}
+        """``_record`` for a locked batch whose latest versions were read (``document_version_latest_many``), one wait
+        in all instead of two a document: every new version's row, then every version's tasks, sent together.
+        Versions are decided in request order before anything is written, so the same document twice makes
+        consecutive versions and a quota refusal (into ``outcomes``) writes nothing."""
+        latest = {r["document_id"]: r for r in latest_rows}
         rows: list[dict[str, Any]] = []
         decided: list[tuple[int, _Item, int]] = []
         for i, item in items:

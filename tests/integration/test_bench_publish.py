@@ -57,18 +57,21 @@ def test_padded_metadata_makes_a_manifest_of_the_size_asked_on_both_sides_alike(
 
 
 def test_over_a_slow_link_a_batch_costs_a_few_round_trips_and_a_publish_a_few_each():
-    """--delay-ms: 10 ms each way through bench/relay.py. The batch's statements go pipelined, so 20 documents
-    cost it under 60 round trips, connecting included (0.73-0.77 s here, ~37; at b2e5087, one round trip a
-    statement, 2.99 s, ~150). One publish per document pays under 7 each: a pipelined transaction (the locks with
-    the latest version, then the row with its tasks, then the commit) and no check of a connection just returned
-    (1.84 s here, ~4.6 each; 5.1-5.3 s, ~13 each, before either)."""
+    """--delay-ms: 10 ms each way through bench/relay.py. The batch goes in a pipelined transaction, so once the pool
+    is connected 20 documents cost it under 8 round trips (0.10 s here, ~5: BEGIN with the locks and the latest
+    versions, the rows with their tasks, the totals with COMMIT, the fast path's lookup; 0.24 s, ~12, with BEGIN,
+    COMMIT and each lock kind waited for; at b2e5087, one round trip a statement, ~150). One publish per document
+    pays under 7 each: a pipelined transaction (the locks with the latest version, then the row with its tasks,
+    then the commit) and no check of a connection just returned (1.74 s here, ~4.4 each; 5.1-5.3 s, ~13 each,
+    before either)."""
     lines: list[str] = []
-    report = run(None, 20, 1, out=lines.append, delay_ms=10)
+    report = run(None, 20, 2, out=lines.append, delay_ms=10)
     shown = "\n".join(lines) + "\n" + render(report)
-    (many,), (each,) = report["samples"]["publish_many"], report["samples"]["publish each"]
+    many, each = report["samples"]["publish_many"], report["samples"]["publish each"]
     round_trip = 2 * 10 / 1000
-    assert many["versions"] == each["versions"] == 20, shown
-    assert each["seconds"] > 20 * 2 * round_trip, shown  # the link is in the way: at least 2 round trips a document
-    assert each["seconds"] < 20 * 7 * round_trip, shown
-    assert many["seconds"] < 60 * round_trip, shown
+    assert [s["versions"] for s in many + each] == [20] * 4, shown
+    assert min(s["seconds"] for s in each) > 20 * 2 * round_trip, shown  # the link is in the way: 2+ a document
+    assert max(s["seconds"] for s in each) < 20 * 7 * round_trip, shown
+    assert many[0]["seconds"] < 60 * round_trip, shown  # the first round connects the pool through the relay too
+    assert many[1]["seconds"] < 8 * round_trip, shown
     assert "through a relay adding 10 ms each way" in shown, shown

@@ -139,6 +139,26 @@ def test_a_database_failure_fails_the_whole_batch(publisher, db_url):
     assert _rows(db_url, "SELECT count(*) FROM index_task") == [(0,)]
 
 
+def test_a_server_error_in_a_statement_never_waited_for_fails_the_whole_batch(publisher, db, db_url, caplog):
+    """The batch's transaction is pipelined: a hook's statement is sent, not waited for, and its server error
+    (bigint overflow) surfaces at the commit. Nothing commits, the transaction rolls itself back before its
+    connection goes back to the pool, and the next batch publishes."""
+    def overflowing(tx):
+        tx.execute("tenant_storage_charge", {"tenant_id": "acme", "byte_size": 2**63 - 1})
+
+    with pytest.raises(IndexWriteFailed) as failed:
+        publisher.publish_many("acme", [PublishRequest(f"d{i}", f"t{i}".encode(), "d.txt",
+                                                       with_commit=overflowing if i == 2 else None) for i in range(3)])
+    assert failed.value.data.get("sqlstate") == "22003"
+    assert _rows(db_url, "SELECT count(*) FROM document_version") == [(0,)]
+    assert _rows(db_url, "SELECT count(*) FROM tenant_storage WHERE live_versions > 0") == [(0,)]
+    assert [r.getMessage() for r in caplog.records if "rolling back" in r.getMessage()] == []
+    for _ in range(3):  # every pooled connection serves again
+        out = publisher.publish_many("acme", [PublishRequest(f"d{i}", f"t{i}".encode(), "d.txt") for i in range(3)])
+        assert all(isinstance(o, PublishResult) for o in out), out
+    assert _rows(db_url, "SELECT count(*) FROM document_version") == [(3,)]
+
+
 def test_concurrent_batches_in_opposite_orders_do_not_deadlock(db, blobs, db_url):
     """Documents are locked in id order whatever the request order: two batches over the same documents,
     one reversed, both finish, and each document's versions are consecutive."""

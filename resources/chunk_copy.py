@@ -63,7 +63,9 @@ class CopiedVersion:
 
 def copy_sources(db: Database, keys: Sequence[Mapping[str, Any]]) -> dict[int, int]:
     """task_id -> the earlier version whose chunks it can copy, for the tasks that have one. ``keys``: task_id,
-    tenant_id, document_id, profile, version_number each. One statement."""
+    tenant_id, document_id, profile, version_number each. One statement, or none when every key is a first version
+    (nothing earlier to copy: a burst of new documents publishes one at a time without this round trip)."""
+    keys = [k for k in keys if k["version_number"] > 1]
     if not keys:
         return {}
     rows = db.fetch_all("chunk_copy_sources", {**version_columns(keys), "task_ids": [k["task_id"] for k in keys]})

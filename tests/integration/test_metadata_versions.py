@@ -11,7 +11,7 @@ from pipelines.domain.errors import InvalidMetadata
 from pipelines.domain.metadata import EVERYTHING, ReadScope
 from resources.chunk_copy import FastPublish
 from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder
-from resources.publisher import Publisher
+from resources.publisher import Publisher, PublishRequest
 from resources.search import search
 from resources.task_queue import TaskQueue
 from tests.integration.test_delete import CountingBlobs, index, key_of, rows, start_run
@@ -143,6 +143,21 @@ def test_a_batch_of_metadata_changes_is_fast_published_with_one_copy_source_look
                                                                    ("c", 1, "PENDING")]
     assert lookups == [3]
     assert {(h.document_id, h.version_number) for h in hits(db, kb, ReadScope.of(["group:hr"]))} == {("a", 2), ("b", 2)}
+
+
+def test_a_first_version_asks_for_no_copy_source(db, db_url, kb, monkeypatch):
+    """Nothing precedes version 1, so the fast path sends no chunk_copy_sources for it (one round trip less a new
+    document over a slow link); version 2 with the same bytes still asks, and copies."""
+    sent: list[str] = []
+    real = type(db).fetch_all
+    monkeypatch.setattr(type(db), "fetch_all", lambda self, name, params=None: sent.append(name) or real(self, name, params))
+    v1 = kb["fast"].publish("acme", "policy", POLICY.encode(), "policy.md")
+    out = kb["fast"].publish_many("acme", [PublishRequest(d, f"{d}: {POLICY}".encode(), "policy.md") for d in "xy"])
+    assert (v1.version, v1.status) == (1, "PENDING") and [o.status for o in out] == ["PENDING", "PENDING"]
+    assert "chunk_copy_sources" not in sent, sent
+    index(db, db_url, kb, v1.task_id, "policy", 1)
+    v2 = kb["fast"].publish("acme", "policy", POLICY.encode(), "policy.md", metadata={"dept": "legal"})
+    assert (v2.version, v2.status, sent.count("chunk_copy_sources")) == (2, "SUCCEEDED", 1)
 
 
 def test_a_fast_path_that_loses_its_copy_source_fails_retryably_and_a_run_parses(db, db_url, kb, monkeypatch):

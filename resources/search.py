@@ -39,7 +39,7 @@ from pipelines.domain.lexical import MODES, LexicalParams, check_params, fuse, f
 from pipelines.domain.metadata import NO_FILTERS, ReadScope
 from resources.database import Database, Session
 from resources.embedder import Embedder, ProfileEmbedders, checked_embed
-from resources.lexical import lexical_scores, lexical_search, query_weights
+from resources.lexical import lexical_scores, lexical_search, query_weights, send_lexical_search
 from resources.lexical import profile_analyzer
 
 MAX_K = 1000
@@ -232,15 +232,18 @@ def search(
         depth = fetch if mode != "hybrid" else hybrid_depth(fetch)
         tx.submit("search_settings", {"ef_search": ef_search_for(depth),
                                       "max_scan_tuples": max(1, int(max_scan_tuples))})
+        # Sent now, read by walk_preferred: it shares the lexical statistics' wait (hybrid), not a wait of its own.
+        sized = tx.submit("search_tenant_size", scope) if mode != "lexical" and visible["filters"] == NO_FILTERS \
+            else None
         weights = query_weights(tx, analyze, query, **scope) if analyze is not None else None
         if mode == "dense":
-            rows = _dense_rows(tx, vector, scope, visible, fetch, visible_key)
+            rows = _dense_rows(tx, vector, scope, visible, fetch, visible_key, sized)
             scores = {r["chunk_id"]: 1.0 - float(r["distance"]) for r in rows}
         elif mode == "lexical":
             rows = lexical_search(tx, weights, params, k=fetch, read=visible, **scope) if weights else []
             scores = {r["chunk_id"]: float(r["bm25"]) for r in rows}
         else:
-            rows, scores = _hybrid_rows(tx, vector, weights, params, scope, visible, fetch, visible_key)
+            rows, scores = _hybrid_rows(tx, vector, weights, params, scope, visible, fetch, visible_key, sized)
     hits = [
         SearchHit(
             document_id=r["document_id"],
@@ -287,10 +290,11 @@ def _rerank(reranker: Any, query: str, candidates: list[SearchHit], rest: list[S
 
 
 def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[str, Any], k: int,
-                visible_key: tuple[Any, ...] | None = None) -> list[dict[str, Any]]:
+                visible_key: tuple[Any, ...] | None = None, sized: Any = None) -> list[dict[str, Any]]:
     """The k nearest current chunks in scope: exhaustive over the scope when filters keep only a few documents,
     otherwise HNSW, iterative (exhaustive when the walk came back short). ``search_settings`` must have run in
-    ``tx``. ``visible_key``: the filtered scope's key in WIDE_SCOPES (None: probe whatever was remembered)."""
+    ``tx``. ``visible_key``: the filtered scope's key in WIDE_SCOPES (None: probe whatever was remembered).
+    ``sized``: the cursor of a ``search_tenant_size`` already sent (None: walk_preferred asks)."""
     params = {"query": vector, "k": k, **scope, **visible}
     if visible["filters"] != NO_FILTERS and not (visible_key and WIDE_SCOPES.known(visible_key)):
         rows = tx.fetch_all("search_hits_scoped", {**params, "max_scope_pointers": EXACT_SCOPE_POINTERS,
@@ -299,15 +303,16 @@ def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[s
             return [r for r in rows if r["chunk_id"] is not None]
         if visible_key:
             WIDE_SCOPES.remember(visible_key)
-    rows = walk_rows(tx, params, walk=visible["filters"] == NO_FILTERS and walk_preferred(tx, scope))
+    rows = walk_rows(tx, params, walk=visible["filters"] == NO_FILTERS and walk_preferred(tx, scope, sized))
     if len(rows) < k:
         rows = tx.fetch_all("search_hits_exact", params)
     return rows
 
 
-def walk_preferred(tx: Session, scope: dict[str, Any]) -> bool:
-    """Whether the tenant is big enough a share of the graph that walking it beats measuring it (WALK_MIN_SHARE)."""
-    size = tx.fetch_one("search_tenant_size", scope) or {}
+def walk_preferred(tx: Session, scope: dict[str, Any], sized: Any = None) -> bool:
+    """Whether the tenant is big enough a share of the graph that walking it beats measuring it (WALK_MIN_SHARE).
+    ``sized``: the cursor of a ``search_tenant_size`` already sent for ``scope`` (None: asked now)."""
+    size = (sized.fetchone() if sized is not None else tx.fetch_one("search_tenant_size", scope)) or {}
     chunks, rows = size.get("tenant_chunks"), size.get("index_rows")
     return bool(chunks and rows and chunks >= WALK_MIN_CHUNKS and chunks >= WALK_MIN_SHARE * rows)
 
@@ -331,14 +336,17 @@ def hybrid_depth(k: int) -> int:
 
 def _hybrid_rows(
     tx: Session, vector: Any, weights: dict[str, Any] | None, params: LexicalParams, scope: dict[str, Any],
-    visible: dict[str, Any], k: int, visible_key: tuple[Any, ...] | None = None,
+    visible: dict[str, Any], k: int, visible_key: tuple[Any, ...] | None = None, sized: Any = None,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Both sides' candidates fused by the profile's ``fusion``: the same scores the quality gate computes
     in memory. ``weighted``: each candidate scored by BOTH measures (the lexical rows carry their cosine,
-    the dense ones get their BM25 by primary key). ``rrf``: each side's own ranking of its own candidates."""
+    the dense ones get their BM25 by primary key). ``rrf``: each side's own ranking of its own candidates.
+    The lexical statement is sent before the dense side runs, so in a pipelined search both share one wait."""
     depth = hybrid_depth(k)
-    dense = _dense_rows(tx, vector, scope, visible, depth, visible_key)
-    lexical = lexical_search(tx, weights, params, k=depth, read=visible, query_vector=vector, **scope) if weights else []
+    lexical_rows = send_lexical_search(tx, weights, params, k=depth, read=visible, query_vector=vector,
+                                       **scope) if weights else list
+    dense = _dense_rows(tx, vector, scope, visible, depth, visible_key, sized)
+    lexical = lexical_rows()
     rows = {r["chunk_id"]: r for r in dense}
     rows.update({r["chunk_id"]: r for r in lexical if r["chunk_id"] not in rows})
     bm25 = {r["chunk_id"]: float(r["bm25"]) for r in lexical}

@@ -398,6 +398,10 @@ def _recording(tx, names: list[str]):
             names.append(name)
             return tx.fetch_all(name, params)
 
+        def submit(self, name, params=None):
+            names.append(name)
+            return tx.submit(name, params)
+
     return Recording()
 
 

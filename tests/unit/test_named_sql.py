@@ -6,7 +6,7 @@ from pathlib import Path
 from sql import queries
 
 ROOT = Path(__file__).resolve().parents[2]
-CALLS = {"fetch_one", "fetch_all", "execute", "execute_many"}
+CALLS = {"fetch_one", "fetch_all", "execute", "execute_many", "fetch_many", "submit"}
 BENCH_CALLS = {"_sql": 1, "q": 0, "sql": 0}
 """The benches' own helpers (bench.chaos._sql(url, name, ...), its ``q`` shorthands, bench.pipeline's Bench.sql),
 by the position of the statement name."""

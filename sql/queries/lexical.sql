@@ -311,6 +311,10 @@ ORDER BY s.bm25 DESC, c.chunk_id;
 -- query term is absent. LIMIT 1 (the key is unique) keeps each probe a probe: as a plain join the planner
 -- walked every posting of the query's terms and hash-joined the ids (7,934 postings for 26 matches, up to
 -- 16 ms at 1M chunks; bench.scale.search). Rounded as lexical_hits rounds, so a chunk scores alike on both.
+-- The pointer check is a probe per posting row too (LIMIT 1: the key is unique, and the subquery is never pulled
+-- up into a join the planner may turn around): as a plain join, on tables not yet analyzed it read every pointer
+-- of the tenant and probed every posting once per pointer, 0.8 s at 2,000 documents (bench.search_link's index,
+-- tests/integration/test_search_unanalyzed.py).
 WITH q AS (
     SELECT * FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[]) AS q (term, idf)
 )
@@ -326,11 +330,15 @@ CROSS JOIN LATERAL (
     WHERE x.chunk_id = ids.chunk_id AND x.term = q.term AND x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s
     LIMIT 1
 ) x
-JOIN search_pointer p
-  ON p.tenant_id = %(tenant_id)s AND p.document_id = x.document_id
- AND p.profile = %(profile)s AND p.version_number = x.version_number
-WHERE (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
-  AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
+CROSS JOIN LATERAL (
+    SELECT 1
+    FROM search_pointer p
+    WHERE p.tenant_id = %(tenant_id)s AND p.document_id = x.document_id
+      AND p.profile = %(profile)s AND p.version_number = x.version_number
+      AND (%(see_all)s OR p.allow_principals IS NULL OR p.allow_principals && %(principals)s::text[])
+      AND kbindex_metadata_match(p.metadata, %(filters)s::jsonb)
+    LIMIT 1
+) p
 GROUP BY ids.chunk_id;
 
 -- name: lexical_backfill_position

@@ -7,8 +7,9 @@ hosts). What it measures is round trips: (through the relay - direct) / the roun
 
 The documents (one-paragraph texts cut from the corpus, generated without it: ``bench.publish.documents``) are
 published and indexed in this process under the active profile (``bench.retrieval.index_corpus``: claim, parse,
-chunk, checked embed, fenced publish), then analyzed as autovacuum would have by then. Vectors come from the deterministic fake model: the bench times the
-database's part of a search, and a real model's query encoding would cost the same on both sides. The relay
+chunk, checked embed, fenced publish), then analyzed as autovacuum would have by then. Vectors come from the
+deterministic fake model: the bench times the database's part of a search, and a real model's query encoding
+would cost the same on both sides. The relay
 is bench/relay.py on 127.0.0.1 in front of the scratch server's Unix socket (the embedded server only), D ms each
 way. Each round runs every query in every mode on both sides, alternating which side goes first; both sides must
 return the same hits, or the bench fails.

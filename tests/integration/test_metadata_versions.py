@@ -150,7 +150,8 @@ def test_a_first_version_asks_for_no_copy_source(db, db_url, kb, monkeypatch):
     document over a slow link); version 2 with the same bytes still asks, and copies."""
     sent: list[str] = []
     real = type(db).fetch_all
-    monkeypatch.setattr(type(db), "fetch_all", lambda self, name, params=None: sent.append(name) or real(self, name, params))
+    monkeypatch.setattr(type(db), "fetch_all",
+                        lambda self, name, params=None: sent.append(name) or real(self, name, params))
     v1 = kb["fast"].publish("acme", "policy", POLICY.encode(), "policy.md")
     out = kb["fast"].publish_many("acme", [PublishRequest(d, f"{d}: {POLICY}".encode(), "policy.md") for d in "xy"])
     assert (v1.version, v1.status) == (1, "PENDING") and [o.status for o in out] == ["PENDING", "PENDING"]

@@ -171,6 +171,9 @@ ORDER BY h.bm25 DESC, h.chunk_id;
 -- max_probes) with NULL chunk fields when nothing is in scope; walked = max_probes with fewer than k hits
 -- means the probes may have stopped short, and the caller asks lexical_hits_all_pointers. Both round a
 -- chunk's sum to 1e-9: they add its postings in different orders, and a tie must break by chunk id in both.
+-- The walk per term is a LATERAL subquery: as a plain join, on tables not yet analyzed the planner read every
+-- posting of the tenant and kept the query's terms by a join filter (13,877 postings for 4,000 at 2,000
+-- documents, 37.7 ms against 7.6 analyzed; tests/integration/test_search_unanalyzed.py).
 WITH q AS (
     SELECT * FROM unnest(%(candidates)s::integer[], %(candidate_idfs)s::float8[]) AS q (term, idf)
 ),
@@ -180,7 +183,11 @@ scored AS MATERIALIZED (
                / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8))))
            / 1e9::float8 AS bm25
     FROM q
-    JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
+    CROSS JOIN LATERAL (  -- one index walk per term, whatever the statistics say (OFFSET 0: never pulled up)
+        SELECT x.chunk_id, x.tf, x.length FROM lexical_posting x
+        WHERE x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
+        OFFSET 0
+    ) x
     GROUP BY x.chunk_id
     ORDER BY bm25 DESC, x.chunk_id
     LIMIT %(max_probes)s
@@ -213,7 +220,11 @@ eager AS MATERIALIZED (
                / (x.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * x.length / %(avg_length)s::float8)))
            AS partial
     FROM q
-    JOIN lexical_posting x ON x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
+    CROSS JOIN LATERAL (  -- as in lexical_hits: one index walk per term
+        SELECT x.chunk_id, x.tf, x.length FROM lexical_posting x
+        WHERE x.tenant_id = %(tenant_id)s AND x.profile = %(profile)s AND x.term = q.term
+        OFFSET 0
+    ) x
     WHERE NOT q.lazy
     GROUP BY x.chunk_id
 ),

@@ -58,8 +58,8 @@ def test_padded_metadata_makes_a_manifest_of_the_size_asked_on_both_sides_alike(
 
 def test_over_a_slow_link_a_batch_costs_a_few_round_trips_and_a_publish_a_few_each():
     """--delay-ms: 10 ms each way through bench/relay.py. The batch goes in a pipelined transaction, so once the pool
-    is connected 20 documents cost it under 8 round trips (0.10 s here, ~5: BEGIN with the locks and the latest
-    versions, the rows with their tasks, the totals with COMMIT, the fast path's lookup; 0.24 s, ~12, with BEGIN,
+    is connected 20 documents cost it under 8 round trips (0.10 s here, ~5: the quota pre-check, BEGIN with the
+    locks and the latest versions, the rows with their tasks, the totals with COMMIT; 0.24 s, ~12, with BEGIN,
     COMMIT and each lock kind waited for; at b2e5087, one round trip a statement, ~150). One publish per document
     pays under 7 each: a pipelined transaction (the locks with the latest version, then the row with its tasks,
     then the commit) and no check of a connection just returned (1.74 s here, ~4.4 each; 5.1-5.3 s, ~13 each,

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import exit_on_sigterm, server_url
+from bench.relay import url_through_relay
 from pipelines.domain.metadata import MAX_STRING_CHARS
 
 SIDES = ("publish_many", "publish each")
@@ -115,15 +116,6 @@ def _tenant(r: int, side: str) -> str:
     return f"r{r}-{'many' if side in ('publish_many', 'POST /documents', 'shared metadata') else 'each'}"
 
 
-def _through_relay(url: str, delay_ms: float, stack: ExitStack) -> str:
-    """``url`` (the embedded server's) reached through a local relay adding ``delay_ms`` each way."""
-    from psycopg.conninfo import make_conninfo
-
-    from bench.relay import local_relay
-
-    return make_conninfo(url, host="127.0.0.1", port=stack.enter_context(local_relay(url, delay_ms)))
-
-
 def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool = False,
         manifest: bool = False, metadata_bytes: int = 0, delay_ms: float = 0) -> dict[str, Any]:
     from rich.progress import Progress
@@ -153,7 +145,7 @@ def run(corpus: Path | None, n: int, rounds: int, out: Any = print, http: bool =
             client = stack.enter_context(httpx.Client(base_url=url, timeout=300))
             publish = partial(_post, client, metadata_bytes=metadata_bytes)
         else:
-            publish_url = _through_relay(kb_url, delay_ms, stack) if delay_ms else kb_url
+            publish_url = url_through_relay(kb_url, delay_ms, stack) if delay_ms else kb_url
             publish_db = stack.enter_context(Database(publish_url, max_size=2)) if delay_ms else db
             publish = partial(_publish, Publisher(publish_db, BlobStore(blobs)))
         with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:

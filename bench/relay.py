@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 RELAY_PORT = 6432
 
@@ -129,6 +129,14 @@ def local_relay(url: str, delay_ms: float) -> Iterator[int]:
         yield port
     finally:
         relay.kill()
+
+
+def url_through_relay(url: str, delay_ms: float, stack: ExitStack) -> str:
+    """``url`` (the embedded server's) reached through a ``local_relay`` adding ``delay_ms`` each way, which
+    ``stack`` stops."""
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo(url, host="127.0.0.1", port=stack.enter_context(local_relay(url, delay_ms)))
 
 
 def _launch(cmd: list[str]) -> Relay:

@@ -38,7 +38,7 @@ def queries_from(docs: list[tuple[str, bytes]], n: int) -> list[str]:
     """``n`` queries of three words each, taken from documents spread over the set (each finds something)."""
     out = []
     for name, body in docs[:: max(1, len(docs) // max(1, n))][:n]:
-        words = [w for w in re.findall(r"[A-Za-z]{4,}", body.decode("utf-8", "replace"))]
+        words = re.findall(r"[A-Za-z]{4,}", body.decode("utf-8", "replace"))
         out.append(" ".join(words[:3]) or name)
     return out
 
@@ -52,7 +52,8 @@ def run(corpus: Path | None, n: int, n_queries: int, rounds: int, delay_ms: floa
     from rich.progress import Progress
 
     from bench.pipeline.__main__ import scratch_databases
-    from bench.publish import _through_relay, documents
+    from bench.publish import documents
+    from bench.relay import url_through_relay
     from bench.retrieval.__main__ import TENANT, Corpus, index_corpus
     from pipelines.domain.metadata import EVERYTHING
     from resources.database import Database
@@ -72,7 +73,7 @@ def run(corpus: Path | None, n: int, n_queries: int, rounds: int, delay_ms: floa
         indexed = index_corpus(direct, Corpus("paragraphs", texts, {}, {}), fake, 64, Path(work))
         direct.execute("bench_search_analyze")  # the statistics autovacuum would have gathered by now
         out(f"indexed {len(docs)} documents, {indexed['chunks']} chunks")
-        relayed = stack.enter_context(Database(_through_relay(kb_url, delay_ms, stack), max_size=2))
+        relayed = stack.enter_context(Database(url_through_relay(kb_url, delay_ms, stack), max_size=2))
         dbs = {"direct": direct, "relay": relayed}
 
         def once(side: str, mode: str, query: str) -> tuple[float, list[tuple[str, str]]]:

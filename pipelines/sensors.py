@@ -35,7 +35,7 @@ from dagster import DagsterRunStatus, RunsFilter
 from pipelines.claim_window import ClaimWindow
 from pipelines.jobs import index_versions_job
 from pipelines.partitions import VERSIONS_PARTITIONS_NAME
-from pipelines.stopping import stop_check
+from pipelines.stopping import stop_check, stop_requested
 from pipelines.warm_launcher import WarmRunLauncher
 from resources import dagster_private
 from resources.dagster_resources import (
@@ -310,6 +310,11 @@ def claiming_sensor(name: str) -> dg.SensorDefinition:
 
 def claim_tick(context: dg.SensorEvaluationContext, name: str) -> dg.SensorResult | dg.SkipReason:
     """One tick of the claiming sensor ``name``: take over, claim, wait for a publish, plan the runs."""
+    if stop_requested():
+        # `kbindex dev` is stopping Dagster: a task claimed now would wait reserved (up to RESERVATION_SECONDS) for
+        # a run that never starts. Seen under load: a run killed by the stop was recorded RUN_CRASHED, claimed
+        # again by a tick in the stop's last seconds, and not claimable for 45 s after it.
+        return dg.SkipReason("kbindex dev is stopping Dagster: nothing is claimed")
     window = CLAIM_WINDOW.enter(name, time.monotonic(), CLAIM_WAIT_SECONDS)
     if window.ended(time.monotonic()):
         return dg.SkipReason("this daemon loop's claim window has ended: the loop's first claiming tick claimed")

@@ -89,6 +89,25 @@ def test_an_idle_tick_stops_waiting_once_kbindex_dev_stops_dagster(db_url, insta
     assert isinstance(result, dg.SkipReason) and result.skip_message == "no due index tasks"
 
 
+def test_a_tick_claims_nothing_once_kbindex_dev_stops_dagster(db_url, publish_task, instance, monkeypatch,
+                                                              tmp_path):
+    """A claim in the stop's last seconds would reserve a task for a run that never starts (seen under load in
+    test_dev_command's stop with a run in flight: its task not claimable 45 s after the stop). Once the stop file
+    exists a tick claims nothing, due tasks included; they stay due for the next start."""
+    stop_file = tmp_path / "dagster-stopping"
+    monkeypatch.setenv(STOP_FILE_ENV, str(stop_file))
+    published = publish_task()
+    request_stop(stop_file)
+    result = tick(instance, db_url)
+    assert isinstance(result, dg.SkipReason) and "stopping" in result.skip_message, result
+    with psycopg.connect(db_url) as conn:
+        (status,) = conn.execute("SELECT status FROM index_task WHERE task_id = %s", [published.task_id]).fetchone()
+    assert status == "PENDING"
+    stop_file.unlink()
+    result = tick(instance, db_url)  # the next start (which removes the file) claims it
+    assert [t for r in result.run_requests for t, _ in leases_of(r.tags)] == [published.task_id]
+
+
 def test_a_tick_watching_for_a_stop_still_claims_a_publish(db_url, publish_task, instance, monkeypatch, tmp_path):
     """Under `kbindex dev` the wait polls the stop file between short waits: a publish still wakes it."""
     monkeypatch.setenv(STOP_FILE_ENV, str(tmp_path / "dagster-stopping"))

@@ -33,7 +33,8 @@ from typing import Any
 
 import httpx
 
-from pipelines.domain.errors import EmbeddingUnavailable, InvalidRequest, KbindexError
+from pipelines.domain.errors import (EmbeddingInvalidResponse, EmbeddingUnavailable, InternalError, InvalidRequest,
+                                     KbindexError)
 from pipelines.domain.identifiers import validate_tenant
 from pipelines.domain.lexical import MODES, LexicalParams, check_params, fuse, fuse_rrf
 from pipelines.domain.metadata import NO_FILTERS, ReadScope
@@ -75,6 +76,8 @@ tenant with a 10% date range: p50 69.0 ms probing, 6.5 ms remembered (the walk a
 A scope that shrinks meanwhile is walked until the verdict expires, and a walk that comes back short still ends in
 the exact fallback; 0 turns the memory off."""
 MAX_QUERY_CHARS = 10_000
+PROFILE_TRIES = 3
+"""A search whose profile changed under it starts over (``ActiveProfiles``) at most this many times in all."""
 log = logging.getLogger("kbindex")
 
 
@@ -174,7 +177,8 @@ def search(
     migration says otherwise). Each hit's ``score`` is that mode's: cosine, BM25 or the fused score.
     The query is embedded through ``checked_embed`` with the active profile's model and dimension, so
     an embedder that does not match the index is refused (EmbeddingInvalidResponse) rather than
-    producing meaningless scores. InvalidRequest for a bad tenant, k, mode or empty query, or no active profile.
+    producing meaningless scores. InvalidRequest for a bad tenant, k, mode or empty query, or no active profile;
+    InternalError if the active profile changed under each of its PROFILE_TRIES tries (``ActiveProfiles``).
     An HTTP provider embeds the query within its short query budget (HttpEmbedder.for_queries,
     $KBINDEX_SEARCH_EMBED_SECONDS): a provider that is down or rate limiting fails the search in seconds with
     its typed error (EMBEDDING_RATE_LIMITED, EMBEDDING_TIMEOUT, EMBEDDING_UNAVAILABLE).
@@ -198,9 +202,65 @@ def search(
         raise InvalidRequest(f"the query is longer than {MAX_QUERY_CHARS} characters")
     if mode is not None and mode not in MODES:
         raise InvalidRequest(f"mode must be one of {', '.join(MODES)}")
+    profile = ACTIVE_PROFILES.get(db)
+    fresh = profile is None  # read just now, not remembered
+    if profile is None:
+        profile = active_profile(db)
+    for _ in range(PROFILE_TRIES):
+        try:
+            hits, active = _search_under(db, embedder, profile, query, tenant_id, k, mode, max_scan_tuples, read,
+                                         fusion, reranker)
+        except EmbeddingInvalidResponse:
+            if fresh:
+                raise
+            # The caller's embedder may be for a profile activated since this process last read one: read it now.
+            profile, fresh = active_profile(db), True
+            continue
+        if active == profile:
+            return hits
+        ACTIVE_PROFILES.put(db, active)  # activated or changed since this process last read it: start over
+        profile, fresh = active or active_profile(db), True
+    raise InternalError(f"the active profile changed during each of {PROFILE_TRIES} tries of this search: "
+                        "search again")
+
+
+class ActiveProfiles:
+    """The active profile this process last read, per database. A search starts from it and reads the profile again
+    inside its own transaction, with its first statements (no wait of its own); if it changed there, the search
+    starts over under the new one. So a search never answers under a profile that was not active at its snapshot,
+    and, once this process has seen the profile, reading it costs no round trip of its own (one of the ~4.3 a dense
+    search paid over a slow link: ``python -m bench.search_link``)."""
+
+    def __init__(self) -> None:
+        self._by_url: dict[str, dict[str, Any]] = {}
+
+    def get(self, db: Database) -> dict[str, Any] | None:
+        return self._by_url.get(db.url)
+
+    def put(self, db: Database, profile: dict[str, Any] | None) -> None:
+        if profile is None:
+            self._by_url.pop(db.url, None)
+        else:
+            self._by_url[db.url] = profile
+
+
+ACTIVE_PROFILES = ActiveProfiles()
+
+
+def active_profile(db: Database) -> dict[str, Any]:
+    """The active profile, read now and remembered for this process's next searches (InvalidRequest if none is)."""
     profile = db.fetch_one("index_profile_active")
     if profile is None:
         raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
+    ACTIVE_PROFILES.put(db, profile)
+    return profile
+
+
+def _search_under(
+    db: Database, embedder: Embedder | ProfileEmbedders, profile: dict[str, Any], query: str, tenant_id: str, k: int,
+    mode: str | None, max_scan_tuples: int, read: ReadScope | None, fusion: str | None, reranker: Any,
+) -> tuple[SearchHits, dict[str, Any] | None]:
+    """``search`` under ``profile``, and the profile active at the search's snapshot (None: none is)."""
     params = LexicalParams.of(profile)
     if fusion is not None:
         try:
@@ -232,6 +292,7 @@ def search(
         depth = fetch if mode != "hybrid" else hybrid_depth(fetch)
         tx.submit("search_settings", {"ef_search": ef_search_for(depth),
                                       "max_scan_tuples": max(1, int(max_scan_tuples))})
+        active = tx.submit("index_profile_active")  # read with the first wait; compared by the caller
         # Sent now, read by walk_preferred: it shares the lexical statistics' wait (hybrid), not a wait of its own.
         sized = tx.submit("search_tenant_size", scope) if mode != "lexical" and visible["filters"] == NO_FILTERS \
             else None
@@ -244,6 +305,7 @@ def search(
             scores = {r["chunk_id"]: float(r["bm25"]) for r in rows}
         else:
             rows, scores = _hybrid_rows(tx, vector, weights, params, scope, visible, fetch, visible_key, sized)
+        active_now = active.fetchone()  # already here, unless nothing was fetched (a query with no known term)
     hits = [
         SearchHit(
             document_id=r["document_id"],
@@ -259,13 +321,15 @@ def search(
     ]
     hits.sort(key=lambda h: (-h.score, h.chunk_id))
     out = SearchHits(hits[:k])
+    if active_now != profile:  # the caller starts over: no reranker call for an answer it throws away
+        return out, active_now
     if candidates and hits:
         if reranker is None:
             from resources.http_reranker import reranker_for_profile
 
             reranker = reranker_for_profile(profile)
         out = _rerank(reranker, query, hits[:candidates], hits[candidates:], k)
-    return out
+    return out, active_now
 
 
 def _rerank(reranker: Any, query: str, candidates: list[SearchHit], rest: list[SearchHit], k: int) -> SearchHits:

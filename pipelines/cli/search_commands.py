@@ -42,16 +42,14 @@ def search_command(
     """Search the active profile's index: only the versions the search pointers name, best first."""
     from pipelines.domain.metadata import ReadScope
     from resources.embedder import embedder_for_profile
-    from resources.search import search
+    from resources.search import active_profile, search
     from resources.settings import Settings
 
     with open_database() as db, errors_to_exit():
         if see_all and principals:
             raise InvalidRequest("--all already shows every version: drop --as, or drop --all")
         read = ReadScope.of(principals, see_all=see_all, filters=filters)
-        profile = db.fetch_one("index_profile_active")
-        if profile is None:
-            raise InvalidRequest("no active index profile: activate one with `kbindex profile activate NAME`")
+        profile = active_profile(db)  # remembered: the search below reads it only inside its own transaction
         if mode is not None and mode not in MODES:
             raise InvalidRequest(f"--mode must be one of {', '.join(MODES)}")
         embedder = embedder_for_profile(profile, home=Settings.from_env().home)  # `kbindex dev` keeps one warm

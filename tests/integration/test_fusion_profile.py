@@ -84,6 +84,62 @@ def test_a_profile_with_rrf_returns_rrf_ordered_hybrid_results(db, db_url, index
     assert [(h.chunk_id, h.score) for h in search(db, fake, QUERIES[0], tenant_id="acme", mode="hybrid")] == weighted[QUERIES[0]]
 
 
+def test_a_search_reads_the_profile_in_its_own_transaction_and_starts_over_when_it_changed(
+        db, db_url, indexed, fake, monkeypatch):
+    """A process that has seen the active profile sends no index_profile_active of its own (one round trip less
+    over a slow link): the search reads it with its first statements. A change made by another process is seen
+    by the next search, which starts over under the new profile and answers as it says."""
+    import resources.search as search_module
+
+    search(db, fake, QUERIES[0], tenant_id="acme")  # this process has now seen the profile
+    alone: list[str] = []
+    real_fetch_one = type(db).fetch_one
+    monkeypatch.setattr(type(db), "fetch_one",
+                        lambda self, name, params=None: alone.append(name) or real_fetch_one(self, name, params))
+    search(db, fake, QUERIES[0], tenant_id="acme", mode="dense")
+    assert alone == [], "read in the search's own transaction"
+    tries: list[str] = []
+    real_under = search_module._search_under
+    monkeypatch.setattr(search_module, "_search_under", lambda db, embedder, profile, *a:
+                        tries.append(profile["fusion"]) or real_under(db, embedder, profile, *a))
+    weighted = search(db, fake, QUERIES[0], tenant_id="acme", mode="hybrid")
+    assert (alone, tries) == ([], ["weighted"])
+    with psycopg.connect(db_url, autocommit=True) as conn:  # another process changes the active profile
+        conn.execute("UPDATE index_profile SET fusion = 'rrf', rrf_k = 60 WHERE is_active")
+    hits = search(db, fake, QUERIES[0], tenant_id="acme", mode="hybrid")
+    assert (alone, tries) == ([], ["weighted", "weighted", "rrf"]), "started over once, under the new profile"
+    expected = _expected(db, fake, QUERIES[0], "rrf")
+    assert [(h.chunk_id, h.score) for h in hits] == [(c, pytest.approx(s)) for c, s in expected]
+    assert [h.score for h in hits] != [h.score for h in weighted]
+    search(db, fake, QUERIES[0], tenant_id="acme", mode="hybrid")
+    assert tries[-1] == "rrf" and len(tries) == 6 and alone == [], "the next search starts from the new profile"
+
+
+def test_a_search_whose_profile_changes_at_every_try_gives_up_and_one_with_none_active_is_refused(
+        db, db_url, indexed, fake, monkeypatch):
+    import resources.search as search_module
+    from pipelines.domain.errors import InternalError, InvalidRequest
+
+    search(db, fake, QUERIES[0], tenant_id="acme")  # this process has now seen the profile
+    real_under = search_module._search_under
+    tries: list[int] = []
+
+    def changed_every_time(*a):
+        hits, active = real_under(*a)
+        tries.append(1)
+        return hits, {**active, "rrf_k": 100 + len(tries)}  # as if activated again each time
+
+    monkeypatch.setattr(search_module, "_search_under", changed_every_time)
+    with pytest.raises(InternalError, match="changed during each of 3 tries"):
+        search(db, fake, QUERIES[0], tenant_id="acme")
+    assert len(tries) == search_module.PROFILE_TRIES == 3
+    monkeypatch.undo()
+    with psycopg.connect(db_url, autocommit=True) as conn:  # another process leaves no profile active
+        conn.execute("UPDATE index_profile SET is_active = false")
+    with pytest.raises(InvalidRequest, match="no active index profile"):
+        search(db, fake, QUERIES[0], tenant_id="acme")
+
+
 def _count(db_url: str) -> tuple[int, int]:
     with psycopg.connect(db_url) as conn:
         return conn.execute("SELECT (SELECT count(*) FROM chunk), (SELECT count(*) FROM lexical_chunk)").fetchone()

@@ -29,7 +29,7 @@ from pipelines.domain.identifiers import validate_document_id, validate_tenant
 from pipelines.domain.metadata import canonical_allow, canonical_metadata
 from pipelines.domain.partition_keys import version_partition_key
 from resources.blob_store import BlobStore, content_hash
-from resources.database import Database, Session
+from resources.database import Database, DatabaseError, Session
 
 T = TypeVar("T")
 
@@ -91,6 +91,8 @@ class _Item:
 
 
 NO_ACTIVE_PROFILE = "no active index profile: activate one with `kbindex profile activate NAME`"
+REFUSED = "KB001"
+"""The SQLSTATE of a publish the server refused (kbindex_refuse, migration 0054)."""
 
 TOMBSTONE = "tombstone"
 """document_version.kind of a delete: a version without bytes (migration 0029)."""
@@ -251,8 +253,15 @@ class Publisher:
         # Bytes first, outside the transaction (a slow store never holds a connection or nears the server's
         # idle-in-transaction limit): a failed transaction leaves only an unreferenced blob.
         self.blobs.put(data)
-        with self.db.transaction(pipelined=True) as tx:  # three round trips and a checkout, not eight
-            version, tasks = self._record(tx, tenant_id, item)
+        try:
+            with self.db.transaction(pipelined=True) as tx:  # two round trips and a checkout, not eight
+                version, sent = self._record(tx, tenant_id, item)
+        except DatabaseError as exc:
+            refusal = self._refusal(tenant_id, exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
+        tasks = sent.fetchall()  # arrived with the COMMIT
         return self._result(tenant_id, item, version,
                             self._fast_publish(tenant_id, item.document_id, version, tasks, tombstone=False))
 
@@ -374,35 +383,47 @@ class Publisher:
             if not self._is_latest(tenant_id, item.document_id, item.digest):
                 raise
 
-    def _record(self, tx: Session, tenant_id: str, item: _Item) -> tuple[int, list[dict[str, Any]]]:
+    def _record(self, tx: Session, tenant_id: str, item: _Item) -> tuple[int, Any]:
         """``publish``'s transaction: version n+1 of the document and its task(s), or the latest version's if it has
-        the same bytes, metadata and allow list. Returns the version and its tasks.
+        the same bytes, metadata and allow list. Returns the version and the cursor its tasks arrive on.
 
         In a pipelined transaction the statements go in two waits: the locks with the latest version, then the
-        charge, the version row and the tasks. The quota is checked on the charge's totals after the row is
-        written: a refusal raises inside the transaction, so nothing of it commits."""
+        charge, the version row, the tasks and ``publish_refusals`` with the COMMIT. The server refuses there (no
+        profile to index it, a quota passed on the charged totals) before COMMIT is carried out, so nothing of a
+        refused publish commits (``_refusal`` turns it into the typed error)."""
         key = {"tenant_id": tenant_id, "document_id": item.document_id}
         tx.submit("blob_hold", {"content_hash": item.digest})
         tx.submit("document_lock", key)
         latest = tx.fetch_one("document_version_latest", key)  # waits for the locks too
         self._store_if_collected(item.digest, item.data)  # under the hold
-        charged = None
-        if self._is_repeat(latest, item):
+        charged = not self._is_repeat(latest, item)
+        if not charged:
             version = latest["version_number"]
         else:
-            charged = tx.submit("tenant_storage_charge", {"tenant_id": tenant_id, "byte_size": len(item.data)})
+            tx.submit("tenant_storage_charge", {"tenant_id": tenant_id, "byte_size": len(item.data)})
             row = self._version_row(key, latest, kind="content", content_hash=item.digest, byte_size=len(item.data),
                                     filename=item.name, media_type=item.media_type, metadata=item.meta,
                                     allow=item.allowed)
             tx.submit("document_version_insert", row)
             version = row["version"]
-        tasks = self._ensure_tasks(tx, key, version)  # waits for the charge and the row too
-        totals = charged.fetchone() if charged is not None else None
-        if totals:
-            self._check_quotas(tenant_id, int(totals["stored_bytes"]), int(totals["live_versions"]))
+        tasks = tx.submit("index_task_ensure", {**key, "version": version, "max_attempts": self.max_attempts})
+        tx.submit("publish_refusals", {"tenant_id": tenant_id, "charged": charged,
+                                       "quota_bytes": self.quota_bytes, "quota_versions": self.quota_versions})
         if item.with_commit is not None:
             item.with_commit(tx)
         return version, tasks
+
+    def _refusal(self, tenant_id: str, exc: DatabaseError) -> KbindexError | None:
+        """The typed error for a publish the server refused (``publish_refusals``); None for any other error."""
+        diag = getattr(exc.__cause__, "diag", None)
+        if exc.sqlstate != REFUSED or diag is None:
+            return None
+        stored, versions = (int(n) for n in (diag.message_detail or "0 0").split())
+        if diag.message_primary == "QUOTA_BYTES":
+            return self._over_quota(tenant_id, stored)
+        if diag.message_primary == "QUOTA_VERSIONS":
+            return self._over_versions(tenant_id, versions)
+        return InvalidRequest(NO_ACTIVE_PROFILE)
 
     def _record_many(self, tx: Session, tenant_id: str, items: list[tuple[int, _Item]],
                      latest_rows: list[dict[str, Any]], charge: Callable[[int], None],

@@ -11,6 +11,21 @@ ON CONFLICT (tenant_id) DO UPDATE SET stored_bytes = s.stored_bytes + EXCLUDED.s
                                       live_versions = s.live_versions + 1
 RETURNING s.stored_bytes, s.live_versions;
 
+-- name: publish_refusals
+-- A single publish's last statement before COMMIT, sent with it: raises SQLSTATE KB001 (kbindex_refuse, migration
+-- 0054) if no profile is active or being built (so the version got no task: NO_ACTIVE_PROFILE) or, when the
+-- publish charged the tenant (%(charged)s), if the charged totals pass a quota (QUOTA_BYTES, QUOTA_VERSIONS; a
+-- NULL quota is none). The totals row is locked by the charge, so they are exact.
+SELECT kbindex_refuse(
+    CASE
+        WHEN NOT EXISTS (SELECT 1 FROM index_profile WHERE is_active OR building) THEN 'NO_ACTIVE_PROFILE'
+        WHEN %(charged)s AND s.stored_bytes > %(quota_bytes)s::bigint THEN 'QUOTA_BYTES'
+        WHEN %(charged)s AND s.live_versions > %(quota_versions)s::bigint THEN 'QUOTA_VERSIONS'
+    END,
+    coalesce(s.stored_bytes, 0), coalesce(s.live_versions, 0)) AS accepted
+FROM (SELECT 1) AS one
+LEFT JOIN tenant_storage s ON s.tenant_id = %(tenant_id)s;
+
 -- name: tenant_storage_lock
 -- A publish_many batch locks its tenant's totals once, after its documents (the order every publish takes
 -- them in), and returns them: it admits each document against them itself, then adds its sum once

@@ -95,3 +95,37 @@ def test_concurrent_duplicate_publishes_make_one_version_and_one_task(db, tmp_pa
     assert {r.task_id for r in results} == {results[0].task_id}
     assert {r.version for r in results} == {1}
     assert sum(r.created for r in results) == 1
+
+
+def test_a_publish_with_no_profile_to_index_it_is_refused_by_the_server_and_commits_nothing(publisher, db, db_url):
+    """The refusal is raised by the transaction's last statement, sent with its COMMIT (``publish_refusals``):
+    no version, task, event or charge commits, the pool's connection is usable, and the next publish works."""
+    from resources.database import DatabaseError
+    from resources.publisher import NO_ACTIVE_PROFILE, REFUSED
+
+    publisher.publish("acme", "kept", b"kept", "kept.txt")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE index_profile SET is_active = false")
+    with pytest.raises(InvalidRequest) as caught:
+        publisher.publish("acme", "doc", b"hello", "a.txt")
+    assert caught.value.message == NO_ACTIVE_PROFILE
+    assert isinstance(caught.value.__cause__, DatabaseError) and caught.value.__cause__.sqlstate == REFUSED
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        counts = conn.execute("SELECT (SELECT count(*) FROM document_version), (SELECT count(*) FROM index_task), "
+                              "(SELECT count(*) FROM task_event), (SELECT live_versions FROM tenant_storage)").fetchone()
+        assert counts == (1, 1, 1, 1)
+        conn.execute("UPDATE index_profile SET is_active = true WHERE name = 'minilm-v1'")
+    assert publisher.publish("acme", "doc", b"hello", "a.txt").version == 1
+
+
+def test_a_server_error_that_is_not_a_refusal_stays_what_it_was(publisher, db, monkeypatch):
+    """Only SQLSTATE KB001 becomes a typed refusal; any other failure of the transaction surfaces unchanged."""
+    from resources.database import DatabaseError
+    from sql import queries
+
+    monkeypatch.setitem(queries, "publish_refusals", "SELECT 1 / 0")
+    with pytest.raises(DatabaseError) as caught:
+        publisher.publish("acme", "doc", b"hello", "a.txt")
+    assert caught.value.sqlstate == "22012" and type(caught.value) is DatabaseError
+    monkeypatch.undo()
+    assert publisher.publish("acme", "doc", b"hello", "a.txt").version == 1

@@ -503,7 +503,7 @@ class Publisher:
         """
         validate_tenant(tenant_id)
         document_id = validate_document_id(document_id)
-        with self.db.transaction() as tx:
+        with self.db.transaction(pipelined=True) as tx:  # three round trips, not seven
             result = self.delete_in(tx, tenant_id, document_id)
         if result.outcome != "deleted" or self.fast is None:
             return result
@@ -523,19 +523,27 @@ class Publisher:
 
     def delete_in(self, tx: Session, tenant_id: str, document_id: str) -> DeleteResult:
         """``delete`` inside the caller's transaction (erase deletes and purges in one): locks the document row,
-        which the caller then holds until it commits. Arguments already validated."""
+        which the caller then holds until it commits. Arguments already validated.
+
+        In a pipelined transaction the statements go in two waits: the lock with the latest version, then the
+        tombstone row, its charge and its tasks."""
         key = {"tenant_id": tenant_id, "document_id": document_id}
-        latest = tx.fetch_one("document_version_latest", key) if tx.fetch_one("document_lock_existing", key) else None
+        locked = tx.submit("document_lock_existing", key)
+        latest = tx.fetch_one("document_version_latest", key)  # read after the lock: waits for it too
+        if not locked.fetchone():  # no document row: nothing was ever published (latest is None then too)
+            latest = None
         if latest is None:
             return DeleteResult(tenant_id, document_id, "not_found")
         if latest["kind"] == TOMBSTONE:
             version = latest["version_number"]
         else:
-            version = self._new_version(tx, key, latest, kind=TOMBSTONE, content_hash=None, byte_size=0,
-                                        filename=latest["filename"], media_type=latest["media_type"],
-                                        metadata=latest["metadata"], allow=latest["allow_principals"])
+            row = self._version_row(key, latest, kind=TOMBSTONE, content_hash=None, byte_size=0,
+                                    filename=latest["filename"], media_type=latest["media_type"],
+                                    metadata=latest["metadata"], allow=latest["allow_principals"])
+            tx.submit("document_version_insert", row)
+            version = row["version"]
             # Counted like any version (a row, tasks, a partition key), never refused: a delete is always possible.
-            tx.fetch_one("tenant_storage_charge", {"tenant_id": tenant_id, "byte_size": 0})
+            tx.submit("tenant_storage_charge", {"tenant_id": tenant_id, "byte_size": 0})
         tasks = self._ensure_tasks(tx, key, version)
         primary = next((t for t in tasks if t["is_active"]), tasks[0])
         return DeleteResult(
@@ -561,13 +569,6 @@ class Publisher:
                 "filename": filename, "media_type": media_type,
                 "metadata": json.dumps(dict(metadata), ensure_ascii=False), "allow_principals": allow,
                 "partition_key": version_partition_key(key["tenant_id"], key["document_id"], version)}
-
-    @classmethod
-    def _new_version(cls, tx: Session, key: dict[str, str], latest: dict[str, Any] | None, **fields: Any) -> int:
-        """Insert version n+1 of the locked document (content or tombstone); returns its number."""
-        row = cls._version_row(key, latest, **fields)
-        tx.execute("document_version_insert", row)
-        return row["version"]
 
     def _ensure_tasks(self, tx: Session, key: dict[str, str], version: int) -> list[dict[str, Any]]:
         """The version's task per target profile (the active one and any being built), created or existing."""

@@ -5,6 +5,8 @@ brings the document back; deleting twice, or what was never published, is idempo
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 import pytest
 
@@ -275,3 +277,28 @@ def test_a_model_migration_carries_deletes_and_rollback_keeps_them_deleted(db, d
     rollback_profile(db)
     assert documents_in_every_mode(db, kb) == {m: set() for m in MODES}
     assert verify(db).ok
+
+
+def test_a_delete_over_a_slow_link_waits_three_times(db, db_url, kb, tmp_path):
+    """bench/relay.py at 10 ms each way: a delete's transaction is pipelined (BEGIN, the lock and the latest
+    version; the tombstone, its charge and its tasks; COMMIT), so it costs ~3 round trips (~7 when each statement
+    and BEGIN waited alone). Each delete still records its tombstone and task, and a second finds it."""
+    from contextlib import ExitStack
+
+    from bench.relay import url_through_relay
+    from resources.database import Database
+
+    names = [f"doc{i}" for i in range(6)]
+    for name in names:
+        kb["publisher"].publish("acme", name, f"text of {name}".encode(), f"{name}.txt")
+    with ExitStack() as stack:
+        slow = stack.enter_context(Database(url_through_relay(db_url, 10, stack), max_size=1))
+        publisher = Publisher(slow, BlobStore(str(tmp_path / "blobs")))
+        assert publisher.delete("acme", names[0]).outcome == "deleted"  # connects the pool through the relay
+        started = time.perf_counter()
+        outcomes = [publisher.delete("acme", name) for name in names[1:]]
+        per_delete = (time.perf_counter() - started) / len(outcomes)
+    assert [(o.outcome, o.version, o.status) for o in outcomes] == [("deleted", 2, "PENDING")] * 5
+    assert per_delete < 4.5 * 0.020, f"{per_delete / 0.020:.1f} round trips a delete"
+    assert kb["publisher"].delete("acme", names[1]).outcome == "already_deleted"
+    assert rows(db_url, "SELECT count(*) FROM document_version WHERE kind = 'tombstone'") == [(6,)]

@@ -235,13 +235,17 @@ class ActiveProfiles:
         self._by_url: dict[str, dict[str, Any]] = {}
 
     def get(self, db: Database) -> dict[str, Any] | None:
-        return self._by_url.get(db.url)
+        url = getattr(db, "url", None)  # a stand-in without one (bench.chaos's snapshot reader): never remembered
+        return self._by_url.get(url) if url else None
 
     def put(self, db: Database, profile: dict[str, Any] | None) -> None:
+        url = getattr(db, "url", None)
+        if not url:
+            return
         if profile is None:
-            self._by_url.pop(db.url, None)
+            self._by_url.pop(url, None)
         else:
-            self._by_url[db.url] = profile
+            self._by_url[url] = profile
 
 
 ACTIVE_PROFILES = ActiveProfiles()

@@ -133,7 +133,7 @@ class FastPublish:
                            *, tombstone: bool) -> list[FastOutcome]:
         """``after_publish`` for a batch's versions (document id, version, tasks): one copy-source lookup for all."""
         keys = [{"task_id": t["task_id"], "tenant_id": tenant_id, "document_id": document_id,
-                 "profile": t["profile"], "version_number": version}
+                 "profile": t["profile"], "version_number": version, "dimension": t.get("dimension")}
                 for document_id, version, tasks in versions for t in tasks if t.get("status") == "PENDING"]
         if not keys:
             return []
@@ -154,12 +154,14 @@ class FastPublish:
             return FastOutcome(key["task_id"], "left")
         lease = claimed.lease
         try:
-            profile = self.db.fetch_one("index_profile_get", {"name": key["profile"]})
-            if copy_from is None:
+            if copy_from is None:  # a tombstone: no chunk, so no vector whose width anything reads
                 chunks: list[CopiedChunk] = []
-                vectors = np.zeros((0, int(profile["dimension"])), dtype=np.float32)
+                vectors = np.zeros((0, 0), dtype=np.float32)
             else:
-                copied = load_copy(self.db, key, copy_from, int(profile["dimension"]))
+                dimension = key["dimension"]  # index_task_ensure's, when the caller kept its rows: no lookup
+                if dimension is None:
+                    dimension = self.db.fetch_one("index_profile_get", {"name": key["profile"]})["dimension"]
+                copied = load_copy(self.db, key, copy_from, int(dimension))
                 if copied is None:
                     raise IndexWriteFailed(f"the chunks of version {copy_from} to copy are gone; a run will parse "
                                            "this version")

@@ -161,6 +161,25 @@ def test_a_first_version_asks_for_no_copy_source(db, db_url, kb, monkeypatch):
     assert (v2.version, v2.status, sent.count("chunk_copy_sources")) == (2, "SUCCEEDED", 1)
 
 
+def test_the_fast_path_looks_up_no_profile_of_its_own(db, db_url, kb, monkeypatch):
+    """index_task_ensure's rows carry their profile's dimension and a tombstone needs none, so neither a
+    metadata-only change nor a delete sends index_profile_get outside the fenced publish (a round trip each over
+    a slow link); both are published at once, as before."""
+    v1 = kb["fast"].publish("acme", "policy", POLICY.encode(), "policy.md")
+    index(db, db_url, kb, v1.task_id, "policy", 1)
+    sent: list[str] = []
+    real = type(db).fetch_one
+    monkeypatch.setattr(type(db), "fetch_one",
+                        lambda self, name, params=None: sent.append(name) or real(self, name, params))
+    v2 = kb["fast"].publish("acme", "policy", POLICY.encode(), "policy.md", metadata={"dept": "legal"})
+    assert (v2.version, v2.status) == (2, "SUCCEEDED")
+    assert {(h.document_id, h.version_number) for h in hits(db, kb)} == {("policy", 2)}
+    gone = kb["fast"].delete("acme", "policy")
+    assert (gone.outcome, gone.version, gone.status) == ("deleted", 3, "SUCCEEDED")
+    assert hits(db, kb) == []
+    assert "index_profile_get" not in sent, sent
+
+
 def test_a_fast_path_that_loses_its_copy_source_fails_retryably_and_a_run_parses(db, db_url, kb, monkeypatch):
     v1 = kb["publisher"].publish("acme", "policy", POLICY.encode(), "policy.md")
     index(db, db_url, kb, v1.task_id, "policy", 1)

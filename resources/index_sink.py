@@ -193,14 +193,16 @@ class IndexSink:
                 _check_batch(item.chunks, item.vectors)
             except KbindexError as exc:
                 out[i] = exc
-        # Pipelined: BEGIN and the writes wait for nothing; the fence, the profile, the pointer move, the row counts
-        # and the completion each wait once, COMMIT once more (over a slow link: bench/relay.py).
+        # Pipelined: BEGIN and the writes wait for nothing; the fence (with the tasks' profiles), the pointer move, the
+        # row counts and the completion each wait once, COMMIT once more (over a slow link: bench/relay.py).
         with self.db.transaction(pipelined=True) as tx:
             pending = [i for i in range(len(items)) if out[i] is None]
-            locked, refused = self.queue.lock_fenced(tx, [items[i].lease for i in pending])
+            sent = tx.submit("index_profile_of_tasks", {"task_ids": [items[i].lease.task_id for i in pending]}) \
+                if pending else None
+            locked, refused = self.queue.lock_fenced(tx, [items[i].lease for i in pending])  # waits for both
             lost = {lease.task_id: exc for lease, exc in refused}
             keys: dict[int, dict[str, Any]] = {}
-            profiles: dict[str, dict[str, Any] | None] = {}
+            profiles: dict[str, dict[str, Any] | None] = {row["name"]: row for row in sent.fetchall()} if sent else {}
             for i in pending:
                 item = items[i]
                 if item.lease.task_id in lost:

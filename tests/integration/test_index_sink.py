@@ -92,6 +92,22 @@ def test_publish_writes_all_chunks_moves_pointer_and_succeeds(db_url, sink, queu
     assert row["status"] == "SUCCEEDED" and row["chunk_count"] == 23
 
 
+def test_the_fence_reads_the_tasks_profiles_in_its_own_wait(db_url, sink, queue, publish_task, monkeypatch):
+    """The profile each version is checked against is sent with the fence (index_profile_of_tasks before
+    task_lock_fenced, one wait for both in the pipelined transaction), never looked up on its own."""
+    from resources import database
+
+    publish_task(document="policy")
+    task = claim_one(queue)
+    chunks = make_chunks("acme", "policy", task.version_number, TEXTS[:3])
+    sent: list[str] = []
+    real_run = database.Session._run
+    monkeypatch.setattr(database.Session, "_run",
+                        lambda self, name, params: sent.append(name) or real_run(self, name, params))
+    assert sink.publish(task.lease, chunks, embed(chunks)).chunk_count == 3
+    assert sent[:2] == ["index_profile_of_tasks", "task_lock_fenced"] and "index_profile_get" not in sent, sent
+
+
 def test_expired_lease_writes_nothing(db_url, sink, queue, publish_task, clock):
     publish_task(document="policy")
     task = claim_one(queue)

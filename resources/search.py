@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -225,27 +226,24 @@ def search(
 
 
 class ActiveProfiles:
-    """The active profile this process last read, per database. A search starts from it and reads the profile again
-    inside its own transaction, with its first statements (no wait of its own); if it changed there, the search
+    """The active profile this process last read, per Database object. A search starts from it and reads the profile
+    again inside its own transaction, with its first statements (no wait of its own); if it changed there, the search
     starts over under the new one. So a search never answers under a profile that was not active at its snapshot,
     and, once this process has seen the profile, reading it costs no round trip of its own (one of the ~4.3 a dense
-    search paid over a slow link: ``python -m bench.search_link``)."""
+    search paid over a slow link: ``python -m bench.search_link``). Held weakly: a Database (or a stand-in such as
+    bench.chaos's per-search snapshot reader) takes its entry with it when it goes."""
 
     def __init__(self) -> None:
-        self._by_url: dict[str, dict[str, Any]] = {}
+        self._by_db: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
     def get(self, db: Database) -> dict[str, Any] | None:
-        url = getattr(db, "url", None)  # a stand-in without one (bench.chaos's snapshot reader): never remembered
-        return self._by_url.get(url) if url else None
+        return self._by_db.get(db)
 
     def put(self, db: Database, profile: dict[str, Any] | None) -> None:
-        url = getattr(db, "url", None)
-        if not url:
-            return
         if profile is None:
-            self._by_url.pop(url, None)
+            self._by_db.pop(db, None)
         else:
-            self._by_url[url] = profile
+            self._by_db[db] = profile
 
 
 ACTIVE_PROFILES = ActiveProfiles()

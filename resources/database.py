@@ -97,6 +97,15 @@ class DatabaseError(IndexWriteFailed):
         self.query = query
 
 
+def raised_on_purpose(exc: DatabaseError, sqlstate: str) -> tuple[str, str] | None:
+    """The message and detail of an error one of kbindex's own SQL functions raised to abort a transaction with
+    SQLSTATE ``sqlstate`` (``kbindex_refuse``, ``kbindex_publish_abort``); None for any other error."""
+    diag = getattr(exc.__cause__, "diag", None)
+    if exc.sqlstate != sqlstate or diag is None:
+        return None
+    return diag.message_primary or "", diag.message_detail or ""
+
+
 @contextmanager
 def translate_errors(query: str | None = None) -> Iterator[None]:
     """The one place psycopg errors become kbindex errors."""

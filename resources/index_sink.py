@@ -12,7 +12,7 @@ small document does not pay a dozen round trips and a commit of its own; issue #
      none of its chunks are written (a note goes to the task's history).
   3. ``chunk_delete_stale`` + ``chunk_upsert``: write the chunks by stable id (invariant 5), one
      statement per ``write_batch`` rows across versions; a re-run rewrites nothing. A count per version
-     proves every row is there. (Measured on 2,000 rows, without the HNSW index: unnest of parallel
+     proves every row is there (``index_rows_check``: the server aborts the transaction if not). (Measured on 2,000 rows, without the HNSW index: unnest of parallel
      arrays with vectors sent in binary ~20k rows/s, COPY into a temp table + INSERT SELECT ~15-30k,
      executemany ~16k; with the HNSW index every method runs at the index's ~500-800 rows/s. unnest keeps
      one named statement and no temp-table DDL in the transaction; the vectors MUST go binary
@@ -24,7 +24,10 @@ small document does not pay a dozen round trips and a commit of its own; issue #
      resources/lexical.py; stale ones went with their chunks, by cascade), and ``lexical_stats_reconcile``
      then makes each tenant's BM25 statistics count the versions now pointed (one statement per tenant and
      profile, in that order: stats rows are locked in one global order).
-  4. ``queue.complete_published``: RUNNING -> SUCCEEDED with their events, in the same transaction.
+  4. ``queue.complete_published``: RUNNING -> SUCCEEDED with their events, in the same transaction, and the
+     server's check that each task moved.
+The count and completion checks raise in the server (SQLSTATE KB002, ``kbindex_publish_abort``, migration
+0055), so they are sent with COMMIT and wait for nothing; an aborted transaction becomes the typed error here.
 A tombstone (a delete) is published like any version, with zero chunks: its pointer moves forward onto it,
 nothing is written, and the reconcile takes the document out of its tenant's BM25 statistics; the previous
 version's chunks stay until retention removes them, like any superseded version's.
@@ -52,7 +55,7 @@ from pipelines.domain.errors import (
     InvalidRequest,
     KbindexError,
 )
-from resources.database import Database, Session
+from resources.database import Database, DatabaseError, Session, raised_on_purpose
 from resources.embedding_reuse import embed_digest
 from resources.lexical import profile_analyzer
 from resources.lexical import version_columns, write_lexical
@@ -108,6 +111,11 @@ class PublishItem:
     chunks: Sequence[ChunkLike]
     vectors: np.ndarray
     work: Any | None = None
+
+
+PUBLISH_ABORTED = "KB002"
+"""The SQLSTATE of a publish transaction the server aborted in one of its checks (kbindex_publish_abort, migration
+0055)."""
 
 
 class IndexSink:
@@ -193,8 +201,19 @@ class IndexSink:
                 _check_batch(item.chunks, item.vectors)
             except KbindexError as exc:
                 out[i] = exc
-        # Pipelined: BEGIN and the writes wait for nothing; the fence (with the tasks' profiles), the pointer move, the
-        # row counts and the completion each wait once, COMMIT once more (over a slow link: bench/relay.py).
+        # Pipelined: BEGIN, the writes, the checks and the completion wait for nothing; the fence (with the tasks'
+        # profiles) and the pointer move wait once each, COMMIT once more (over a slow link: bench/relay.py).
+        try:
+            return self._pipelined(items, out)
+        except DatabaseError as exc:
+            aborted = self._aborted(exc, items)
+            if aborted is None:
+                raise
+            raise aborted from exc
+
+    def _pipelined(self, items: Sequence[PublishItem],
+                   out: list[PublishOutcome | Exception | None]) -> list[PublishOutcome | Exception]:
+        """The transaction itself; ``out`` holds the items already refused."""
         with self.db.transaction(pipelined=True) as tx:
             pending = [i for i in range(len(items)) if out[i] is None]
             sent = tx.submit("index_profile_of_tasks", {"task_ids": [items[i].lease.task_id for i in pending]}) \
@@ -257,24 +276,33 @@ class IndexSink:
                 batch = profile_rows[start : start + self.write_batch]
                 self._write(tx, batch)
                 write_lexical(tx, [key for key, _, _ in batch], [chunk for _, chunk, _ in batch], analyze)
-        counted = tx.fetch_all("index_rows_per_version", {
+        tx.submit("index_rows_check", {  # the server aborts on a short count (_aborted)
             **version_columns([key for key, _ in versions]),
             "task_ids": [item.lease.task_id for _, item in versions],
+            "expected": [len(item.chunks) for _, item in versions],
         })
-        expected = {item.lease.task_id: len(item.chunks) for _, item in versions}
-        for row in counted:
-            if (row["chunks"], row["lexical"]) != (expected[row["task_id"]],) * 2:
-                # A chunk id already used by another version or profile: refuse rather than publish a gap.
-                raise IndexWriteFailed(
-                    f"version has {row['chunks']} chunk rows and {row['lexical']} lexical rows after writing "
-                    f"{expected[row['task_id']]}: chunk id clash", task_id=row["task_id"],
-                )
         documents: dict[tuple[str, str], set[str]] = {}
         for key, _ in versions:
             documents.setdefault((key["tenant_id"], key["profile"]), set()).add(key["document_id"])
         for (tenant, profile), names in sorted(documents.items()):
             tx.submit("lexical_stats_reconcile", {"tenant_id": tenant, "profile": profile,
-                                                  "document_ids": sorted(names)})  # waits with the completion
+                                                  "document_ids": sorted(names)})  # waits with COMMIT
+
+    def _aborted(self, exc: DatabaseError, items: Sequence[PublishItem]) -> KbindexError | None:
+        """The typed error for a transaction the server aborted in ``index_rows_check`` or ``task_completed_check``
+        (SQLSTATE KB002; it rolled back: nothing written); None for any other error."""
+        raised = raised_on_purpose(exc, PUBLISH_ABORTED)
+        if raised is None:
+            return None
+        reason, detail = raised
+        task_id, found = int(detail.split()[0]), detail.split()[1:]
+        if reason == "NOT_COMPLETED":  # the lease ran out during the transaction: why, as the task row says now
+            lease = next(item.lease for item in items if item.lease.task_id == task_id)
+            return self.queue.explain_refused(lease, "complete")
+        chunks, lexical, expected = found
+        # A chunk id already used by another version or profile: refused rather than published with a gap.
+        return IndexWriteFailed(f"version has {chunks} chunk rows and {lexical} lexical rows after writing "
+                                f"{expected}: chunk id clash", task_id=task_id)
 
     def _superseded(self, tx: Session, lease: Lease, key: dict[str, Any]) -> PublishOutcome:
         pointer = tx.fetch_one("search_pointer_get", key)

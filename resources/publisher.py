@@ -29,7 +29,7 @@ from pipelines.domain.identifiers import validate_document_id, validate_tenant
 from pipelines.domain.metadata import canonical_allow, canonical_metadata
 from pipelines.domain.partition_keys import version_partition_key
 from resources.blob_store import BlobStore, content_hash
-from resources.database import Database, DatabaseError, Session
+from resources.database import Database, DatabaseError, Session, raised_on_purpose
 
 T = TypeVar("T")
 
@@ -415,13 +415,14 @@ class Publisher:
 
     def _refusal(self, tenant_id: str, exc: DatabaseError) -> KbindexError | None:
         """The typed error for a publish the server refused (``publish_refusals``); None for any other error."""
-        diag = getattr(exc.__cause__, "diag", None)
-        if exc.sqlstate != REFUSED or diag is None:
+        raised = raised_on_purpose(exc, REFUSED)
+        if raised is None:
             return None
-        stored, versions = (int(n) for n in (diag.message_detail or "0 0").split())
-        if diag.message_primary == "QUOTA_BYTES":
+        reason, detail = raised
+        stored, versions = (int(n) for n in (detail or "0 0").split())
+        if reason == "QUOTA_BYTES":
             return self._over_quota(tenant_id, stored)
-        if diag.message_primary == "QUOTA_VERSIONS":
+        if reason == "QUOTA_VERSIONS":
             return self._over_versions(tenant_id, versions)
         return InvalidRequest(NO_ACTIVE_PROFILE)
 

@@ -346,18 +346,18 @@ class TaskQueue:
 
     def _complete(self, s: Session, leases: Sequence[Lease], chunk_counts: Sequence[int | None]) -> list[Lease]:
         """One fenced statement for all ``leases`` (one owner); returns the leases it refused."""
-        rows = s.fetch_all(
-            "task_complete_many",
-            {
-                "owner": leases[0].owner,
-                "task_ids": [lease.task_id for lease in leases],
-                "attempts": [lease.attempt for lease in leases],
-                "chunk_counts": list(chunk_counts),
-                "now": self.clock(),
-            },
-        )
+        rows = s.fetch_all("task_complete_many", self._completion(leases, chunk_counts))
         done = {r["task_id"] for r in rows}
         return [lease for lease in leases if lease.task_id not in done]
+
+    def _completion(self, leases: Sequence[Lease], chunk_counts: Sequence[int | None]) -> dict[str, Any]:
+        return {
+            "owner": leases[0].owner,
+            "task_ids": [lease.task_id for lease in leases],
+            "attempts": [lease.attempt for lease in leases],
+            "chunk_counts": list(chunk_counts),
+            "now": self.clock(),
+        }
 
     def fail(self, lease: Lease, code: str, message: str, session: Session | None = None) -> TaskStatus:
         """RUNNING -> RETRY_WAIT (retryable code, attempts left; full-jitter backoff) or DEAD (fenced)."""
@@ -449,10 +449,20 @@ class TaskQueue:
         return locked, refused
 
     def complete_published(self, session: Session, leases: Sequence[Lease], chunk_counts: Sequence[int]) -> None:
-        """RUNNING -> SUCCEEDED of leases the publish transaction ``session`` holds locked (fenced, one statement)."""
-        refused = self._complete(session, leases, chunk_counts) if leases else []
-        if refused:  # cannot happen while the rows are locked; refuse the whole transaction if it does
-            raise self._refused(session, refused[0], "complete")
+        """RUNNING -> SUCCEEDED of leases the publish transaction ``session`` holds locked (fenced, one statement),
+        then the server's check that each one moved (``task_completed_check``). Both are sent without waiting: a
+        lease that ran out since the lock aborts the whole transaction at COMMIT with SQLSTATE KB002 NOT_COMPLETED
+        (the caller explains it with ``explain_refused``)."""
+        if not leases:
+            return
+        session.submit("task_complete_many", self._completion(leases, chunk_counts))
+        session.submit("task_completed_check", {"task_ids": [lease.task_id for lease in leases]})
+
+    def explain_refused(self, lease: Lease, verb: str) -> Exception:
+        """Why a fenced ``verb`` of ``lease`` changed nothing (TaskCancelled, LeaseLost, TaskNotFound), read in a
+        session of its own: for a transaction the server aborted, after it rolled back."""
+        with self.db.session() as s:
+            return self._refused(s, lease, verb)
 
     # -- operator verbs ---------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ database of the same PostgreSQL (same migrations, same indexes, HNSW included):
    HNSW insert, through ``IndexSink._write``: the very parameters the sink sends, vectors in binary),
    ``write_lexical`` (``lexical_posting_prune``, ``lexical_chunk_upsert``, ``lexical_posting_write``) and
    ``lexical_stats_reconcile``. Left out, as queue/lease context or checks of a re-run: ``lock_fenced``,
-   ``chunk_delete_stale`` (deletes nothing on a first write), ``index_rows_per_version`` (the count check)
+   ``chunk_delete_stale`` (deletes nothing on a first write), ``index_rows_check`` (the count check)
    and ``complete_published`` (the task rows went in SUCCEEDED).
 
 It reports wall seconds per part and core-seconds: encode (the encoder processes' own CPU), PostgreSQL

@@ -84,19 +84,27 @@ WHERE (c.tenant_id, c.document_id, c.version_number, c.profile) =
       (EXCLUDED.ordinal, EXCLUDED.heading_path, EXCLUDED.page, EXCLUDED.text, EXCLUDED.token_count,
        EXCLUDED.content_digest, EXCLUDED.embed_digest, EXCLUDED.embedding, EXCLUDED.context_title);
 
--- name: index_rows_per_version
--- How many chunk rows and lexical rows each of these versions has under its profile (the publish checks
--- both equal what it wrote).
-SELECT v.task_id,
-       (SELECT count(*) FROM chunk c
-        WHERE c.tenant_id = v.tenant_id AND c.document_id = v.document_id
-          AND c.profile = v.profile AND c.version_number = v.version_number)::integer AS chunks,
-       (SELECT count(*) FROM lexical_chunk l
-        WHERE l.tenant_id = v.tenant_id AND l.document_id = v.document_id
-          AND l.profile = v.profile AND l.version_number = v.version_number)::integer AS lexical
-FROM unnest(%(task_ids)s::bigint[], %(tenant_ids)s::text[], %(document_ids)s::text[], %(profiles)s::text[],
-            %(version_numbers)s::integer[])
-     AS v (task_id, tenant_id, document_id, profile, version_number);
+-- name: index_rows_check
+-- The publish's count check, sent with COMMIT (waits for nothing): each version must have as many chunk rows and
+-- lexical rows under its profile as the publish wrote (%(expected)s), else the server raises SQLSTATE KB002
+-- CHUNK_ID_CLASH (kbindex_publish_abort, migration 0055; detail: task id, chunk rows, lexical rows, expected) and
+-- the transaction aborts: a chunk id already held by another version or profile, refused rather than published
+-- with a gap.
+SELECT bool_and(kbindex_publish_abort(
+           CASE WHEN n.chunks <> n.expected OR n.lexical <> n.expected THEN 'CHUNK_ID_CLASH' END,
+           n.task_id, n.chunks || ' ' || n.lexical || ' ' || n.expected)) AS ok
+FROM (
+    SELECT v.task_id, v.expected,
+           (SELECT count(*) FROM chunk c
+            WHERE c.tenant_id = v.tenant_id AND c.document_id = v.document_id
+              AND c.profile = v.profile AND c.version_number = v.version_number)::integer AS chunks,
+           (SELECT count(*) FROM lexical_chunk l
+            WHERE l.tenant_id = v.tenant_id AND l.document_id = v.document_id
+              AND l.profile = v.profile AND l.version_number = v.version_number)::integer AS lexical
+    FROM unnest(%(task_ids)s::bigint[], %(tenant_ids)s::text[], %(document_ids)s::text[], %(profiles)s::text[],
+                %(version_numbers)s::integer[], %(expected)s::integer[])
+         AS v (task_id, tenant_id, document_id, profile, version_number, expected)
+) n;
 
 -- name: task_event_superseded
 -- Note on the task's history that its version was not written because a newer one is already searchable.

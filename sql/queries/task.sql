@@ -105,6 +105,16 @@ logged AS (
 )
 SELECT m.task_id FROM moved m;
 
+-- name: task_completed_check
+-- The publish's completion check, sent with COMMIT (waits for nothing): every task the transaction locked RUNNING
+-- (task_lock_fenced) must be SUCCEEDED by now (task_complete_many moved it), else the server raises SQLSTATE KB002
+-- NOT_COMPLETED (kbindex_publish_abort, migration 0055; detail: task id, its status) and the transaction aborts.
+-- Under the row locks only a lease that ran out between the lock and the completion can trip it.
+SELECT bool_and(kbindex_publish_abort(CASE WHEN t.status <> 'SUCCEEDED' THEN 'NOT_COMPLETED' END,
+                                      t.task_id, t.status)) AS ok
+FROM index_task t
+WHERE t.task_id = ANY(%(task_ids)s::bigint[]);
+
 -- name: task_fail
 -- Fenced RUNNING -> RETRY_WAIT (retryable, attempts left; due after %(delay_seconds)s) or DEAD.
 WITH

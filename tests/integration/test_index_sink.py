@@ -162,6 +162,26 @@ def test_failure_inside_the_transaction_rolls_everything_back(db_url, sink, queu
     assert sink.publish(task.lease, chunks, vectors).chunk_count == 23
 
 
+def test_a_lease_running_out_during_the_transaction_aborts_it_at_commit_and_writes_nothing(
+        db_url, sink, queue, publish_task, clock, monkeypatch):
+    """The fence held at the lock, then the lease ran out before the completion: the server's completion check
+    (task_completed_check, sent with COMMIT) aborts the transaction and the publish says the lease was lost."""
+    publish_task(document="policy")
+    task = claim_one(queue)
+    chunks = make_chunks("acme", "policy", 1, TEXTS)
+    original = queue.complete_published
+
+    def late_complete(session, leases, counts):
+        clock.advance(queue.lease_seconds + 1)  # the writes took longer than the lease had left
+        original(session, leases, counts)
+
+    monkeypatch.setattr(queue, "complete_published", late_complete)
+    with pytest.raises(LeaseLost):
+        sink.publish(task.lease, chunks, embed(chunks))
+    assert rows(db_url) == [] and pointer(db_url, "policy") is None
+    assert queue.get(task.lease.task_id)["status"] == "RUNNING"
+
+
 def test_rerun_of_the_same_version_writes_the_same_rows_and_rewrites_nothing(db_url, sink, queue, publish_task):
     publish_task(document="policy")
     first = claim_one(queue)

@@ -7,12 +7,15 @@ small document does not pay a dozen round trips and a commit of its own; issue #
      LeaseLost / TaskCancelled and nothing of it is written. Every chunk id is then re-derived from
      that row's version and profile: chunks made for another profile or version are refused, whatever
      the caller passed.
-  2. ``search_pointer_advance``: move each pointer forward only (key order, so concurrent publishes lock
-     pointer rows in one order). A version whose document already points at a newer one is superseded:
-     none of its chunks are written (a note goes to the task's history).
+  2. ``search_pointer_advance_fenced``: move each pointer forward only (key order, so concurrent publishes
+     lock pointer rows in one order), the version read from the task row where the fence holds; sent with
+     the lock, so both wait once (a version step 1's checks refuse sends the transaction again without it).
+     A version whose document already points at a newer one is superseded: none of its chunks are written
+     (a note goes to the task's history).
   3. ``chunk_delete_stale`` + ``chunk_upsert``: write the chunks by stable id (invariant 5), one
      statement per ``write_batch`` rows across versions; a re-run rewrites nothing. A count per version
-     proves every row is there (``index_rows_check``: the server aborts the transaction if not). (Measured on 2,000 rows, without the HNSW index: unnest of parallel
+     proves every row is there (``index_rows_check``: the server aborts the transaction if not).
+     (Measured on 2,000 rows, without the HNSW index: unnest of parallel
      arrays with vectors sent in binary ~20k rows/s, COPY into a temp table + INSERT SELECT ~15-30k,
      executemany ~16k; with the HNSW index every method runs at the index's ~500-800 rows/s. unnest keeps
      one named statement and no temp-table DDL in the transaction; the vectors MUST go binary
@@ -113,6 +116,14 @@ class PublishItem:
     work: Any | None = None
 
 
+class _Refused(Exception):
+    """Versions refused by their checks after their pointer moved in the same transaction: it must roll back."""
+
+    def __init__(self, errors: dict[int, KbindexError]) -> None:
+        super().__init__(f"{len(errors)} versions refused after their pointer moved")
+        self.errors = errors
+
+
 PUBLISH_ABORTED = "KB002"
 """The SQLSTATE of a publish transaction the server aborted in one of its checks (kbindex_publish_abort, migration
 0055)."""
@@ -201,27 +212,40 @@ class IndexSink:
                 _check_batch(item.chunks, item.vectors)
             except KbindexError as exc:
                 out[i] = exc
-        # Pipelined: BEGIN, the writes, the checks and the completion wait for nothing; the fence (with the tasks'
-        # profiles) and the pointer move wait once each, COMMIT once more (over a slow link: bench/relay.py).
-        try:
-            return self._pipelined(items, out)
-        except DatabaseError as exc:
-            aborted = self._aborted(exc, items)
-            if aborted is None:
-                raise
-            raise aborted from exc
+        # Pipelined: BEGIN, the writes, the checks and the completion wait for nothing; the fence, the tasks'
+        # profiles and the pointer move wait once together, COMMIT once more (over a slow link: bench/relay.py).
+        while True:
+            try:
+                return self._pipelined(items, out)
+            except _Refused as refused:  # rolled back; again without the refused (each pass refuses one more)
+                for i, exc in refused.errors.items():
+                    out[i] = exc
+            except DatabaseError as exc:
+                aborted = self._aborted(exc, items)
+                if aborted is None:
+                    raise
+                raise aborted from exc
 
     def _pipelined(self, items: Sequence[PublishItem],
                    out: list[PublishOutcome | Exception | None]) -> list[PublishOutcome | Exception]:
-        """The transaction itself; ``out`` holds the items already refused."""
+        """The transaction itself; ``out`` holds the items already refused. The tasks' profiles, the fenced lock and
+        the fenced pointer move go out together and wait once; a version its checks then refuse had its pointer
+        moved with the rest, so the transaction is given up (``_Refused``) and sent again without it."""
         with self.db.transaction(pipelined=True) as tx:
             pending = [i for i in range(len(items)) if out[i] is None]
-            sent = tx.submit("index_profile_of_tasks", {"task_ids": [items[i].lease.task_id for i in pending]}) \
-                if pending else None
-            locked, refused = self.queue.lock_fenced(tx, [items[i].lease for i in pending])  # waits for both
+            if not pending:
+                return out  # type: ignore[return-value]
+            leases = [items[i].lease for i in pending]
+            sent = tx.submit("index_profile_of_tasks", {"task_ids": [lease.task_id for lease in leases]})
+            lock, fence = self.queue.send_lock_fenced(tx, leases)
+            advanced = tx.submit("search_pointer_advance_fenced",
+                                 {**fence, "chunk_counts": [len(items[i].chunks) for i in pending]})
+            locked, refused = self.queue.read_lock_fenced(tx, leases, lock)  # waits for all three
+            moved = {r["task_id"] for r in advanced.fetchall()}
             lost = {lease.task_id: exc for lease, exc in refused}
             keys: dict[int, dict[str, Any]] = {}
-            profiles: dict[str, dict[str, Any] | None] = {row["name"]: row for row in sent.fetchall()} if sent else {}
+            profiles: dict[str, dict[str, Any] | None] = {row["name"]: row for row in sent.fetchall()}
+            spoiled: dict[int, KbindexError] = {}
             for i in pending:
                 item = items[i]
                 if item.lease.task_id in lost:
@@ -234,17 +258,16 @@ class IndexSink:
                 try:
                     _check_item(item, key, profiles[key["profile"]])
                 except KbindexError as exc:
+                    if item.lease.task_id in moved:
+                        spoiled[i] = exc
                     out[i] = exc
                     continue
                 keys[i] = key
+            if spoiled:
+                raise _Refused(spoiled)
             ready = sorted(keys, key=lambda i: _order(keys[i]))
             if not ready:
                 return out  # type: ignore[return-value]
-            moved = {r["task_id"] for r in tx.fetch_all("search_pointer_advance", {
-                **version_columns([keys[i] for i in ready]),
-                "task_ids": [items[i].lease.task_id for i in ready],
-                "chunk_counts": [len(items[i].chunks) for i in ready],
-            })}
             writing = [i for i in ready if items[i].lease.task_id in moved]
             for i in ready:
                 if i not in writing:

@@ -428,20 +428,23 @@ class TaskQueue:
         )
         return [int(r["run_ix"]) for r in rows]
 
-    def lock_fenced(
-        self, session: Session, leases: Sequence[Lease]
-    ) -> tuple[dict[int, dict[str, Any]], list[tuple[Lease, FenceRejected]]]:
-        """``SELECT ... FOR UPDATE`` of the task rows (one owner), in task-id order, re-checking each fence (for
-        the publish transaction): the locked rows by task id, and the leases refused with why."""
-        if not leases:
-            return {}, []
+    def send_lock_fenced(self, session: Session, leases: Sequence[Lease]) -> tuple[Any, dict[str, Any]]:
+        """``SELECT ... FOR UPDATE`` of the task rows (one owner) for the publish transaction, in task-id order, where
+        each fence holds; sent without reading it (a pipelined transaction sends more behind it). Its cursor, for
+        ``read_lock_fenced``, and its fence parameters (owner, task ids, attempts, the clock), for statements
+        fenced the same way (``search_pointer_advance_fenced``)."""
         if len({lease.owner for lease in leases}) != 1:
             raise ValueError("lock_fenced takes the leases of one owner")
-        rows = session.fetch_all(
-            "task_lock_fenced",
-            {"owner": leases[0].owner, "task_ids": [lease.task_id for lease in leases],
-             "attempts": [lease.attempt for lease in leases], "now": self.clock()},
-        )
+        fence = {"owner": leases[0].owner, "task_ids": [lease.task_id for lease in leases],
+                 "attempts": [lease.attempt for lease in leases], "now": self.clock()}
+        return session.submit("task_lock_fenced", fence), fence
+
+    def read_lock_fenced(
+        self, session: Session, leases: Sequence[Lease], sent: Any
+    ) -> tuple[dict[int, dict[str, Any]], list[tuple[Lease, FenceRejected]]]:
+        """The rows ``send_lock_fenced`` locked, by task id (waits for them and for everything sent before), and the
+        leases it refused, with why."""
+        rows = sent.fetchall()
         locked = {r["task_id"]: r for r in rows}
         held = {(r["task_id"], r["attempts"]) for r in rows}
         refused = [(lease, self._lost(session, lease, "publish")) for lease in leases

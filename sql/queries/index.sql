@@ -7,7 +7,9 @@
 -- takes the version's metadata and allow list with it, in this statement: what search may read changes at
 -- the instant of the flip (DESIGN.md invariant 8). Rows are taken in key order, so two publishes lock
 -- pointer rows in the same order; the ON CONFLICT row lock serializes concurrent publishes of one document.
--- Returns the task ids that moved their pointer: a version missing from the rows is superseded.
+-- Returns the task ids that moved their pointer: a version missing from the rows is superseded. The publish
+-- itself uses search_pointer_advance_fenced (keys from the locked task rows); this one, keys given, is the bench's
+-- bare system's (bench/pipeline/bare_system.py), which writes the same rows with no queue.
 INSERT INTO search_pointer AS p (tenant_id, document_id, profile, version_number, task_id, chunk_count, metadata,
                                  allow_principals, updated_at)
 SELECT r.tenant_id, r.document_id, r.profile, r.version_number, r.task_id, r.chunk_count, v.metadata,
@@ -18,6 +20,36 @@ FROM unnest(%(tenant_ids)s::text[], %(document_ids)s::text[], %(profiles)s::text
 JOIN document_version v
   ON v.tenant_id = r.tenant_id AND v.document_id = r.document_id AND v.version_number = r.version_number
 ORDER BY r.tenant_id, r.document_id, r.profile
+ON CONFLICT (tenant_id, document_id, profile) DO UPDATE
+SET version_number   = EXCLUDED.version_number,
+    task_id          = EXCLUDED.task_id,
+    chunk_count      = EXCLUDED.chunk_count,
+    metadata         = EXCLUDED.metadata,
+    allow_principals = EXCLUDED.allow_principals,
+    updated_at       = EXCLUDED.updated_at
+WHERE p.version_number <= EXCLUDED.version_number
+RETURNING p.task_id;
+
+-- name: search_pointer_advance_fenced
+-- search_pointer_advance for the publish transaction's leases, sent right after task_lock_fenced without waiting
+-- for it: each version's key (tenant, document, profile, version) is read from its task row, and only where the
+-- fence holds (RUNNING, this owner and attempt, lease unexpired: the rows task_lock_fenced just locked), so a lost
+-- lease moves nothing and the caller's idea of the version is never trusted. Otherwise as search_pointer_advance:
+-- forward only, the version's metadata and allow list with it, rows in key order. Returns each moved pointer's
+-- task id.
+INSERT INTO search_pointer AS p (tenant_id, document_id, profile, version_number, task_id, chunk_count, metadata,
+                                 allow_principals, updated_at)
+SELECT t.tenant_id, t.document_id, t.profile, t.version_number, t.task_id, l.chunk_count, v.metadata,
+       v.allow_principals, now()
+FROM unnest(%(task_ids)s::bigint[], %(attempts)s::integer[], %(chunk_counts)s::integer[])
+     AS l (task_id, attempt, chunk_count)
+JOIN index_task t ON t.task_id = l.task_id AND t.attempts = l.attempt
+JOIN document_version v
+  ON v.tenant_id = t.tenant_id AND v.document_id = t.document_id AND v.version_number = t.version_number
+WHERE t.status = 'RUNNING'
+  AND t.lease_owner = %(owner)s
+  AND t.lease_until > coalesce(%(now)s::timestamptz, now())
+ORDER BY t.tenant_id, t.document_id, t.profile
 ON CONFLICT (tenant_id, document_id, profile) DO UPDATE
 SET version_number   = EXCLUDED.version_number,
     task_id          = EXCLUDED.task_id,

@@ -7,7 +7,13 @@ import psycopg
 import pytest
 
 from pipelines.domain.chunking import Chunk, VersionIdentity, chunk_id, content_digest
-from pipelines.domain.errors import EmbeddingInvalidResponse, IndexWriteFailed, LeaseLost, TaskCancelled
+from pipelines.domain.errors import (
+    EmbeddingInvalidResponse,
+    IndexWriteFailed,
+    InternalError,
+    LeaseLost,
+    TaskCancelled,
+)
 from resources.embedder import DEFAULT_MODEL_NAME, FakeEmbedder, Fault, checked_embed
 from resources.index_sink import IndexSink
 
@@ -93,8 +99,9 @@ def test_publish_writes_all_chunks_moves_pointer_and_succeeds(db_url, sink, queu
 
 
 def test_the_fence_reads_the_tasks_profiles_in_its_own_wait(db_url, sink, queue, publish_task, monkeypatch):
-    """The profile each version is checked against is sent with the fence (index_profile_of_tasks before
-    task_lock_fenced, one wait for both in the pipelined transaction), never looked up on its own."""
+    """The profile each version is checked against is sent with the fence and the pointer move
+    (index_profile_of_tasks, task_lock_fenced, search_pointer_advance_fenced: one wait for the three in the
+    pipelined transaction), never looked up on its own."""
     from resources import database
 
     publish_task(document="policy")
@@ -105,7 +112,45 @@ def test_the_fence_reads_the_tasks_profiles_in_its_own_wait(db_url, sink, queue,
     monkeypatch.setattr(database.Session, "_run",
                         lambda self, name, params: sent.append(name) or real_run(self, name, params))
     assert sink.publish(task.lease, chunks, embed(chunks)).chunk_count == 3
-    assert sent[:2] == ["index_profile_of_tasks", "task_lock_fenced"] and "index_profile_get" not in sent, sent
+    assert sent[:3] == ["index_profile_of_tasks", "task_lock_fenced", "search_pointer_advance_fenced"], sent
+    assert "index_profile_get" not in sent, sent
+
+
+def fetch_waits(monkeypatch) -> list[int]:
+    """Counts the waits of pipelined transactions from now on: each time psycopg waits for results
+    (``BasePipeline._fetch_gen``, its one fetch path in pipeline mode, COMMIT's wait at the end included). Over a
+    link one round trip long each is a round trip, whatever the machine's load."""
+    from psycopg import _pipeline
+
+    count = [0]
+    real = _pipeline.BasePipeline._fetch_gen
+
+    def counted(self, *args, **kwargs):
+        count[0] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(_pipeline.BasePipeline, "_fetch_gen", counted)
+    return count
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_fenced_publish_waits_once_before_commit(db_url, sink, queue, publish_task, monkeypatch, batch):
+    """The fence, the tasks' profiles and the pointer move are read in one wait; the writes, the server-side count
+    and completion checks and the completion wait for nothing but COMMIT: two waits in all (5 before issue #32's
+    slow-link work, 3 while the checks were read here). A batch waits as a single version does."""
+    for i in range(batch):
+        publish_task(document=f"doc-{i}")
+    tasks = queue.claim("w1", limit=batch)
+    items = [item_of(t, TEXTS[:3]) for t in tasks]
+    waits = fetch_waits(monkeypatch)
+    if batch == 1:
+        outcome = sink.publish(items[0].lease, items[0].chunks, items[0].vectors, work=items[0].work)
+        assert outcome.chunk_count == 3
+    else:
+        assert sink._batches(items) == [list(range(batch))]
+        assert [r.chunk_count for r in sink.publish_many(items)] == [3] * batch
+    assert waits[0] == 2
+    assert all(queue.get(t.lease.task_id)["status"] == "SUCCEEDED" for t in tasks)
 
 
 def test_expired_lease_writes_nothing(db_url, sink, queue, publish_task, clock):
@@ -291,8 +336,6 @@ def test_run_state_that_disagrees_with_the_task_row_is_refused(db_url, sink, que
 def test_chunks_made_for_another_profile_or_version_are_refused(db_url, sink, queue, publish_task):
     """The sink re-derives every chunk id from the locked task row (issue #12, defect 1): run state of the
     building profile can never be committed under the active profile's task, nor another version's."""
-    from pipelines.domain.errors import InternalError
-
     publish_task(document="policy")
     task = claim_one(queue)
     for wrong in (make_chunks("acme", "policy", 1, TEXTS, profile="shadow-c128"),
@@ -349,6 +392,52 @@ def test_many_versions_publish_in_one_transaction_and_a_lost_lease_fails_alone(d
     assert statuses == {"doc-0": "SUCCEEDED", "doc-1": "SUCCEEDED", "doc-2": "CANCELLED", "doc-3": "SUCCEEDED",
                         "doc-4": "SUCCEEDED"}
     assert pointer(db_url, "doc-2") is None and all(pointer(db_url, f"doc-{i}")[2] == 2 for i in (0, 1, 3, 4))
+    assert_index_consistent(db)
+
+
+@pytest.mark.parametrize("refused", ["other_version_chunks", "wrong_model"])
+def test_a_version_its_checks_refuse_after_its_pointer_moved_publishes_nothing_and_its_batch_mates_do(
+        db, db_url, queue, publish_task, refused):
+    """The pointer move goes out with the fence, before the versions are checked against their task rows: a version
+    refused then (chunks made for another version; vectors of another model) had its pointer moved, so the
+    transaction is given up and sent again without it. Its pointer stays unmoved and its task RUNNING; the others
+    publish in the second transaction, and a third is not needed."""
+
+    from resources import database
+    from resources.index_sink import PublishItem
+
+    for i in range(3):
+        publish_task(document=f"doc-{i}")
+    tasks = queue.claim("w1", limit=3)
+    items = [item_of(t, [f"Refunds of {t.document_id}."]) for t in tasks]
+    bad = tasks[1]
+    if refused == "other_version_chunks":
+        chunks = make_chunks(bad.tenant_id, bad.document_id, bad.version_number + 1, ["Refunds of doc-1."])
+        items[1] = PublishItem(bad.lease, chunks, embed(chunks), work_of(bad))
+    else:
+        items[1] = PublishItem(bad.lease, items[1].chunks, items[1].vectors, work_of(bad, model="another-model"))
+    sink = IndexSink(db, queue, write_batch=100)
+    assert sink._batches(items) == [[0, 1, 2]]
+    moves: list[list[int]] = []
+    real_run = database.Session._run
+
+    def run(self, name, params):
+        if name == "search_pointer_advance_fenced":
+            moves.append(list(params["task_ids"]))
+        return real_run(self, name, params)
+
+    database.Session._run = run
+    try:
+        results = sink.publish_many(items)
+    finally:
+        database.Session._run = real_run
+    expected = InternalError if refused == "other_version_chunks" else EmbeddingInvalidResponse
+    assert isinstance(results[1], expected), results
+    assert [results[0].chunk_count, results[2].chunk_count] == [1, 1]
+    ids = [t.lease.task_id for t in tasks]
+    assert moves == [ids, [ids[0], ids[2]]]  # sent with all three, then again without the refused one
+    assert pointer(db_url, "doc-1") is None and pointer(db_url, "doc-0")[0] == pointer(db_url, "doc-2")[0] == 1
+    assert [queue.get(i)["status"] for i in ids] == ["SUCCEEDED", "RUNNING", "SUCCEEDED"]
     assert_index_consistent(db)
 
 

@@ -42,7 +42,7 @@ TENANT, PROFILE = "acme", "minilm-v1"
 BULK = 20_000
 VERSIONS = 8
 # Statements of the publish step that find rows by version or document; each must stay O(versions written).
-LOOKUPS = ("chunk_delete_stale", "index_rows_check", "lexical_stats_reconcile", "search_pointer_advance")
+LOOKUPS = ("chunk_delete_stale", "index_rows_check", "lexical_stats_reconcile", "search_pointer_advance_fenced")
 
 
 def publish_statements(db, db_url, tmp_path, first: int) -> list[tuple[str, dict]]:

@@ -17,6 +17,11 @@ from resources.task_queue import Lease, TaskQueue
 from sql import queries
 
 
+def lock_fenced(queue, tx, leases):
+    """The fenced lock as the publish transaction takes it: sent, then read."""
+    return queue.read_lock_fenced(tx, leases, queue.send_lock_fenced(tx, leases)[0])
+
+
 def transitions(queue: TaskQueue, task_id: int) -> list[tuple[str | None, str, int]]:
     return [(e["from_status"], e["to_status"], e["attempt"]) for e in queue.events(task_id) if e["kind"] == "transition"]
 
@@ -78,7 +83,7 @@ def test_a_taken_over_lease_cannot_write_any_more(queue, publish_task, clock, db
             write()
         assert info.value.data["reason"] == "taken over by attempt 2"
     with db.transaction() as tx:
-        assert [(lease, type(exc)) for lease, exc in queue.lock_fenced(tx, [stale])[1]] == [(stale, LeaseLost)]
+        assert [(lease, type(exc)) for lease, exc in lock_fenced(queue, tx, [stale])[1]] == [(stale, LeaseLost)]
     row = queue.get(task.task_id)
     assert (row["status"], row["attempts"], row["lease_owner"], row["stage"]) == ("RUNNING", 2, new_owner, None)
     queue.complete(new.lease, chunk_count=4)
@@ -316,13 +321,13 @@ def test_complete_inside_the_callers_transaction_commits_or_rolls_back_with_it(q
     task = publish_task()
     (c,) = queue.claim("w1")
     with pytest.raises(RuntimeError), db.transaction() as tx:
-        locked, refused = queue.lock_fenced(tx, [c.lease])
+        locked, refused = lock_fenced(queue, tx, [c.lease])
         assert list(locked) == [task.task_id] and refused == []
         queue.complete_published(tx, [c.lease], [3])
         raise RuntimeError("the chunk write failed")
     assert queue.get(task.task_id)["status"] == "RUNNING"
     with db.transaction() as tx:
-        queue.lock_fenced(tx, [c.lease])
+        lock_fenced(queue, tx, [c.lease])
         queue.complete_published(tx, [c.lease], [3])
     row = queue.get(task.task_id)
     assert (row["status"], row["chunk_count"], row["lease_owner"]) == ("SUCCEEDED", 3, None)
@@ -335,12 +340,12 @@ def test_lock_fenced_locks_held_leases_and_explains_the_lost_ones(queue, publish
     queue.cancel(b.lease.task_id)
     stale = Lease(c.lease.task_id, c.lease.attempt + 1, "w1", c.lease.lease_until)
     with db.transaction() as tx:
-        locked, refused = queue.lock_fenced(tx, [c.lease, a.lease, b.lease, stale])
+        locked, refused = lock_fenced(queue, tx, [c.lease, a.lease, b.lease, stale])
         assert sorted(locked) == sorted([a.lease.task_id, c.lease.task_id])
         assert [(lease, type(exc)) for lease, exc in refused] == [(b.lease, TaskCancelled), (stale, LeaseLost)]
     with pytest.raises(ValueError):
         with db.transaction() as tx:
-            queue.lock_fenced(tx, [a.lease, Lease(c.lease.task_id, 1, "w2", c.lease.lease_until)])
+            lock_fenced(queue, tx, [a.lease, Lease(c.lease.task_id, 1, "w2", c.lease.lease_until)])
 
 
 def test_progress_many_moves_every_held_lease_forward_and_returns_the_lost_ones(queue, publish_task, clock):

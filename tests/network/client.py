@@ -73,9 +73,9 @@ def publish(url: str, point: str, lease_seconds: float) -> None:
                             expected_model=DEFAULT_MODEL_NAME, expected_dim=384, batch_size=8)
     say("CLAIMED", task.lease.task_id, task.lease.attempt)
     wait_line()
-    original_lock, original_complete = queue.lock_fenced, queue.complete_published
+    original_lock, original_complete = queue.send_lock_fenced, queue.complete_published
 
-    def lock_fenced(session, leases):
+    def send_lock_fenced(session, leases):
         if point == "mid_statement":
             say("AT")
         return original_lock(session, leases)
@@ -89,13 +89,13 @@ def publish(url: str, point: str, lease_seconds: float) -> None:
             say("AT")
             wait_line()
 
-    queue.lock_fenced, queue.complete_published = lock_fenced, complete_published
+    queue.send_lock_fenced, queue.complete_published = send_lock_fenced, complete_published
     try:
         sink.publish(task.lease, chunks, vectors)
         say("OK")
     except KbindexError as exc:
         say("ERR", exc.code)
-    queue.lock_fenced, queue.complete_published = original_lock, original_complete
+    queue.send_lock_fenced, queue.complete_published = original_lock, original_complete
     wait_line()
     try:
         sink.publish(task.lease, chunks, vectors)

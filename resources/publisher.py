@@ -504,8 +504,18 @@ class Publisher:
         """
         validate_tenant(tenant_id)
         document_id = validate_document_id(document_id)
-        with self.db.transaction(pipelined=True) as tx:  # three round trips, not seven
-            result = self.delete_in(tx, tenant_id, document_id)
+        try:
+            with self.db.transaction(pipelined=True) as tx:  # two round trips, not seven
+                sent = self._send_delete(tx, tenant_id, document_id)
+                if isinstance(sent, _SentDelete):  # no version row without a task: the server refuses
+                    tx.submit("publish_refusals", {"tenant_id": tenant_id, "charged": False, "quota_bytes": None,
+                                                   "quota_versions": None})
+        except DatabaseError as exc:
+            refusal = self._refusal(tenant_id, exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
+        result = sent if isinstance(sent, DeleteResult) else sent.result(sent.tasks.fetchall())  # with the COMMIT
         if result.outcome != "deleted" or self.fast is None:
             return result
         tasks = self._fast_publish(tenant_id, document_id, result.version, result.tasks, tombstone=True)
@@ -528,6 +538,18 @@ class Publisher:
 
         In a pipelined transaction the statements go in two waits: the lock with the latest version, then the
         tombstone row, its charge and its tasks."""
+        sent = self._send_delete(tx, tenant_id, document_id)
+        if isinstance(sent, DeleteResult):
+            return sent
+        rows = sent.tasks.fetchall()
+        if not rows:  # raised inside the transaction: the version row is rolled back with it
+            raise InvalidRequest(NO_ACTIVE_PROFILE)
+        return sent.result(rows)
+
+    def _send_delete(self, tx: Session, tenant_id: str, document_id: str) -> DeleteResult | _SentDelete:
+        """A delete's statements: the lock with the latest version (one wait), then, sent without waiting, the
+        tombstone row and its charge (unless the latest version is already one) and its tasks; ``not_found``
+        when the document was never published."""
         key = {"tenant_id": tenant_id, "document_id": document_id}
         locked = tx.submit("document_lock_existing", key)
         latest = tx.fetch_one("document_version_latest", key)  # read after the lock: waits for it too
@@ -545,14 +567,9 @@ class Publisher:
             version = row["version"]
             # Counted like any version (a row, tasks, a partition key), never refused: a delete is always possible.
             tx.submit("tenant_storage_charge", {"tenant_id": tenant_id, "byte_size": 0})
-        tasks = self._ensure_tasks(tx, key, version)
-        primary = next((t for t in tasks if t["is_active"]), tasks[0])
-        return DeleteResult(
-            tenant_id, document_id, "deleted" if latest["kind"] != TOMBSTONE else "already_deleted",
-            version=version, task_id=primary["task_id"], status=primary["status"], profile=primary["profile"],
-            created=bool(primary["created"]), requeued=bool(primary["requeued"]),
-            tasks=[{"task_id": t["task_id"], "profile": t["profile"], "status": t["status"]} for t in tasks],
-        )
+        tasks = tx.submit("index_task_ensure", {**key, "version": version, "max_attempts": self.max_attempts})
+        return _SentDelete(tenant_id, document_id, "deleted" if latest["kind"] != TOMBSTONE else "already_deleted",
+                           version, tasks)
 
     @staticmethod
     def _is_repeat(latest: Mapping[str, Any] | None, item: _Item) -> bool:
@@ -571,12 +588,27 @@ class Publisher:
                 "metadata": json.dumps(dict(metadata), ensure_ascii=False), "allow_principals": allow,
                 "partition_key": version_partition_key(key["tenant_id"], key["document_id"], version)}
 
-    def _ensure_tasks(self, tx: Session, key: dict[str, str], version: int) -> list[dict[str, Any]]:
-        """The version's task per target profile (the active one and any being built), created or existing."""
-        tasks = tx.fetch_all("index_task_ensure", {**key, "version": version, "max_attempts": self.max_attempts})
-        if not tasks:  # raised inside the transaction: the version row is rolled back with it
-            raise InvalidRequest(NO_ACTIVE_PROFILE)
-        return tasks
+
+
+@dataclass(frozen=True)
+class _SentDelete:
+    """A delete whose tasks (``index_task_ensure``'s cursor) are still on their way."""
+
+    tenant_id: str
+    document_id: str
+    outcome: str
+    version: int
+    tasks: Any
+
+    def result(self, tasks: list[dict[str, Any]]) -> DeleteResult:
+        """The DeleteResult, from the version's task rows (one per target profile; the active one's first)."""
+        primary = next((t for t in tasks if t["is_active"]), tasks[0])
+        return DeleteResult(
+            self.tenant_id, self.document_id, self.outcome, version=self.version, task_id=primary["task_id"],
+            status=primary["status"], profile=primary["profile"], created=bool(primary["created"]),
+            requeued=bool(primary["requeued"]),
+            tasks=[{"task_id": t["task_id"], "profile": t["profile"], "status": t["status"]} for t in tasks],
+        )
 
 
 __all__ = ["BATCH_BYTES", "BATCH_DOCUMENTS", "TOMBSTONE", "batched", "DeleteResult", "PublishRequest", "PublishResult", "Publisher", "content_hash", "media_type_for", "safe_filename"]

@@ -1,4 +1,4 @@
-"""Integration fixtures: a publisher, a task factory, a pinnable clock and task-queue factories."""
+"""Integration fixtures: a publisher, a task factory, a pinnable clock, task-queue factories and a wait counter."""
 
 from __future__ import annotations
 
@@ -26,6 +26,24 @@ class PinnedClock:
     def advance(self, seconds: float) -> datetime:
         self.now += timedelta(seconds=seconds)
         return self.now
+
+
+@pytest.fixture
+def pipeline_waits(monkeypatch) -> list[int]:
+    """Counts the waits of pipelined transactions from the test's start: each time psycopg waits for results
+    (``BasePipeline._fetch_gen``, its one fetch path in pipeline mode, COMMIT's wait at the end included). Over a
+    link one round trip long each is a round trip, whatever the machine's load; ``count[0]`` is the total."""
+    from psycopg import _pipeline
+
+    count = [0]
+    real = _pipeline.BasePipeline._fetch_gen
+
+    def counted(self, *args, **kwargs):
+        count[0] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(_pipeline.BasePipeline, "_fetch_gen", counted)
+    return count
 
 
 @pytest.fixture

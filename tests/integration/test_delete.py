@@ -279,6 +279,42 @@ def test_a_model_migration_carries_deletes_and_rollback_keeps_them_deleted(db, d
     assert verify(db).ok
 
 
+def test_a_delete_waits_twice_and_reads_its_tasks_with_the_commit(db, db_url, kb, pipeline_waits):
+    """A delete's transaction waits for the lock with the latest version, then for COMMIT, which brings its tasks
+    (3 waits while it read them before COMMIT); an already deleted document and one never published wait as long."""
+    kb["publisher"].publish("acme", "refunds", b"Refunds are paid within 30 days.", "refunds.txt")
+    before = pipeline_waits[0]
+    deleted = kb["publisher"].delete("acme", "refunds")
+    assert (deleted.outcome, deleted.version, deleted.status, deleted.created) == ("deleted", 2, "PENDING", True)
+    assert [t["profile"] for t in deleted.tasks] == ["minilm-v1"] and deleted.task_id == deleted.tasks[0]["task_id"]
+    assert pipeline_waits[0] - before == 2
+    before = pipeline_waits[0]
+    again = kb["publisher"].delete("acme", "refunds")
+    assert (again.outcome, again.version, again.task_id) == ("already_deleted", 2, deleted.task_id)
+    assert pipeline_waits[0] - before == 2
+    before = pipeline_waits[0]
+    assert kb["publisher"].delete("acme", "never").outcome == "not_found"
+    assert pipeline_waits[0] - before == 2
+
+
+def test_a_delete_with_no_profile_to_index_it_is_refused_by_the_server_and_commits_nothing(db, db_url, kb):
+    """As a publish (``publish_refusals``, sent with COMMIT): no tombstone, task or charge commits."""
+    from pipelines.domain.errors import InvalidRequest
+    from resources.publisher import NO_ACTIVE_PROFILE
+
+    kb["publisher"].publish("acme", "refunds", b"Refunds are paid within 30 days.", "refunds.txt")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE index_profile SET is_active = false")
+    with pytest.raises(InvalidRequest) as caught:
+        kb["publisher"].delete("acme", "refunds")
+    assert caught.value.message == NO_ACTIVE_PROFILE
+    assert rows(db_url, "SELECT (SELECT count(*) FROM document_version), (SELECT count(*) FROM index_task), "
+                        "(SELECT live_versions FROM tenant_storage)") == [(1, 1, 1)]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE index_profile SET is_active = true WHERE name = 'minilm-v1'")
+    assert kb["publisher"].delete("acme", "refunds").outcome == "deleted"
+
+
 def test_a_delete_over_a_slow_link_waits_three_times_and_its_fast_publish_a_few_more(db, db_url, kb, tmp_path):
     """bench/relay.py at 10 ms each way: a delete's transaction is pipelined (BEGIN, the lock and the latest
     version; the tombstone, its charge and its tasks; COMMIT), so it costs ~3.5 round trips (8.8 when each statement

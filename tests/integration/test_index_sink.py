@@ -116,25 +116,8 @@ def test_the_fence_reads_the_tasks_profiles_in_its_own_wait(db_url, sink, queue,
     assert "index_profile_get" not in sent, sent
 
 
-def fetch_waits(monkeypatch) -> list[int]:
-    """Counts the waits of pipelined transactions from now on: each time psycopg waits for results
-    (``BasePipeline._fetch_gen``, its one fetch path in pipeline mode, COMMIT's wait at the end included). Over a
-    link one round trip long each is a round trip, whatever the machine's load."""
-    from psycopg import _pipeline
-
-    count = [0]
-    real = _pipeline.BasePipeline._fetch_gen
-
-    def counted(self, *args, **kwargs):
-        count[0] += 1
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(_pipeline.BasePipeline, "_fetch_gen", counted)
-    return count
-
-
 @pytest.mark.parametrize("batch", [1, 3])
-def test_the_fenced_publish_waits_once_before_commit(db_url, sink, queue, publish_task, monkeypatch, batch):
+def test_the_fenced_publish_waits_once_before_commit(db_url, sink, queue, publish_task, pipeline_waits, batch):
     """The fence, the tasks' profiles and the pointer move are read in one wait; the writes, the server-side count
     and completion checks and the completion wait for nothing but COMMIT: two waits in all (5 before issue #32's
     slow-link work, 3 while the checks were read here). A batch waits as a single version does."""
@@ -142,14 +125,14 @@ def test_the_fenced_publish_waits_once_before_commit(db_url, sink, queue, publis
         publish_task(document=f"doc-{i}")
     tasks = queue.claim("w1", limit=batch)
     items = [item_of(t, TEXTS[:3]) for t in tasks]
-    waits = fetch_waits(monkeypatch)
+    before = pipeline_waits[0]
     if batch == 1:
         outcome = sink.publish(items[0].lease, items[0].chunks, items[0].vectors, work=items[0].work)
         assert outcome.chunk_count == 3
     else:
         assert sink._batches(items) == [list(range(batch))]
         assert [r.chunk_count for r in sink.publish_many(items)] == [3] * batch
-    assert waits[0] == 2
+    assert pipeline_waits[0] - before == 2
     assert all(queue.get(t.lease.task_id)["status"] == "SUCCEEDED" for t in tasks)
 
 

@@ -174,7 +174,7 @@ def lexical_search(tx: Session, weights: Mapping[str, Any], params: LexicalParam
     filters, or when an allow list leaves its probes short, ``lexical_hits_all_pointers`` reads the tenant's
     pointers in scope instead (same answer): under a filter keeping 10% of a 10k-pointer tenant
     (bench.scale.search's 300k-chunk database), probing first cost p95 93 ms against 35 ms."""
-    return send_lexical_search(tx, weights, params, **where)()
+    return send_lexical_search(tx, weights, params, **where)() or []
 
 
 def send_lexical_search(
@@ -187,21 +187,27 @@ def send_lexical_search(
     k: int,
     read: Mapping[str, Any],
     query_vector: Any | None = None,
-) -> Callable[[], list[dict[str, Any]]]:
+    exhaustive: bool = False,
+    settle: bool = True,
+) -> Callable[[], list[dict[str, Any]] | None]:
     """``lexical_search`` in two halves: send its statement now (``Session.submit``), read its rows when the
     returned function is called. In a pipelined search another statement sent between the two (hybrid's dense
-    side) shares the wait: one round trip for both over a slow link, not two."""
+    side) shares the wait: one round trip for both over a slow link, not two.
+
+    ``settle``: the function is called inside the transaction and reads the tenant's pointers itself when the
+    probes came back short; otherwise it may be called after COMMIT and returns None then. ``exhaustive``: read
+    the pointers at once (``lexical_hits_all_pointers``, the same answer)."""
     query = hits_query(weights, params, tenant_id=tenant_id, profile=profile, k=k, read=read,
                        query_vector=query_vector, max_probes=max_pointer_probes(k))
-    if read["filters"] != NO_FILTERS:  # a filter keeps a share of the tenant: its pointers are few
+    if exhaustive or read["filters"] != NO_FILTERS:  # a filter keeps a share of the tenant: its pointers are few
         return tx.submit("lexical_hits_all_pointers", query).fetchall
     sent = tx.submit("lexical_hits_pruned" if query["lazy_terms"] else "lexical_hits", query)
 
-    def rows() -> list[dict[str, Any]]:
+    def rows() -> list[dict[str, Any]] | None:
         walked = sent.fetchall()
         hits = [r for r in walked if r["chunk_id"] is not None]
         if len(hits) < k and walked[0]["walked"] >= query["max_probes"]:
-            return tx.fetch_all("lexical_hits_all_pointers", query)
+            return tx.fetch_all("lexical_hits_all_pointers", query) if settle else None
         return hits
 
     return rows
@@ -238,9 +244,18 @@ def lexical_scores(
     profile: str, read: Mapping[str, Any],
 ) -> dict[str, float]:
     """BM25 of the given current chunks in the reader's scope (absent: no query term in it, or out of scope)."""
+    return send_lexical_scores(tx, weights, params, chunk_ids, tenant_id=tenant_id, profile=profile, read=read)()
+
+
+def send_lexical_scores(
+    tx: Session, weights: Mapping[str, Any], params: LexicalParams, chunk_ids: Sequence[str], *, tenant_id: str,
+    profile: str, read: Mapping[str, Any],
+) -> Callable[[], dict[str, float]]:
+    """``lexical_scores`` sent now, read when the returned function is called (in a pipelined search, after COMMIT:
+    the rows come back with it)."""
     if not chunk_ids:
-        return {}
-    rows = tx.fetch_all(
+        return dict
+    sent = tx.submit(
         "lexical_scores_of",
         {
             **read,
@@ -252,7 +267,7 @@ def lexical_scores(
             "profile": profile,
         },
     )
-    return {r["chunk_id"]: float(r["bm25"]) for r in rows}
+    return lambda: {r["chunk_id"]: float(r["bm25"]) for r in sent.fetchall()}
 
 
 def backfill_lexical_index(

@@ -30,6 +30,7 @@ import threading
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -41,7 +42,7 @@ from pipelines.domain.lexical import MODES, LexicalParams, check_params, fuse, f
 from pipelines.domain.metadata import NO_FILTERS, ReadScope
 from resources.database import Database, Session
 from resources.embedder import Embedder, ProfileEmbedders, checked_embed
-from resources.lexical import lexical_scores, lexical_search, query_weights, send_lexical_search
+from resources.lexical import query_weights, send_lexical_scores, send_lexical_search
 from resources.lexical import profile_analyzer
 
 MAX_K = 1000
@@ -261,8 +262,10 @@ def active_profile(db: Database) -> dict[str, Any]:
 def _search_under(
     db: Database, embedder: Embedder | ProfileEmbedders, profile: dict[str, Any], query: str, tenant_id: str, k: int,
     mode: str | None, max_scan_tuples: int, read: ReadScope | None, fusion: str | None, reranker: Any,
+    exhaustive: bool = False,
 ) -> tuple[SearchHits, dict[str, Any] | None]:
-    """``search`` under ``profile``, and the profile active at the search's snapshot (None: none is)."""
+    """``search`` under ``profile``, and the profile active at the search's snapshot (None: none is).
+    ``exhaustive``: dense and lexical run their exhaustive statement (their last one came back short)."""
     params = LexicalParams.of(profile)
     if fusion is not None:
         try:
@@ -286,28 +289,42 @@ def _search_under(
     visible = (read or ReadScope()).params()
     visible_key = scope_key(db, scope, visible) if visible["filters"] != NO_FILTERS else None
     analyze = profile_analyzer(profile) if mode != "dense" else None  # the analysis its lexical rows were made with
-    # Pipelined: BEGIN, the snapshot and the settings wait for nothing; the first fetch waits for them all.
-    with db.transaction(pipelined=True) as tx:
-        tx.submit("search_snapshot")
-        # Before any other statement of the transaction, so each is planned for its own parameters: without it
-        # lexical_stats_get ran psycopg's prepared generic plan 30 times in 35 (tests/integration/test_search_plan_cache.py).
-        depth = fetch if mode != "hybrid" else hybrid_depth(fetch)
-        tx.submit("search_settings", {"ef_search": ef_search_for(depth),
-                                      "max_scan_tuples": max(1, int(max_scan_tuples))})
-        active = tx.submit("index_profile_active")  # read with the first wait; compared by the caller
-        # Sent now, read by walk_preferred: it shares the lexical statistics' wait (hybrid), not a wait of its own.
-        sized = tx.submit("search_tenant_size", scope) if mode != "lexical" and visible["filters"] == NO_FILTERS \
-            else None
-        weights = query_weights(tx, analyze, query, **scope) if analyze is not None else None
-        if mode == "dense":
-            rows = _dense_rows(tx, vector, scope, visible, fetch, visible_key, sized)
-            scores = {r["chunk_id"]: 1.0 - float(r["distance"]) for r in rows}
-        elif mode == "lexical":
-            rows = lexical_search(tx, weights, params, k=fetch, read=visible, **scope) if weights else []
-            scores = {r["chunk_id"]: float(r["bm25"]) for r in rows}
-        else:
-            rows, scores = _hybrid_rows(tx, vector, weights, params, scope, visible, fetch, visible_key, sized)
-        active_now = active.fetchone()  # already here, unless nothing was fetched (a query with no known term)
+    # Pipelined: BEGIN, the snapshot and the settings wait for nothing; the first fetch waits for them all. Dense and
+    # lexical send their last statement and read it after COMMIT, which it comes back with: one wait less. Should it
+    # come back short (the graph walk, or the lexical probes under an allow list), the search runs once more, in a
+    # snapshot of its own, with the exhaustive statement, as the transaction would have run next.
+    for exhaustive in (False, True):
+        with db.transaction(pipelined=True) as tx:
+            tx.submit("search_snapshot")
+            # Before any other statement of the transaction, so each is planned for its own parameters: without it
+            # lexical_stats_get ran psycopg's prepared generic plan 30 times in 35
+            # (tests/integration/test_search_plan_cache.py).
+            depth = fetch if mode != "hybrid" else hybrid_depth(fetch)
+            tx.submit("search_settings", {"ef_search": ef_search_for(depth),
+                                          "max_scan_tuples": max(1, int(max_scan_tuples))})
+            active = tx.submit("index_profile_active")  # read with the first wait; compared by the caller
+            # Sent now, read by walk_preferred: it shares the lexical statistics' wait (hybrid), not a wait of its own.
+            sized = tx.submit("search_tenant_size", scope) \
+                if mode != "lexical" and visible["filters"] == NO_FILTERS and not exhaustive else None
+            weights = query_weights(tx, analyze, query, **scope) if analyze is not None else None
+            if mode == "dense":
+                read_rows = _exact_rows(tx, vector, scope, visible, fetch) if exhaustive else \
+                    _dense_rows(tx, vector, scope, visible, fetch, visible_key, sized, settle=False)
+            elif mode == "lexical":
+                read_rows = send_lexical_search(tx, weights, params, k=fetch, read=visible, exhaustive=exhaustive,
+                                                settle=False, **scope) if weights else list
+            else:
+                fuse_rows = _hybrid_rows(tx, vector, weights, params, scope, visible, fetch, visible_key, sized)
+        active_now = active.fetchone()  # with the COMMIT at the latest
+        if mode == "hybrid":
+            rows, scores = fuse_rows()  # the cross-scores came with the COMMIT
+            break
+        got = read_rows()
+        if got is not None:
+            rows = got
+            scores = {r["chunk_id"]: 1.0 - float(r["distance"]) if mode == "dense" else float(r["bm25"])
+                      for r in rows}
+            break
     hits = [
         SearchHit(
             document_id=r["document_id"],
@@ -356,23 +373,40 @@ def _rerank(reranker: Any, query: str, candidates: list[SearchHit], rest: list[S
 
 
 def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[str, Any], k: int,
-                visible_key: tuple[Any, ...] | None = None, sized: Any = None) -> list[dict[str, Any]]:
+                visible_key: tuple[Any, ...] | None = None, sized: Any = None, *,
+                settle: bool = True) -> Callable[[], list[dict[str, Any]] | None]:
     """The k nearest current chunks in scope: exhaustive over the scope when filters keep only a few documents,
     otherwise HNSW, iterative (exhaustive when the walk came back short). ``search_settings`` must have run in
     ``tx``. ``visible_key``: the filtered scope's key in WIDE_SCOPES (None: probe whatever was remembered).
-    ``sized``: the cursor of a ``search_tenant_size`` already sent (None: walk_preferred asks)."""
+    ``sized``: the cursor of a ``search_tenant_size`` already sent (None: walk_preferred asks).
+
+    The last statement is sent, not read: the returned function reads its rows. ``settle``: it is called inside
+    the transaction and runs the exhaustive search itself when the walk came back short; otherwise it may be
+    called after COMMIT (the rows came with it) and returns None when the walk came back short."""
     params = {"query": vector, "k": k, **scope, **visible}
     if visible["filters"] != NO_FILTERS and not (visible_key and WIDE_SCOPES.known(visible_key)):
-        rows = tx.fetch_all("search_hits_scoped", {**params, "max_scope_pointers": EXACT_SCOPE_POINTERS,
-                                                   "max_scope_chunks": EXACT_SCOPE_CHUNKS})
-        if rows and rows[0]["exact"]:
-            return [r for r in rows if r["chunk_id"] is not None]
+        scoped = tx.fetch_all("search_hits_scoped", {**params, "max_scope_pointers": EXACT_SCOPE_POINTERS,
+                                                     "max_scope_chunks": EXACT_SCOPE_CHUNKS})
+        if scoped and scoped[0]["exact"]:
+            return lambda: [r for r in scoped if r["chunk_id"] is not None]
         if visible_key:
             WIDE_SCOPES.remember(visible_key)
-    rows = walk_rows(tx, params, walk=visible["filters"] == NO_FILTERS and walk_preferred(tx, scope, sized))
-    if len(rows) < k:
-        rows = tx.fetch_all("search_hits_exact", params)
+    walked = send_walk(tx, params, walk=visible["filters"] == NO_FILTERS and walk_preferred(tx, scope, sized))
+
+    def rows() -> list[dict[str, Any]] | None:
+        got = walked.fetchall()
+        if len(got) >= k:
+            return got
+        return tx.fetch_all("search_hits_exact", params) if settle else None
+
     return rows
+
+
+def _exact_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[str, Any],
+                k: int) -> Callable[[], list[dict[str, Any]]]:
+    """The exhaustive search ``_dense_rows`` falls back to, sent on its own (a search whose walk came back short
+    after COMMIT runs again with it); the returned function reads its rows."""
+    return tx.submit("search_hits_exact", {"query": vector, "k": k, **scope, **visible}).fetchall
 
 
 def walk_preferred(tx: Session, scope: dict[str, Any], sized: Any = None) -> bool:
@@ -385,12 +419,17 @@ def walk_preferred(tx: Session, scope: dict[str, Any], sized: Any = None) -> boo
 
 def walk_rows(tx: Session, params: dict[str, Any], *, walk: bool) -> list[dict[str, Any]]:
     """``search_hits``: the planner's plan, or (``walk``) with sorts forbidden for it alone, so it walks the graph."""
+    return send_walk(tx, params, walk=walk).fetchall()
+
+
+def send_walk(tx: Session, params: dict[str, Any], *, walk: bool) -> Any:
+    """``walk_rows`` sent without reading it: its cursor (sorts allowed again behind it, in the same wait)."""
     if not walk:
-        return tx.fetch_all("search_hits", params)
-    tx.submit("search_sort_enabled", {"enable_sort": "off"})  # waited for with search_hits, in a pipelined search
-    rows = tx.fetch_all("search_hits", params)
+        return tx.submit("search_hits", params)
+    tx.submit("search_sort_enabled", {"enable_sort": "off"})
+    sent = tx.submit("search_hits", params)
     tx.submit("search_sort_enabled", {"enable_sort": "on"})
-    return rows
+    return sent
 
 
 def hybrid_depth(k: int) -> int:
@@ -403,26 +442,31 @@ def hybrid_depth(k: int) -> int:
 def _hybrid_rows(
     tx: Session, vector: Any, weights: dict[str, Any] | None, params: LexicalParams, scope: dict[str, Any],
     visible: dict[str, Any], k: int, visible_key: tuple[Any, ...] | None = None, sized: Any = None,
-) -> tuple[list[dict[str, Any]], dict[str, float]]:
+) -> Callable[[], tuple[list[dict[str, Any]], dict[str, float]]]:
     """Both sides' candidates fused by the profile's ``fusion``: the same scores the quality gate computes
     in memory. ``weighted``: each candidate scored by BOTH measures (the lexical rows carry their cosine,
     the dense ones get their BM25 by primary key). ``rrf``: each side's own ranking of its own candidates.
-    The lexical statement is sent before the dense side runs, so in a pipelined search both share one wait."""
+    The lexical statement is sent before the dense side runs, so in a pipelined search both share one wait; the
+    dense candidates' BM25 is sent, not read: the returned function reads it (after COMMIT, in a pipelined
+    search) and returns the fused rows and scores."""
     depth = hybrid_depth(k)
     lexical_rows = send_lexical_search(tx, weights, params, k=depth, read=visible, query_vector=vector,
                                        **scope) if weights else list
-    dense = _dense_rows(tx, vector, scope, visible, depth, visible_key, sized)
-    lexical = lexical_rows()
+    dense = _dense_rows(tx, vector, scope, visible, depth, visible_key, sized)() or []
+    lexical = lexical_rows() or []
     rows = {r["chunk_id"]: r for r in dense}
     rows.update({r["chunk_id"]: r for r in lexical if r["chunk_id"] not in rows})
     bm25 = {r["chunk_id"]: float(r["bm25"]) for r in lexical}
     if params.fusion == "rrf":  # ranks only: no cross-scoring query
         ranked = fuse_rrf({r["chunk_id"]: 1.0 - float(r["distance"]) for r in dense}, bm25, params.rrf_k,
                           params.lexical_weight)[:k]
-        return [rows[cid] for cid, _ in ranked], dict(ranked)
+        return lambda: ([rows[cid] for cid, _ in ranked], dict(ranked))
     cosines = {cid: 1.0 - float(r["distance"]) for cid, r in rows.items()}
-    if weights:
-        missing = [r["chunk_id"] for r in dense if r["chunk_id"] not in bm25]
-        bm25.update(lexical_scores(tx, weights, params, missing, read=visible, **scope))
-    fused = fuse(cosines, bm25, params.lexical_weight)[:k]
-    return [rows[cid] for cid, _ in fused], dict(fused)
+    missing = [r["chunk_id"] for r in dense if r["chunk_id"] not in bm25] if weights else []
+    cross = send_lexical_scores(tx, weights or {}, params, missing, read=visible, **scope)
+
+    def fused() -> tuple[list[dict[str, Any]], dict[str, float]]:
+        ranked = fuse(cosines, {**bm25, **cross()}, params.lexical_weight)[:k]
+        return [rows[cid] for cid, _ in ranked], dict(ranked)
+
+    return fused

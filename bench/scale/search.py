@@ -499,7 +499,7 @@ def product_mode_search(db: Database, mode: str, query: Query, tenant: str, para
             rows = lexical_search(tx, weights, params, k=K, read=read.params(), **scope) if weights else []
             scores = {r["chunk_id"]: float(r["bm25"]) for r in rows}
         else:
-            _, scores = _hybrid_rows(tx, query.vector, weights, params, scope, read.params(), K)
+            _, scores = _hybrid_rows(tx, query.vector, weights, params, scope, read.params(), K)()
     return sorted(scores, key=lambda cid: (-scores[cid], cid))[:K]
 
 

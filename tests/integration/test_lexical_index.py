@@ -449,5 +449,19 @@ def test_lexical_search_probes_the_best_chunks_first_and_reads_every_pointer_onl
     monkeypatch.setattr(lexical, "PROBES_PER_HIT", 2)
     names, hits = run(ReadScope(), 3)  # 6 probes: superseded and finance-only chunks use them up
     assert names == ["lexical_hits", "lexical_hits_all_pointers"] and len(hits) == 3
+    # The product's search reads lexical_hits with its COMMIT: come back short, it searches once more, in a
+    # snapshot of its own, with lexical_hits_all_pointers straight away, and answers the same.
+    from resources import database
+    from resources.embedder import FakeEmbedder
+    from resources.search import search
+
+    ran: list[str] = []
+    real_run = database.Session._run
+    monkeypatch.setattr(database.Session, "_run", lambda self, name, params=None: (
+        ran.append(name) if name.startswith("lexical_hits") else None) or real_run(self, name, params))
+    found = search(db, FakeEmbedder(model_name=profile["model"]), "refund policy grade days", tenant_id="acme",
+                   k=3, mode="lexical", read=ReadScope())
+    assert ran == ["lexical_hits", "lexical_hits_all_pointers"]
+    assert sorted(h.chunk_id for h in found) == sorted(hits)
     names, hits = run(ReadScope.of(see_all=True, filters=("dept=legal",)), 5)
     assert names == ["lexical_hits_all_pointers"] and len(hits) == 3

@@ -2,7 +2,7 @@
 
 One transaction publishes one version or a batch of them (``publish_many``: a run's versions, so a
 small document does not pay a dozen round trips and a commit of its own; issue #14). In it:
-  1. ``queue.lock_fenced``: lock the task rows (task-id order) and re-check each fence (owner, lease
+  1. ``queue.send_lock_fenced``: lock the task rows (task-id order) and re-check each fence (owner, lease
      attempt, unexpired); a version whose lease was lost or whose task was cancelled is left out with
      LeaseLost / TaskCancelled and nothing of it is written. Every chunk id is then re-derived from
      that row's version and profile: chunks made for another profile or version are refused, whatever

@@ -589,7 +589,6 @@ class Publisher:
                 "partition_key": version_partition_key(key["tenant_id"], key["document_id"], version)}
 
 
-
 @dataclass(frozen=True)
 class _SentDelete:
     """A delete whose tasks (``index_task_ensure``'s cursor) are still on their way."""

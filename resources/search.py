@@ -29,8 +29,8 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import asdict, dataclass, field
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
@@ -262,10 +262,8 @@ def active_profile(db: Database) -> dict[str, Any]:
 def _search_under(
     db: Database, embedder: Embedder | ProfileEmbedders, profile: dict[str, Any], query: str, tenant_id: str, k: int,
     mode: str | None, max_scan_tuples: int, read: ReadScope | None, fusion: str | None, reranker: Any,
-    exhaustive: bool = False,
 ) -> tuple[SearchHits, dict[str, Any] | None]:
-    """``search`` under ``profile``, and the profile active at the search's snapshot (None: none is).
-    ``exhaustive``: dense and lexical run their exhaustive statement (their last one came back short)."""
+    """``search`` under ``profile``, and the profile active at the search's snapshot (None: none is)."""
     params = LexicalParams.of(profile)
     if fusion is not None:
         try:
@@ -391,7 +389,10 @@ def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[s
             return lambda: [r for r in scoped if r["chunk_id"] is not None]
         if visible_key:
             WIDE_SCOPES.remember(visible_key)
-    walked = send_walk(tx, params, walk=visible["filters"] == NO_FILTERS and walk_preferred(tx, scope, sized))
+    size = tenant_size(tx, scope, sized) if visible["filters"] == NO_FILTERS else None
+    if size is not None and size.get("tenant_chunks") is not None and size["tenant_chunks"] < k:
+        return _exact_rows(tx, vector, scope, visible, k)  # fewer than k in all: a walk would come back short
+    walked = send_walk(tx, params, walk=size is not None and prefers_walk(size))
 
     def rows() -> list[dict[str, Any]] | None:
         got = walked.fetchall()
@@ -412,7 +413,16 @@ def _exact_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[s
 def walk_preferred(tx: Session, scope: dict[str, Any], sized: Any = None) -> bool:
     """Whether the tenant is big enough a share of the graph that walking it beats measuring it (WALK_MIN_SHARE).
     ``sized``: the cursor of a ``search_tenant_size`` already sent for ``scope`` (None: asked now)."""
-    size = (sized.fetchone() if sized is not None else tx.fetch_one("search_tenant_size", scope)) or {}
+    return prefers_walk(tenant_size(tx, scope, sized))
+
+
+def tenant_size(tx: Session, scope: dict[str, Any], sized: Any = None) -> dict[str, Any]:
+    """``search_tenant_size``'s row: read from ``sized`` (its cursor, already sent) or asked now."""
+    return (sized.fetchone() if sized is not None else tx.fetch_one("search_tenant_size", scope)) or {}
+
+
+def prefers_walk(size: dict[str, Any]) -> bool:
+    """``walk_preferred`` of a ``search_tenant_size`` row."""
     chunks, rows = size.get("tenant_chunks"), size.get("index_rows")
     return bool(chunks and rows and chunks >= WALK_MIN_CHUNKS and chunks >= WALK_MIN_SHARE * rows)
 

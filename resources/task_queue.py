@@ -351,6 +351,7 @@ class TaskQueue:
         return [lease for lease in leases if lease.task_id not in done]
 
     def _completion(self, leases: Sequence[Lease], chunk_counts: Sequence[int | None]) -> dict[str, Any]:
+        """``task_complete_many``'s parameters for ``leases`` (one owner)."""
         return {
             "owner": leases[0].owner,
             "task_ids": [lease.task_id for lease in leases],

@@ -16,10 +16,11 @@ database of the same PostgreSQL (same migrations, same indexes, HNSW included):
    spawned process per usable core, ``cores // workers`` threads each, texts dealt round-robin), the
    processes loaded and warmed before the clock;
 4. **write**: per transaction at most ``BATCH_VERSIONS`` versions and about ``WRITE_BATCH`` chunks, as the
-   sink batches them: ``search_pointer_advance`` (the pointer flips), ``chunk_upsert`` (the rows and their
+   sink batches them: ``search_pointer_advance`` (the pointer flips: the sink's ``search_pointer_advance_fenced``
+   without the fence, keys given), ``chunk_upsert`` (the rows and their
    HNSW insert, through ``IndexSink._write``: the very parameters the sink sends, vectors in binary),
    ``write_lexical`` (``lexical_posting_prune``, ``lexical_chunk_upsert``, ``lexical_posting_write``) and
-   ``lexical_stats_reconcile``. Left out, as queue/lease context or checks of a re-run: ``lock_fenced``,
+   ``lexical_stats_reconcile``. Left out, as queue/lease context or checks of a re-run: ``send_lock_fenced``,
    ``chunk_delete_stale`` (deletes nothing on a first write), ``index_rows_check`` (the count check)
    and ``complete_published`` (the task rows went in SUCCEEDED).
 

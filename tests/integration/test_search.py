@@ -104,6 +104,23 @@ def test_a_search_reads_its_last_statement_with_the_commit(db, fake, index, mode
     assert len(hits) == 10 and [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
 
 
+@pytest.mark.parametrize("mode, waits", [("dense", 2), ("hybrid", 3)])
+def test_a_tenant_with_fewer_chunks_than_asked_for_is_measured_at_once(db, fake, index, monkeypatch, mode, waits,
+                                                                     pipeline_waits):
+    """The tenant's size (read with the first statements) says a walk would come back short: search_hits_exact
+    runs straight away, with no walk before it and no second transaction after it (a hybrid asks for 50 a side)."""
+    index("acme", "policy", [f"policy clause {i} about refunds and shipping" for i in range(5)])
+    search(db, fake, "warm up", tenant_id="acme", k=10, mode=mode)
+    ran: list[str] = []
+    real_run = Session._run
+    monkeypatch.setattr(Session, "_run", lambda self, name, params=None: (
+        ran.append(name) if name.startswith("search_hits") else None) or real_run(self, name, params))
+    before = pipeline_waits[0]
+    hits = search(db, fake, "refunds shipping clause 3", tenant_id="acme", k=10, mode=mode)
+    assert pipeline_waits[0] - before == waits and ran == ["search_hits_exact"]
+    assert len(hits) == 5 and hits[0].text == "policy clause 3 about refunds and shipping"
+
+
 def test_hits_are_exactly_ordered_and_scored(db, fake, index):
     texts = [f"policy clause {i} about {'refunds ' * (i % 4)} shipping" for i in range(30)]
     index("acme", "policy", texts)

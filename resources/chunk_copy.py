@@ -7,12 +7,14 @@ the new version (invariant 5) and go through the same fenced publish as any chun
 and allow list reach the search pointer at the same instant as the chunks.
 
 ``FastPublish``: such versions, and tombstones, need no Dagster run at all. Right after a publish or a
-delete commits, the publishing process (the CLI or the API server) claims each of their tasks with the same
-claim a run uses (``claim_task``) and runs the same fenced publish (``IndexSink``) itself, so they are
-searchable, or gone, within milliseconds instead of a sensor tick plus a run start. Anything it does not
-finish is left to the pipeline: a task the sensor claimed first is the run's (which copies just the same,
-resources/indexing_run.py); a failure after the claim is recorded by the fenced fail with its code, and a
-retry goes through a run; a process that dies holding the lease leaves it to expire and be taken over.
+delete commits, the publishing process (the CLI or the API server) runs the same fenced publish a run does
+(``IndexSink``) itself, claiming each task inside it with the same claim a run's uses (sent just before the
+fence, which holds on the attempt that claim grants: index_task_ensure's attempts + 1), so they are searchable,
+or gone, within milliseconds instead of a sensor tick plus a run start, and the claim costs no round trip of its
+own. Anything it does not finish is left to the pipeline: a task the sensor claimed first is the run's (which
+copies just the same, resources/indexing_run.py); a failure that rolls the transaction back takes the claim with
+it (the task waits for a run as it was); a version refused after the claim committed is recorded by the fenced
+fail with its code, and a retry goes through a run.
 ``KBINDEX_FAST_PUBLISH=0`` turns the fast path off (everything then goes through runs).
 """
 
@@ -133,7 +135,8 @@ class FastPublish:
                            *, tombstone: bool) -> list[FastOutcome]:
         """``after_publish`` for a batch's versions (document id, version, tasks): one copy-source lookup for all."""
         keys = [{"task_id": t["task_id"], "tenant_id": tenant_id, "document_id": document_id,
-                 "profile": t["profile"], "version_number": version, "dimension": t.get("dimension")}
+                 "profile": t["profile"], "version_number": version, "dimension": t.get("dimension"),
+                 "attempts": t["attempts"]}
                 for document_id, version, tasks in versions for t in tasks if t.get("status") == "PENDING"]
         if not keys:
             return []
@@ -147,12 +150,11 @@ class FastPublish:
         return out
 
     def _publish_one(self, key: dict[str, Any], copy_from: int | None) -> FastOutcome:
-        from resources.index_sink import IndexSink
+        from resources.index_sink import ClaimMissed, IndexSink
 
-        claimed = self.queue.claim_task(key["task_id"], self.owner)
-        if claimed is None:  # the sensor (or another publisher) has it: the run does the same
-            return FastOutcome(key["task_id"], "left")
-        lease = claimed.lease
+        # Claimed in the publish transaction itself, fenced on the attempt the claim grants (its attempts + 1, as
+        # index_task_ensure returned them): no round trip of its own.
+        lease = self.queue.lease_to_claim(key["task_id"], key["attempts"], self.owner)
         try:
             if copy_from is None:  # a tombstone: no chunk, so no vector whose width anything reads
                 chunks: list[CopiedChunk] = []
@@ -166,7 +168,9 @@ class FastPublish:
                     raise IndexWriteFailed(f"the chunks of version {copy_from} to copy are gone; a run will parse "
                                            "this version")
                 chunks, vectors = copied.chunks, copied.vectors
-            result = IndexSink(self.db, self.queue).publish(lease, chunks, vectors)
+            result = IndexSink(self.db, self.queue).publish(lease, chunks, vectors, claim=True)
+        except ClaimMissed:  # the sensor (or another publisher) has it, or had it: the run does the same
+            return FastOutcome(key["task_id"], "left")
         except KbindexError as exc:
             return self._failed(lease, exc)
         except Exception as exc:  # noqa: BLE001 - classified and recorded like a run's failure
@@ -174,7 +178,8 @@ class FastPublish:
         return FastOutcome(key["task_id"], "superseded" if result.superseded else "published")
 
     def _failed(self, lease: Any, exc: KbindexError) -> FastOutcome:
-        """Record the failure by the fenced fail (a lost lease records nothing, as in a run)."""
+        """Record the failure by the fenced fail (a lost lease records nothing, as in a run; neither does a claim
+        rolled back with its transaction: the task is still PENDING)."""
         if not isinstance(exc, FenceRejected):
             try:
                 self.queue.fail(lease, exc.code, exc.message)

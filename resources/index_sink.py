@@ -6,7 +6,8 @@ small document does not pay a dozen round trips and a commit of its own; issue #
      attempt, unexpired); a version whose lease was lost or whose task was cancelled is left out with
      LeaseLost / TaskCancelled and nothing of it is written. Every chunk id is then re-derived from
      that row's version and profile: chunks made for another profile or version are refused, whatever
-     the caller passed.
+     the caller passed. The fast path (resources/chunk_copy.py) sends its claim of the task just before, in
+     the same transaction, fenced on the attempt that claim grants (``publish(claim=True)``).
   2. ``search_pointer_advance_fenced``: move each pointer forward only (key order, so concurrent publishes
      lock pointer rows in one order), the version read from the task row where the fence holds; sent with
      the lock, so both wait once (a version step 1's checks refuse sends the transaction again without it).
@@ -114,6 +115,17 @@ class PublishItem:
     chunks: Sequence[ChunkLike]
     vectors: np.ndarray
     work: Any | None = None
+    claim: bool = False
+    """Claim the task in the same transaction first (``lease`` is the lease that claim grants)."""
+
+
+class ClaimMissed(Exception):
+    """A publish that was to claim its task first did not get the lease it expected (the task was not claimable, or
+    another claim moved its attempt): the transaction rolled back, nothing changed."""
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(f"task {task_id} was not claimable as expected: left to the pipeline")
+        self.task_id = task_id
 
 
 class _Refused(Exception):
@@ -142,7 +154,8 @@ class IndexSink:
         self.batch_versions = batch_versions
 
     def publish(
-        self, lease: Lease, chunks: Sequence[ChunkLike], vectors: np.ndarray, *, work: Any | None = None
+        self, lease: Lease, chunks: Sequence[ChunkLike], vectors: np.ndarray, *, work: Any | None = None,
+        claim: bool = False,
     ) -> PublishOutcome:
         """Commit ``chunks`` with their ``vectors`` for the leased task, move the pointer, mark SUCCEEDED.
 
@@ -151,8 +164,13 @@ class IndexSink:
         TaskWork) is cross-checked against that row and the profile. Raises LeaseLost / TaskCancelled
         (nothing written), EmbeddingInvalidResponse if the vectors do not fit the profile, IndexWriteFailed
         on database trouble (nothing written).
+
+        ``claim``: the transaction first claims the task for ``lease.owner``, sent with the fence and waiting with
+        it (the fast path: one round trip fewer than a claim of its own); ``lease`` is the lease that claim grants
+        (``TaskQueue.lease_to_claim``). If it grants none or another, ClaimMissed (rolled back: the task is as it
+        was, for the pipeline). Any other failure rolls the claim back with the rest.
         """
-        (result,) = self._transaction([PublishItem(lease, chunks, vectors, work)])
+        (result,) = self._transaction([PublishItem(lease, chunks, vectors, work, claim)])
         if isinstance(result, Exception):
             raise result
         return result
@@ -236,6 +254,9 @@ class IndexSink:
             if not pending:
                 return out  # type: ignore[return-value]
             leases = [items[i].lease for i in pending]
+            for i in pending:
+                if items[i].claim:  # the claim first: the fence below then holds on the lease it grants
+                    self.queue.send_claim_ahead(tx, items[i].lease)
             sent = tx.submit("index_profile_of_tasks", {"task_ids": [lease.task_id for lease in leases]})
             lock, fence = self.queue.send_lock_fenced(tx, leases)
             advanced = tx.submit("search_pointer_advance_fenced",
@@ -243,6 +264,9 @@ class IndexSink:
             locked, refused = self.queue.read_lock_fenced(tx, leases, lock)  # waits for all three
             moved = {r["task_id"] for r in advanced.fetchall()}
             lost = {lease.task_id: exc for lease, exc in refused}
+            missed = [items[i].lease.task_id for i in pending if items[i].claim and items[i].lease.task_id in lost]
+            if missed:  # its claim may have granted another attempt: roll that back too
+                raise ClaimMissed(missed[0])
             keys: dict[int, dict[str, Any]] = {}
             profiles: dict[str, dict[str, Any] | None] = {row["name"]: row for row in sent.fetchall()}
             spoiled: dict[int, KbindexError] = {}

@@ -515,10 +515,13 @@ class Publisher:
             if refusal is None:
                 raise
             raise refusal from exc
-        result = sent if isinstance(sent, DeleteResult) else sent.result(sent.tasks.fetchall())  # with the COMMIT
+        if isinstance(sent, DeleteResult):
+            return sent
+        rows = sent.tasks.fetchall()  # arrived with the COMMIT
+        result = sent.result(rows)
         if result.outcome != "deleted" or self.fast is None:
             return result
-        tasks = self._fast_publish(tenant_id, document_id, result.version, result.tasks, tombstone=True)
+        tasks = self._fast_publish(tenant_id, document_id, result.version, rows, tombstone=True)  # with attempts
         primary = next((t for t in tasks if t["task_id"] == result.task_id), tasks[0])
         return replace(result, status=primary["status"], tasks=[
             {"task_id": t["task_id"], "profile": t["profile"], "status": t["status"]} for t in tasks])

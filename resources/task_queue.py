@@ -42,7 +42,8 @@ class Lease:
     task_id: int
     attempt: int
     owner: str
-    lease_until: datetime
+    lease_until: datetime | None
+    """None only for a lease to be granted by a claim in the same transaction (``lease_to_claim``)."""
 
 
 @dataclass(frozen=True)
@@ -174,25 +175,40 @@ class TaskQueue:
         claimed = self._claim("task", owner, 1, task_id=task_id)
         return claimed[0] if claimed else None
 
+    def send_claim_ahead(self, session: Session, lease: Lease) -> None:
+        """Claim ``lease``'s task for its owner inside the caller's (pipelined) transaction, sent without waiting:
+        the lease is the one that claim grants (``lease_to_claim``), so statements fenced on it can go right behind
+        (the fast path's fenced publish). If the task was not claimable, or another claim moved its attempts, their
+        fence refuses it and the caller rolls back."""
+        session.submit("task_claim", self._claim_params("task", lease.owner, 1, reserve=False, task_id=lease.task_id))
+
+    @staticmethod
+    def lease_to_claim(task_id: int, attempts: int, owner: str) -> Lease:
+        """The lease a claim of a task with ``attempts`` grants ``owner`` (the attempt is the fencing token; the
+        claim adds one). ``lease_until`` is unknown until it is granted: no fence reads it."""
+        return Lease(task_id, attempts + 1, owner, None)
+
+    def _claim_params(self, source: str, owner: str, limit: int, *, reserve: bool,
+                      task_id: int | None) -> dict[str, Any]:
+        return {
+            "source": source,
+            "task_id": task_id,
+            "owner": owner,
+            "limit": limit,
+            "reserve": reserve,
+            "lease_seconds": self.reservation_seconds if reserve else self.lease_seconds,
+            "giveback_limit": self.giveback_limit,
+            "never_started_message": NEVER_STARTED_MESSAGE,
+            "now": self.clock(),
+        }
+
     def _claim(self, source: str, owner: str, limit: int, *, reserve: bool = False, task_id: int | None = None,
                session: Session | None = None) -> list[ClaimedTask]:
         if limit < 1:
             return []
         with self._session(session) as s:
-            rows = s.fetch_all(
-                "task_claim",
-                {
-                    "source": source,
-                    "task_id": task_id,
-                    "owner": owner,
-                    "limit": limit,
-                    "reserve": reserve,
-                    "lease_seconds": self.reservation_seconds if reserve else self.lease_seconds,
-                    "giveback_limit": self.giveback_limit,
-                    "never_started_message": NEVER_STARTED_MESSAGE,
-                    "now": self.clock(),
-                },
-            )
+            rows = s.fetch_all("task_claim", self._claim_params(source, owner, limit, reserve=reserve,
+                                                                task_id=task_id))
         return [
             ClaimedTask(
                 lease=Lease(r["task_id"], r["attempts"], r["lease_owner"], r["lease_until"]),

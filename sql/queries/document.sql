@@ -56,7 +56,8 @@ FOR UPDATE;
 -- the business key; new tasks get their PENDING event in the same statement (the event trigger NOTIFYs).
 -- An existing CANCELLED task is re-queued (the owner asked again, DESIGN.md): same row, attempts kept,
 -- %(max_attempts)s more granted, CANCELLED -> PENDING event. Other existing tasks are returned unchanged. Each row carries
--- its profile's dimension (the fast path's empty or copied vectors need it: no lookup of its own).
+-- its profile's dimension (the fast path's empty or copied vectors need it: no lookup of its own) and its attempts
+-- (the fast path claims the task in its publish transaction, fenced on the attempt that claim grants: attempts + 1).
 WITH targets AS (
     SELECT name FROM index_profile WHERE is_active OR building
 ),
@@ -92,12 +93,13 @@ requeued_event AS (
     SELECT task_id, attempts, 'CANCELLED', 'PENDING', 'published again'
     FROM requeued
 )
-SELECT i.task_id, i.profile, i.status, true AS created, false AS requeued, p.is_active, p.dimension
+SELECT i.task_id, i.profile, i.status, 0 AS attempts, true AS created, false AS requeued, p.is_active, p.dimension
 FROM inserted i JOIN index_profile p ON p.name = i.profile
 UNION ALL
 -- Rows inserted or updated above are invisible to this part of the same statement (it reads the
 -- statement's snapshot): these are the existing tasks, with the status a re-queue gave them.
-SELECT t.task_id, t.profile, coalesce(r.status, t.status), false AS created, r.task_id IS NOT NULL AS requeued,
+SELECT t.task_id, t.profile, coalesce(r.status, t.status), t.attempts, false AS created,
+       r.task_id IS NOT NULL AS requeued,
        p.is_active, p.dimension
 FROM index_task t
 JOIN targets ON targets.name = t.profile

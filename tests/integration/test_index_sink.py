@@ -483,3 +483,62 @@ def test_batched_and_one_by_one_publishes_leave_the_same_index(db, db_url, queue
     assert stats["batch"] == stats["single"] and len(stats["batch"]) > 10
     assert chunk_texts["batch"] == chunk_texts["single"]
     assert_index_consistent(db)
+
+
+def test_a_publish_that_claims_its_task_first_holds_the_lease_the_claim_grants(db_url, sink, queue, publish_task,
+                                                                                  pipeline_waits):
+    """``claim=True`` (the fast path): the claim goes in the publish transaction, before the fence, and waits with it;
+    the fence holds on the attempt that claim grants (attempts + 1), so the version publishes in the same two waits
+    as a lease claimed beforehand, with the claim's event and the success under one attempt."""
+    from resources.task_queue import TaskQueue
+
+    task_id = publish_task(document="policy").task_id
+    chunks = make_chunks("acme", "policy", 1, TEXTS[:3])
+    before = pipeline_waits[0]
+    outcome = sink.publish(TaskQueue.lease_to_claim(task_id, 0, "fast-1"), chunks, embed(chunks), claim=True)
+    assert (outcome.chunk_count, outcome.superseded, pipeline_waits[0] - before) == (3, False, 2)
+    task = queue.get(task_id)
+    assert (task["status"], task["attempts"], pointer(db_url, "policy")) == ("SUCCEEDED", 1, (1, task_id, 3))
+    with psycopg.connect(db_url) as conn:
+        events = conn.execute("SELECT attempt, from_status, to_status, lease_owner FROM task_event "
+                              "WHERE task_id = %s AND kind = 'transition' ORDER BY event_id", [task_id]).fetchall()
+    assert events[-2:] == [(1, "PENDING", "RUNNING", "fast-1"), (1, "RUNNING", "SUCCEEDED", "fast-1")]
+
+
+def test_a_claim_that_grants_another_attempt_is_rolled_back_with_its_publish(db_url, sink, queue, publish_task):
+    """The task was claimed and failed back to RETRY_WAIT after its attempts were read: the claim in the publish
+    transaction grants attempt 2, the fence expects 1, so ClaimMissed and nothing commits, the claim included (the
+    task is still RETRY_WAIT under attempt 1, due for the pipeline). A task another worker holds is missed alike."""
+    from resources.index_sink import ClaimMissed
+    from resources.task_queue import TaskQueue
+
+    task_id = publish_task(document="policy").task_id
+    queue.fail(claim_one(queue, "w1").lease, "INDEX_WRITE_FAILED", "a write failed")
+    chunks = make_chunks("acme", "policy", 1, TEXTS[:3])
+    with pytest.raises(ClaimMissed):
+        sink.publish(TaskQueue.lease_to_claim(task_id, 0, "fast-1"), chunks, embed(chunks), claim=True)
+    task = queue.get(task_id)
+    assert (task["status"], task["attempts"], task["lease_owner"]) == ("RETRY_WAIT", 1, None)
+    assert rows(db_url) == [] and pointer(db_url, "policy") is None
+
+    held = queue.claim_task(task_id, "w2").lease  # the same task, now RUNNING for w2 under attempt 2
+    with pytest.raises(ClaimMissed):
+        sink.publish(TaskQueue.lease_to_claim(task_id, 1, "fast-1"), chunks, embed(chunks), claim=True)
+    task = queue.get(task_id)
+    assert (task["status"], task["attempts"], task["lease_owner"]) == ("RUNNING", 2, "w2") and held.attempt == 2
+    assert rows(db_url) == [] and pointer(db_url, "policy") is None
+
+
+def test_a_version_refused_after_its_claim_leaves_the_task_unclaimed(db_url, sink, queue, publish_task):
+    """Chunks made for another version, with ``claim=True``: the checks refuse them after the pointer moved, the
+    transaction is sent again without the version, and its claim went with the first: the task is PENDING,
+    unattempted, for a run."""
+    task_id = publish_task(document="policy").task_id
+    from resources.task_queue import TaskQueue
+
+    chunks = make_chunks("acme", "policy", 7, TEXTS[:3])
+    with pytest.raises(InternalError):
+        sink.publish(TaskQueue.lease_to_claim(task_id, 0, "fast-1"), chunks, embed(chunks), claim=True)
+    task = queue.get(task_id)
+    assert (task["status"], task["attempts"]) == ("PENDING", 0)
+    assert rows(db_url) == [] and pointer(db_url, "policy") is None

@@ -29,6 +29,7 @@ import os
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -250,6 +251,49 @@ class ActiveProfiles:
 ACTIVE_PROFILES = ActiveProfiles()
 
 
+class TenantSizes:
+    """Each tenant's ``search_tenant_size`` row as this process last read it, per Database object (at most ``size``
+    tenants each, the least recently read going first; thread-safe). A dense search chooses its plan from it and
+    reads the size again with COMMIT, for the next search, so the size costs no wait of its own: one of the ~2.2 a
+    dense search paid over a slow link (``python -m bench.search_link``). The size only chooses a plan, never the
+    answer: a remembered size too small runs the exhaustive statement, which is exact anyway; one too big walks the
+    graph, and a walk that comes back short runs the exhaustive statement again (``_search_under``)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._by_db: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[str, str], dict[str, Any]]] = \
+            weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def get(self, db: Database, scope: dict[str, Any]) -> dict[str, Any] | None:
+        with self._lock:
+            return self._by_db.get(db, {}).get((scope["tenant_id"], scope["profile"]))
+
+    def put(self, db: Database, scope: dict[str, Any], row: dict[str, Any]) -> None:
+        with self._lock:
+            sizes = self._by_db.setdefault(db, OrderedDict())
+            sizes[(scope["tenant_id"], scope["profile"])] = row
+            sizes.move_to_end((scope["tenant_id"], scope["profile"]))
+            while len(sizes) > self.size:
+                sizes.popitem(last=False)
+
+
+TENANT_SIZES = TenantSizes()
+
+
+class _SentSize:
+    """``search_tenant_size``'s cursor, sent with a search's first statements; its row is read once, where the
+    search first needs it (inside the transaction) or after COMMIT (to remember it)."""
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor, self._row, self._read = cursor, None, False
+
+    def fetchone(self) -> dict[str, Any] | None:
+        if not self._read:
+            self._row, self._read = self._cursor.fetchone(), True
+        return self._row
+
+
 def active_profile(db: Database) -> dict[str, Any]:
     """The active profile, read now and remembered for this process's next searches (InvalidRequest if none is)."""
     profile = db.fetch_one("index_profile_active")
@@ -302,18 +346,23 @@ def _search_under(
                                           "max_scan_tuples": max(1, int(max_scan_tuples))})
             active = tx.submit("index_profile_active")  # read with the first wait; compared by the caller
             # Sent now, read by walk_preferred: it shares the lexical statistics' wait (hybrid), not a wait of its own.
-            sized = tx.submit("search_tenant_size", scope) \
+            sized = _SentSize(tx.submit("search_tenant_size", scope)) \
                 if mode != "lexical" and visible["filters"] == NO_FILTERS and not exhaustive else None
+            # A dense search plans from the size this process last read (the hybrid's waits for its statistics
+            # anyway): no wait before its last statement, which comes back with COMMIT.
+            known = TENANT_SIZES.get(db, scope) if sized is not None and mode == "dense" else None
             weights = query_weights(tx, analyze, query, **scope) if analyze is not None else None
             if mode == "dense":
                 read_rows = _exact_rows(tx, vector, scope, visible, fetch) if exhaustive else \
-                    _dense_rows(tx, vector, scope, visible, fetch, visible_key, sized, settle=False)
+                    _dense_rows(tx, vector, scope, visible, fetch, visible_key, sized, settle=False, known=known)
             elif mode == "lexical":
                 read_rows = send_lexical_search(tx, weights, params, k=fetch, read=visible, exhaustive=exhaustive,
                                                 settle=False, **scope) if weights else list
             else:
                 fuse_rows = _hybrid_rows(tx, vector, weights, params, scope, visible, fetch, visible_key, sized)
         active_now = active.fetchone()  # with the COMMIT at the latest
+        if sized is not None:  # read now, or with the first statements: the next search plans from it
+            TENANT_SIZES.put(db, scope, sized.fetchone() or {})
         if mode == "hybrid":
             rows, scores = fuse_rows()  # the cross-scores came with the COMMIT
             break
@@ -372,7 +421,7 @@ def _rerank(reranker: Any, query: str, candidates: list[SearchHit], rest: list[S
 
 def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[str, Any], k: int,
                 visible_key: tuple[Any, ...] | None = None, sized: Any = None, *,
-                settle: bool = True) -> Callable[[], list[dict[str, Any]] | None]:
+                settle: bool = True, known: dict[str, Any] | None = None) -> Callable[[], list[dict[str, Any]] | None]:
     """The k nearest current chunks in scope: exhaustive over the scope when filters keep only a few documents,
     otherwise HNSW, iterative (exhaustive when the walk came back short). ``search_settings`` must have run in
     ``tx``. ``visible_key``: the filtered scope's key in WIDE_SCOPES (None: probe whatever was remembered).
@@ -380,7 +429,8 @@ def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[s
 
     The last statement is sent, not read: the returned function reads its rows. ``settle``: it is called inside
     the transaction and runs the exhaustive search itself when the walk came back short; otherwise it may be
-    called after COMMIT (the rows came with it) and returns None when the walk came back short."""
+    called after COMMIT (the rows came with it) and returns None when the walk came back short. ``known``: the
+    tenant's size as last read (TENANT_SIZES), to plan from instead of waiting for ``sized``."""
     params = {"query": vector, "k": k, **scope, **visible}
     if visible["filters"] != NO_FILTERS and not (visible_key and WIDE_SCOPES.known(visible_key)):
         scoped = tx.fetch_all("search_hits_scoped", {**params, "max_scope_pointers": EXACT_SCOPE_POINTERS,
@@ -389,7 +439,7 @@ def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[s
             return lambda: [r for r in scoped if r["chunk_id"] is not None]
         if visible_key:
             WIDE_SCOPES.remember(visible_key)
-    size = tenant_size(tx, scope, sized) if visible["filters"] == NO_FILTERS else None
+    size = None if visible["filters"] != NO_FILTERS else known if known is not None else tenant_size(tx, scope, sized)
     if size is not None and size.get("tenant_chunks") is not None and size["tenant_chunks"] < k:
         return _exact_rows(tx, vector, scope, visible, k)  # fewer than k in all: a walk would come back short
     walked = send_walk(tx, params, walk=size is not None and prefers_walk(size))

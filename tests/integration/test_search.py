@@ -88,13 +88,13 @@ def test_only_the_pointed_version_is_searchable(db, fake, index, queue, mode):
     assert search(db, fake, "30", tenant_id="acme", mode="lexical") == []
 
 
-@pytest.mark.parametrize("mode, waits", [("dense", 2), ("lexical", 2), ("hybrid", 3)])
+@pytest.mark.parametrize("mode, waits", [("dense", 1), ("lexical", 2), ("hybrid", 3)])
 def test_a_search_reads_its_last_statement_with_the_commit(db, fake, index, mode, waits, pipeline_waits):
-    """Counted exactly (psycopg's pipeline waits): dense waits for its first statements (the profile, the tenant's
-    size) and for COMMIT, which brings the walk's rows; lexical for its statistics and COMMIT; hybrid for the
-    statistics, both sides' candidates and COMMIT, which brings the dense candidates' BM25. One wait more each
-    while the last statement was read before COMMIT. (60 chunks: a hybrid's candidates are at least 50 a side, and
-    a side with fewer runs its exhaustive statement too.)"""
+    """Counted exactly (psycopg's pipeline waits): dense, once this process has read the tenant's size, waits only
+    for COMMIT, which brings the walk's rows and the size again (2 while it waited for the size first); lexical for
+    its statistics and COMMIT; hybrid for the statistics, both sides' candidates and COMMIT, which brings the dense
+    candidates' BM25. One wait more each while the last statement was read before COMMIT. (60 chunks: a hybrid's
+    candidates are at least 50 a side, and a side with fewer runs its exhaustive statement too.)"""
     texts = [f"policy clause {i} about {'refunds ' * (i % 4)} shipping" for i in range(60)]
     index("acme", "policy", texts)
     search(db, fake, "warm up", tenant_id="acme", k=5, mode=mode)  # the active profile remembered: no wait of its own
@@ -104,11 +104,12 @@ def test_a_search_reads_its_last_statement_with_the_commit(db, fake, index, mode
     assert len(hits) == 10 and [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
 
 
-@pytest.mark.parametrize("mode, waits", [("dense", 2), ("hybrid", 3)])
+@pytest.mark.parametrize("mode, waits", [("dense", 1), ("hybrid", 3)])
 def test_a_tenant_with_fewer_chunks_than_asked_for_is_measured_at_once(db, fake, index, monkeypatch, mode, waits,
                                                                      pipeline_waits):
-    """The tenant's size (read with the first statements) says a walk would come back short: search_hits_exact
-    runs straight away, with no walk before it and no second transaction after it (a hybrid asks for 50 a side)."""
+    """The tenant's size (read with the first statements, or by a dense search as the last search read it) says a
+    walk would come back short: search_hits_exact runs straight away, with no walk before it and no second
+    transaction after it (a hybrid asks for 50 a side)."""
     index("acme", "policy", [f"policy clause {i} about refunds and shipping" for i in range(5)])
     search(db, fake, "warm up", tenant_id="acme", k=10, mode=mode)
     ran: list[str] = []
@@ -119,6 +120,56 @@ def test_a_tenant_with_fewer_chunks_than_asked_for_is_measured_at_once(db, fake,
     hits = search(db, fake, "refunds shipping clause 3", tenant_id="acme", k=10, mode=mode)
     assert pipeline_waits[0] - before == waits and ran == ["search_hits_exact"]
     assert len(hits) == 5 and hits[0].text == "policy clause 3 about refunds and shipping"
+
+
+def test_a_dense_search_waits_for_the_tenants_size_only_the_first_time(db, fake, index, pipeline_waits):
+    """A process's first dense search of a tenant waits for its size, then for COMMIT; the next ones plan from the
+    size the last one read with its COMMIT and wait once. Another tenant, or the same tenant through another
+    Database, starts with two again."""
+    texts = [f"policy clause {i} about refunds and shipping" for i in range(30)]
+    index("acme", "policy", texts)
+    index("globex", "policy", texts)
+    counted = []
+    for tenant, database in (("acme", db), ("acme", db), ("acme", db), ("globex", db)):
+        before = pipeline_waits[0]
+        assert len(search(database, fake, "refunds clause 3", tenant_id=tenant, k=10, mode="dense")) == 10
+        counted.append(pipeline_waits[0] - before)
+    with Database(db.url) as other:
+        search(other, fake, "warm up", tenant_id="acme", k=10, mode="dense")  # reads the active profile
+        before = pipeline_waits[0]
+        search(other, fake, "refunds clause 3", tenant_id="acme", k=10, mode="dense")
+        counted.append(pipeline_waits[0] - before)
+    assert counted == [2, 1, 1, 2, 1]
+
+
+def test_a_remembered_size_never_changes_a_dense_answer(db, fake, index, monkeypatch):
+    """The size only chooses the plan. Remembered too big (a tenant of 5 chunks taken for a million: the graph walk
+    comes back short), the search runs the exhaustive statement and answers all 5; remembered too small (taken for
+    empty while it has 30 chunks: the exhaustive statement), it answers the exact 10. Either way the next search
+    plans from the size read with the last one's COMMIT."""
+    from resources.search import TENANT_SIZES
+
+    index("acme", "small", [f"small clause {i} about refunds" for i in range(5)])
+    index("globex", "big", [f"big clause {i} about refunds" for i in range(30)])
+    ran: list[str] = []
+    real_run = Session._run
+    monkeypatch.setattr(Session, "_run", lambda self, name, params=None: (
+        ran.append(name) if name.startswith("search_hits") else None) or real_run(self, name, params))
+    exact = {}
+    for tenant in ("acme", "globex"):
+        exact[tenant] = search(db, fake, "refunds clause 3", tenant_id=tenant, k=10, mode="dense")
+    assert [len(exact["acme"]), len(exact["globex"])] == [5, 10]
+    scope = {"tenant_id": "acme", "profile": PROFILE}
+    TENANT_SIZES.put(db, scope, {"tenant_chunks": 10**6, "index_rows": 10**6})
+    ran.clear()
+    assert search(db, fake, "refunds clause 3", tenant_id="acme", k=10, mode="dense") == exact["acme"]
+    assert ran == ["search_hits", "search_hits_exact"]  # walked, came back short, measured every chunk
+    assert TENANT_SIZES.get(db, scope)["tenant_chunks"] == 5
+    TENANT_SIZES.put(db, {"tenant_id": "globex", "profile": PROFILE}, {"tenant_chunks": 0, "index_rows": 35})
+    ran.clear()
+    assert search(db, fake, "refunds clause 3", tenant_id="globex", k=10, mode="dense") == exact["globex"]
+    assert ran == ["search_hits_exact"]
+    assert TENANT_SIZES.get(db, {"tenant_id": "globex", "profile": PROFILE})["tenant_chunks"] == 30
 
 
 def test_hits_are_exactly_ordered_and_scored(db, fake, index):
@@ -339,8 +390,9 @@ def test_a_tenant_big_enough_a_share_of_the_graph_walks_it(db, db_url, fake, ind
         conn.execute("ANALYZE chunk")
     monkeypatch.setattr(search_module, "WALK_MIN_CHUNKS", 5)
     monkeypatch.setattr(search_module, "WALK_MIN_SHARE", 0.001)
+    search(db, fake, "refund", tenant_id="small", k=5, mode="dense")  # plans from the size read before ANALYZE
     ran.clear()
-    walked = search(db, fake, "refund", tenant_id="small", k=5, mode="dense")
+    walked = search(db, fake, "refund", tenant_id="small", k=5, mode="dense")  # from the one read with that COMMIT
     assert walked == before, "the walk (iterative scan) finds the same 5 as the exhaustive plan"
     assert [(n, v) for n, v in ran if n in ("search_sort_enabled", "search_hits")] == [
         ("search_sort_enabled", "off"), ("search_hits", None), ("search_sort_enabled", "on")]

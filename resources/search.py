@@ -345,7 +345,8 @@ def _search_under(
             tx.submit("search_settings", {"ef_search": ef_search_for(depth),
                                           "max_scan_tuples": max(1, int(max_scan_tuples))})
             active = tx.submit("index_profile_active")  # read with the first wait; compared by the caller
-            # Sent now, read by walk_preferred: it shares the lexical statistics' wait (hybrid), not a wait of its own.
+            # Sent now: a hybrid reads it with its lexical statistics' wait, a dense search after COMMIT (it plans from
+            # the size the last search read); never a wait of its own.
             sized = _SentSize(tx.submit("search_tenant_size", scope)) \
                 if mode != "lexical" and visible["filters"] == NO_FILTERS and not exhaustive else None
             # A dense search plans from the size this process last read (the hybrid's waits for its statistics

@@ -146,7 +146,7 @@ class TaskQueue:
         """``_refused`` for a lease among many: a task row that is gone takes its lease with it."""
         return _as_fence_rejection(self._refused(session, lease, verb), lease)
 
-    # -- claiming (sql/queries/lease.sql: one statement, four sources) --------------------------
+    # -- claiming (sql/queries/lease.sql: one statement, five sources) --------------------------
 
     def claim(
         self, owner: str, limit: int = 10, session: Session | None = None, *, expired_only: bool = False,
@@ -179,8 +179,8 @@ class TaskQueue:
         """Claim ``lease``'s task for its owner inside the caller's (pipelined) transaction, sent without waiting:
         the lease is the one that claim grants (``lease_to_claim``), so statements fenced on it can go right behind
         (the fast path's fenced publish). If the task was not claimable, or another claim moved its attempts, their
-        fence refuses it and the caller rolls back."""
-        session.submit("task_claim", self._claim_params("task", lease.owner, 1, reserve=False, task_id=lease.task_id))
+        fence refuses it and the caller rolls back. Its event says the fast path claimed it (source 'fast')."""
+        session.submit("task_claim", self._claim_params("fast", lease.owner, 1, reserve=False, task_id=lease.task_id))
 
     @staticmethod
     def lease_to_claim(task_id: int, attempts: int, owner: str) -> Lease:

@@ -23,7 +23,8 @@
 --   'queue'    due tasks and expired leases, the longest waiting first (the claiming sensor, workers);
 --   'expired'  expired leases only (the run queue is full, but nothing may stay RUNNING past its lease);
 --   'backfill' never-attempted REINDEX tasks of profiles whose backfill was requested, oldest first;
---   'task'     the one task %(task_id)s, if it is claimable now (operator-launched runs).
+--   'task'     the one task %(task_id)s, if it is claimable now (operator-launched runs);
+--   'fast'     the same, for the fast path (resources/chunk_copy.py: published by the publishing process, no run).
 -- %(reserve)s: the lease is a reservation for a run yet to start, lasting %(lease_seconds)s.
 -- Fairness ('queue'): up to half of the claim goes first to the oldest due task of each tenant that has due
 -- work (tenants in name order, at most %(limit)s / 2 of them; none for a claim of one), the rest by age, so
@@ -115,7 +116,7 @@ backlog AS (
 named AS (
     SELECT t.task_id, t.status, t.attempts, t.max_attempts, t.lease_reserved, t.reservation_givebacks, t.next_attempt_at AS since, false AS head
     FROM index_task t
-    WHERE %(source)s::text = 'task' AND t.task_id = %(task_id)s::bigint
+    WHERE %(source)s::text IN ('task', 'fast') AND t.task_id = %(task_id)s::bigint
       AND (t.status IN ('PENDING', 'RETRY_WAIT')
            OR (t.status = 'RUNNING' AND t.lease_until <= (SELECT now FROM clock)))
     FOR UPDATE SKIP LOCKED
@@ -173,7 +174,8 @@ logged AS (
            CASE WHEN m.status = 'DEAD' THEN NULL
                 WHEN m.given_back THEN 'the previous reservation was never started: attempt given back'
                 WHEN %(source)s::text = 'backfill' THEN 'claimed for the backfill of profile ' || m.profile
-                WHEN %(source)s::text = 'task' THEN 'claimed by an operator-launched run' END,
+                WHEN %(source)s::text = 'task' THEN 'claimed by an operator-launched run'
+                WHEN %(source)s::text = 'fast' THEN 'claimed by the fast path: published without a run' END,
            (SELECT now FROM clock)
     FROM moved m
 )

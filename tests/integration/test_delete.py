@@ -322,6 +322,9 @@ def test_a_fast_path_delete_waits_four_times_and_runs_no_statement_alone(db, db_
     assert (pipeline_waits[0] - before, alone) == (4, [])
     assert rows(db_url, "SELECT status, attempts FROM index_task WHERE task_id = %s", [deleted.task_id]) == [
         ("SUCCEEDED", 1)]
+    assert rows(db_url, "SELECT to_status, message FROM task_event WHERE task_id = %s AND kind = 'transition' "
+                        "ORDER BY event_id", [deleted.task_id])[:2] == [
+        ("PENDING", "published"), ("RUNNING", "claimed by the fast path: published without a run")]
     assert rows(db_url, "SELECT version_number, chunk_count FROM search_pointer WHERE document_id = 'refunds'") == [
         (2, 0)]
 

@@ -354,10 +354,10 @@ def test_a_delete_over_a_slow_link_waits_twice_and_its_fast_publish_a_few_more(d
     publishes the tombstone through the fenced publish, pipelined too, its profile and its pointer move read with the
     fence, its count and completion checks made by the server with COMMIT and the task's claim sent with the fence:
     ~4.5 in all (~5.6 while the claim waited alone, ~7.8 while the pointer move did too; test_index_sink.py counts
-    the fenced publish's waits exactly). A round trip is (median time
-    through the relay - median time direct) / 20 ms, relay and direct deletes alternating: the machine's own work,
-    which grows with its load (CI once measured 6.9 without taking it away), is not counted. Each delete still
-    records its tombstone and task, and a second finds it."""
+    the fenced publish's waits exactly). A round trip is (median time through the relay - median time direct) /
+    20 ms, relay and direct deletes alternating: the machine's own work, which grows with its load (CI once
+    measured 6.9 without taking it away), is not counted. Each delete still records its tombstone and task, and a
+    second finds it."""
     from contextlib import ExitStack
 
     from bench.relay import url_through_relay

@@ -128,14 +128,15 @@ class FastPublish:
 
     def after_publish(self, tenant_id: str, document_id: str, version: int, tasks: Sequence[Mapping[str, Any]],
                       *, tombstone: bool) -> list[FastOutcome]:
-        """Fast-publish what it can of one version's just-recorded ``tasks`` (task_id, profile, status)."""
+        """Fast-publish what it can of one version's just-recorded ``tasks``: ``index_task_ensure``'s rows (task_id,
+        profile, status, attempts, dimension)."""
         return self.after_publish_many(tenant_id, [(document_id, version, tasks)], tombstone=tombstone)
 
     def after_publish_many(self, tenant_id: str, versions: Sequence[tuple[str, int, Sequence[Mapping[str, Any]]]],
                            *, tombstone: bool) -> list[FastOutcome]:
         """``after_publish`` for a batch's versions (document id, version, tasks): one copy-source lookup for all."""
         keys = [{"task_id": t["task_id"], "tenant_id": tenant_id, "document_id": document_id,
-                 "profile": t["profile"], "version_number": version, "dimension": t.get("dimension"),
+                 "profile": t["profile"], "version_number": version, "dimension": t["dimension"],
                  "attempts": t["attempts"]}
                 for document_id, version, tasks in versions for t in tasks if t.get("status") == "PENDING"]
         if not keys:
@@ -152,22 +153,16 @@ class FastPublish:
     def _publish_one(self, key: dict[str, Any], copy_from: int | None) -> FastOutcome:
         from resources.index_sink import ClaimMissed, IndexSink
 
+        try:
+            chunks, vectors = self._chunks_of(key, copy_from)
+        except Exception as exc:  # noqa: BLE001 - before the claim: nothing to record, the task waits for a run
+            failure = exc if isinstance(exc, KbindexError) else classify(exc)
+            log.warning("fast publish of task %s left to the pipeline: %s", key["task_id"], failure)
+            return FastOutcome(key["task_id"], "failed", failure.code)
         # Claimed in the publish transaction itself, fenced on the attempt the claim grants (its attempts + 1, as
         # index_task_ensure returned them): no round trip of its own.
         lease = self.queue.lease_to_claim(key["task_id"], key["attempts"], self.owner)
         try:
-            if copy_from is None:  # a tombstone: no chunk, so no vector whose width anything reads
-                chunks: list[CopiedChunk] = []
-                vectors = np.zeros((0, 0), dtype=np.float32)
-            else:
-                dimension = key["dimension"]  # index_task_ensure's, when the caller kept its rows: no lookup
-                if dimension is None:
-                    dimension = self.db.fetch_one("index_profile_get", {"name": key["profile"]})["dimension"]
-                copied = load_copy(self.db, key, copy_from, int(dimension))
-                if copied is None:
-                    raise IndexWriteFailed(f"the chunks of version {copy_from} to copy are gone; a run will parse "
-                                           "this version")
-                chunks, vectors = copied.chunks, copied.vectors
             result = IndexSink(self.db, self.queue).publish(lease, chunks, vectors, claim=True)
         except ClaimMissed:  # the sensor (or another publisher) has it, or had it: the run does the same
             return FastOutcome(key["task_id"], "left")
@@ -177,9 +172,19 @@ class FastPublish:
             return self._failed(lease, classify(exc))
         return FastOutcome(key["task_id"], "superseded" if result.superseded else "published")
 
+    def _chunks_of(self, key: dict[str, Any], copy_from: int | None) -> tuple[list[CopiedChunk], np.ndarray]:
+        """What the version publishes: nothing for a tombstone (no chunk, so no vector whose width anything reads),
+        else the copies of ``copy_from``'s chunks and vectors (IndexWriteFailed if they are gone)."""
+        if copy_from is None:
+            return [], np.zeros((0, 0), dtype=np.float32)
+        copied = load_copy(self.db, key, copy_from, int(key["dimension"]))  # index_task_ensure's: no lookup
+        if copied is None:
+            raise IndexWriteFailed(f"the chunks of version {copy_from} to copy are gone; a run will parse this version")
+        return copied.chunks, copied.vectors
+
     def _failed(self, lease: Any, exc: KbindexError) -> FastOutcome:
         """Record the failure by the fenced fail (a lost lease records nothing, as in a run; neither does a claim
-        rolled back with its transaction: the task is still PENDING)."""
+        rolled back with its transaction: the task is still PENDING, and the fenced fail refuses it)."""
         if not isinstance(exc, FenceRejected):
             try:
                 self.queue.fail(lease, exc.code, exc.message)

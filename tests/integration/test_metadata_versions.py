@@ -188,9 +188,15 @@ def test_a_fast_path_that_loses_its_copy_source_leaves_the_task_unclaimed_and_a_
     index(db, db_url, kb, v1.task_id, "policy", 1)
     import resources.chunk_copy as chunk_copy
 
+    from resources.database import Session
+
     monkeypatch.setattr(chunk_copy, "load_copy", lambda *a, **k: None)  # retention won the race
+    ran: list[str] = []
+    real_run = Session._run
+    monkeypatch.setattr(Session, "_run", lambda self, name, params=None: ran.append(name) or real_run(self, name, params))
     v2 = kb["fast"].publish("acme", "policy", POLICY.encode(), "policy.md", metadata={"dept": "legal"})
     assert v2.status == "PENDING"
+    assert not {"task_claim", "task_fail"} & set(ran), ran  # nothing was claimed, so nothing to fail
     task = kb["queue"].get(v2.task_id)
     assert (task["status"], task["attempts"], task["error_code"]) == ("PENDING", 0, None)
     monkeypatch.undo()

@@ -426,7 +426,7 @@ def _dense_rows(tx: Session, vector: Any, scope: dict[str, Any], visible: dict[s
     """The k nearest current chunks in scope: exhaustive over the scope when filters keep only a few documents,
     otherwise HNSW, iterative (exhaustive when the walk came back short). ``search_settings`` must have run in
     ``tx``. ``visible_key``: the filtered scope's key in WIDE_SCOPES (None: probe whatever was remembered).
-    ``sized``: the cursor of a ``search_tenant_size`` already sent (None: walk_preferred asks).
+    ``sized``: the cursor of a ``search_tenant_size`` already sent (None: tenant_size asks).
 
     The last statement is sent, not read: the returned function reads its rows. ``settle``: it is called inside
     the transaction and runs the exhaustive search itself when the walk came back short; otherwise it may be
